@@ -1,0 +1,437 @@
+"""Tests of the Helm chart charts/specpilot: lint, rendering, offline validation, RBAC, values schema, security.
+
+Everything runs offline with the pinned helm from scripts/bootstrap-tools.sh (fetched on first use).
+"""
+
+import hashlib
+import json
+from pathlib import Path
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from tests.helm_tools import CHART_DIR, HelmTools, helm_tools  # noqa: F401  (helm_tools is a fixture)
+
+pytestmark = pytest.mark.helm
+
+NON_DEFAULT_VALUES = CHART_DIR / "ci" / "namespaced-ha-values.yaml"
+RELEASE_NAMESPACE = "specpilot-system"
+FULLNAME = "sp-specpilot"
+# Kinds kubernetes-validate has no schema for; they are checked structurally below instead.
+CUSTOM_KINDS = {"ServiceMonitor", "KopfPeering", "ClusterKopfPeering"}
+RBAC_KINDS = {"Role", "ClusterRole"}
+# Every variant of values the chart must render for: (id, values files, --set assignments).
+VARIANTS = [
+    pytest.param((), (), id="default"),
+    pytest.param((NON_DEFAULT_VALUES,), (), id="namespaced-ha"),
+    pytest.param((), ("peering.enabled=true", "replicaCount=3", "serviceMonitor.enabled=true"), id="clusterwide-ha"),
+    pytest.param((), ("watchNamespaces={" + RELEASE_NAMESPACE + "}", "rbac.create=true"), id="own-namespace"),
+]
+# The specpilot.io resources the operator handles, with the verbs it needs on each (sub)resource.
+SPECPILOT_GRANTS = {
+    "speculativedeployments": {"get", "list", "watch", "create", "patch", "update", "delete"},
+    "speculationprofiles": {"get", "list", "watch", "create", "patch", "update", "delete"},
+    "speculativedeployments/status": {"get", "patch", "update"},
+    "speculationprofiles/status": {"get", "patch", "update"},
+    "speculativedeployments/finalizers": {"update"},
+    "speculationprofiles/finalizers": {"update"},
+}
+
+
+def by_kind(objects: list[dict], kind: str) -> list[dict]:
+    return [obj for obj in objects if obj["kind"] == kind]
+
+
+def only(objects: list[dict], kind: str) -> dict:
+    matches = by_kind(objects, kind)
+    assert len(matches) == 1, f"expected one {kind}, got {[m['metadata']['name'] for m in matches]}"
+    return matches[0]
+
+
+def operator_container(objects: list[dict]) -> dict:
+    return only(objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+
+
+def granted(rules: list[dict], api_group: str, resource: str) -> set[str]:
+    """Verbs the rules grant on one (API group, resource)."""
+    verbs: set[str] = set()
+    for rule in rules:
+        if api_group in rule.get("apiGroups", []) and resource in rule.get("resources", []):
+            verbs |= set(rule["verbs"])
+    return verbs
+
+
+def generated_crds() -> list[dict]:
+    """The two specpilot.io CRDs: the chart's files when written, else generated from the pydantic models."""
+    files = sorted((CHART_DIR / "crds").glob("specpilot.io_*.yaml"))
+    if files:
+        return [yaml.safe_load(path.read_text()) for path in files]
+    try:
+        from specpilot.api.crd import all_crds
+    except ImportError as error:
+        pytest.skip(f"charts/specpilot/crds/specpilot.io_*.yaml not written yet and specpilot.api.crd "
+                    f"not importable ({error}); run `specpilot crds` to write them")
+    return list(all_crds().values())
+
+
+@pytest.fixture(scope="module")
+def default_objects(helm_tools: HelmTools) -> list[dict]:
+    return helm_tools.render(namespace=RELEASE_NAMESPACE)
+
+
+@pytest.fixture(scope="module")
+def non_default_objects(helm_tools: HelmTools) -> list[dict]:
+    return helm_tools.render(namespace=RELEASE_NAMESPACE, values_files=[NON_DEFAULT_VALUES])
+
+
+@pytest.mark.parametrize("values_files", [(), (NON_DEFAULT_VALUES,)], ids=["default", "namespaced-ha"])
+def test_helm_lint_strict_passes(helm_tools: HelmTools, values_files: tuple[Path, ...]) -> None:
+    args: list[str | Path] = ["lint", "--strict", CHART_DIR]
+    for values_file in values_files:
+        args += ["--values", values_file]
+    result = helm_tools.helm_run(*args)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "0 chart(s) failed" in result.stdout
+
+
+def test_default_render_is_one_clusterwide_standalone_operator(default_objects: list[dict]) -> None:
+    kinds = sorted(obj["kind"] for obj in default_objects)
+    assert kinds == sorted([
+        "ServiceAccount", "ConfigMap", "ClusterRole", "ClusterRoleBinding", "Service", "Deployment", "Pod",
+    ])
+    deployment = only(default_objects, "Deployment")
+    assert deployment["spec"]["replicas"] == 1
+    assert deployment["spec"]["strategy"]["type"] == "Recreate"
+    container = operator_container(default_objects)
+    assert container["image"] == "ghcr.io/specpilot/specpilot:0.1.0"
+    assert container["command"] == ["specpilot", "run"]
+    assert container["args"] == [
+        "--config", "/etc/specpilot/config.yaml",
+        "--liveness-port", "8080",
+        "--metrics-port", "9090",
+        "--log-format", "plain",
+        "--all-namespaces",
+        "--standalone",
+    ]
+
+
+def test_non_default_render_watches_listed_namespaces_with_peering(non_default_objects: list[dict]) -> None:
+    deployment = only(non_default_objects, "Deployment")
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["strategy"]["type"] == "RollingUpdate"
+    assert deployment["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    container = operator_container(non_default_objects)
+    assert container["image"] == "ghcr.io/specpilot/specpilot:0.1.0-rc1"
+    args = container["args"]
+    assert args[args.index("--log-format") + 1] == "json"
+    assert [args[i + 1] for i, arg in enumerate(args) if arg == "--namespace"] == ["a", "b"]
+    assert args[args.index("--peering") + 1] == "specpilot-ha"
+    assert "--all-namespaces" not in args and "--standalone" not in args
+
+    peerings = by_kind(non_default_objects, "KopfPeering")
+    assert sorted((p["metadata"]["namespace"], p["metadata"]["name"]) for p in peerings) == [
+        ("a", "specpilot-ha"), ("b", "specpilot-ha"),
+    ]
+    assert not by_kind(non_default_objects, "ClusterKopfPeering")
+    service_monitor = only(non_default_objects, "ServiceMonitor")
+    assert service_monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert service_monitor["spec"]["endpoints"][0]["interval"] == "15s"
+
+
+def test_clusterwide_peering_creates_a_cluster_peering_object(helm_tools: HelmTools) -> None:
+    objects = helm_tools.render(set_values=["peering.enabled=true", "replicaCount=2"])
+    assert [p["metadata"]["name"] for p in by_kind(objects, "ClusterKopfPeering")] == ["specpilot"]
+    assert not by_kind(objects, "KopfPeering")
+    cluster_rules = only(objects, "ClusterRole")["rules"]
+    assert granted(cluster_rules, "kopf.dev", "clusterkopfpeerings") == {"get", "list", "watch", "patch"}
+
+
+@pytest.mark.parametrize(("values_files", "set_values"), VARIANTS)
+def test_every_rendered_object_validates_offline(
+    helm_tools: HelmTools, values_files: tuple[Path, ...], set_values: tuple[str, ...]
+) -> None:
+    objects = helm_tools.render(values_files=values_files, set_values=set_values, include_crds=True)
+    crd_schemas = {
+        crd["spec"]["names"]["kind"]: crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+        for crd in by_kind(objects, "CustomResourceDefinition")
+    }
+    for obj in objects:
+        name = f"{obj['kind']}/{obj['metadata']['name']}"
+        if obj["kind"] in CUSTOM_KINDS:
+            if obj["kind"] in crd_schemas:
+                jsonschema.validate(obj, crd_schemas[obj["kind"]])
+            else:
+                assert obj["apiVersion"] == "monitoring.coreos.com/v1", name
+            continue
+        try:
+            kubernetes_validate.validate(obj, "1.34", strict=True)
+        except kubernetes_validate.ValidationError as error:
+            pytest.fail(f"{name} is not a valid Kubernetes 1.34 object: {error.message} at {list(error.path)}")
+
+
+def test_kopf_peering_crds_are_structural_and_match_kopf(helm_tools: HelmTools) -> None:
+    crds = yaml.safe_load_all((CHART_DIR / "crds" / "kopf-peering.yaml").read_text())
+    by_name = {crd["metadata"]["name"]: crd for crd in crds}
+    assert set(by_name) == {"clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev"}
+    assert by_name["clusterkopfpeerings.kopf.dev"]["spec"]["scope"] == "Cluster"
+    assert by_name["kopfpeerings.kopf.dev"]["spec"]["scope"] == "Namespaced"
+    for crd in by_name.values():
+        kubernetes_validate.validate(crd, "1.34", strict=True)
+        (version,) = crd["spec"]["versions"]
+        assert version["name"] == "v1" and version["served"] and version["storage"]
+        status = version["schema"]["openAPIV3Schema"]["properties"]["status"]
+        # kopf keeps each peer's keep-alive under status.<identity>: unknown fields must survive.
+        assert status == {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+
+
+def test_generated_crds_cover_every_specpilot_resource_the_rbac_names(default_objects: list[dict]) -> None:
+    crds = generated_crds()
+    plurals = {crd["spec"]["names"]["plural"] for crd in crds}
+    assert plurals == {"speculativedeployments", "speculationprofiles"}
+    for crd in crds:
+        kubernetes_validate.validate(crd, "1.34", strict=True)
+        assert crd["spec"]["group"] == "specpilot.io"
+        # The RBAC grants /status separately: without the subresource those grants would be meaningless.
+        assert all("status" in v.get("subresources", {}) for v in crd["spec"]["versions"])
+    rules = only(default_objects, "ClusterRole")["rules"]
+    granted_resources = {r for rule in rules if "specpilot.io" in rule["apiGroups"] for r in rule["resources"]}
+    assert granted_resources == set(SPECPILOT_GRANTS)
+    assert {resource.split("/")[0] for resource in granted_resources} == plurals
+
+
+@pytest.mark.parametrize(("values_files", "set_values"), VARIANTS)
+def test_rbac_has_no_wildcards(
+    helm_tools: HelmTools, values_files: tuple[Path, ...], set_values: tuple[str, ...]
+) -> None:
+    objects = helm_tools.render(values_files=values_files, set_values=set_values, include_crds=True)
+    roles = [obj for obj in objects if obj["kind"] in RBAC_KINDS]
+    assert roles
+    for role in roles:
+        for rule in role["rules"]:
+            for field in ("verbs", "resources", "apiGroups"):
+                assert not any("*" in entry for entry in rule.get(field, [])), (
+                    f"{role['kind']}/{role['metadata']['name']} has a wildcard in {field}: {rule}"
+                )
+            assert "nonResourceURLs" not in rule and "resourceNames" not in rule
+
+
+def test_clusterwide_rbac_grants_what_the_operator_needs(default_objects: list[dict]) -> None:
+    rules = only(default_objects, "ClusterRole")["rules"]
+    for resource, verbs in SPECPILOT_GRANTS.items():
+        assert granted(rules, "specpilot.io", resource) == verbs, resource
+    assert granted(rules, "batch", "jobs") == {"get", "list", "watch", "create", "patch", "delete"}
+    assert granted(rules, "", "nodes") == {"get", "list", "watch"}
+    assert granted(rules, "", "pods/log") == {"get"}
+    assert granted(rules, "events.k8s.io", "events") == {"create", "patch"}
+    assert granted(rules, "apiextensions.k8s.io", "customresourcedefinitions") == {"get", "list", "watch"}
+    # Standalone operators never touch peering objects.
+    assert not granted(rules, "kopf.dev", "clusterkopfpeerings")
+    assert not granted(rules, "kopf.dev", "kopfpeerings")
+    binding = only(default_objects, "ClusterRoleBinding")
+    assert binding["roleRef"]["name"] == only(default_objects, "ClusterRole")["metadata"]["name"]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": FULLNAME, "namespace": RELEASE_NAMESPACE}
+    ]
+
+
+def test_namespaced_rbac_is_a_role_per_watched_namespace(non_default_objects: list[dict]) -> None:
+    cluster_rules = only(non_default_objects, "ClusterRole")["rules"]
+    # Cluster scope keeps only what has no namespace: nodes, namespaces, CRDs.
+    assert {r for rule in cluster_rules for r in rule["resources"]} == {
+        "nodes", "namespaces", "customresourcedefinitions",
+    }
+    roles = {(r["metadata"]["namespace"], r["metadata"]["name"]): r for r in by_kind(non_default_objects, "Role")}
+    assert set(roles) == {("a", FULLNAME), ("b", FULLNAME), (RELEASE_NAMESPACE, f"{FULLNAME}-self")}
+    for namespace in ("a", "b"):
+        rules = roles[(namespace, FULLNAME)]["rules"]
+        for resource, verbs in SPECPILOT_GRANTS.items():
+            assert granted(rules, "specpilot.io", resource) == verbs, (namespace, resource)
+        assert granted(rules, "rbac.authorization.k8s.io", "roles") == {"get", "list", "watch", "create", "patch", "delete"}
+        assert granted(rules, "kopf.dev", "kopfpeerings") == {"get", "list", "watch", "patch"}
+    self_rules = roles[(RELEASE_NAMESPACE, f"{FULLNAME}-self")]["rules"]
+    assert {r for rule in self_rules for r in rule["resources"]} == {"events"}
+    bindings = {(b["metadata"]["namespace"], b["roleRef"]["name"]) for b in by_kind(non_default_objects, "RoleBinding")}
+    assert bindings == set(roles)
+
+
+def test_watching_the_release_namespace_needs_no_extra_self_role(helm_tools: HelmTools) -> None:
+    objects = helm_tools.render(namespace=RELEASE_NAMESPACE, set_values=[f"watchNamespaces={{{RELEASE_NAMESPACE}}}"])
+    assert [(r["metadata"]["namespace"], r["metadata"]["name"]) for r in by_kind(objects, "Role")] == [
+        (RELEASE_NAMESPACE, FULLNAME)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("set_values", "expected_in_error"),
+    [
+        (["replicaCount=-1"], "replicaCount"),
+        (["replicaCount=two"], "replicaCount"),
+        (["logFormat=xml"], "logFormat"),
+        (["image.pullPolicy=Sometimes"], "pullPolicy"),
+        (["watchNamespaces={Bad_Namespace}"], "watchNamespaces"),
+        (["config.gpuPricesPerHour.H100-SXM=-2"], "gpuPricesPerHour"),
+        (["config.profilingDefaults.concurrencyLevels={0,2}"], "concurrencyLevels"),
+        (["config.profilingDefaults.requestsPerLevel=0"], "requestsPerLevel"),
+        (["config.prometheusUrl=prometheus:9090"], "prometheusUrl"),
+        (["serviceMonitor.interval=soon"], "interval"),
+        (["replicaCountt=2"], "replicaCountt"),
+        (["config.unknownKnob=1"], "unknownKnob"),
+    ],
+)
+def test_values_schema_rejects_bad_values(
+    helm_tools: HelmTools, set_values: list[str], expected_in_error: str
+) -> None:
+    result = helm_tools.template(set_values=set_values)
+    assert result.returncode != 0, f"helm template accepted {set_values}"
+    assert "values don't meet the specifications of the schema" in result.stderr
+    assert expected_in_error in result.stderr
+
+
+def test_replicas_without_peering_are_refused_with_the_fix(helm_tools: HelmTools) -> None:
+    result = helm_tools.template(set_values=["replicaCount=2"])
+    assert result.returncode != 0
+    assert "set peering.enabled=true" in result.stderr
+
+
+def test_config_map_holds_the_operator_config(default_objects: list[dict], non_default_objects: list[dict]) -> None:
+    config_map = only(default_objects, "ConfigMap")
+    assert config_map["metadata"]["name"] == f"{FULLNAME}-config"
+    config = yaml.safe_load(config_map["data"]["config.yaml"])
+    assert set(config) == {"prometheusUrl", "benchmarkImage", "defaultEngineImage", "gpuPricesPerHour", "profilingDefaults"}
+    assert config["prometheusUrl"] == "http://prometheus-operated.monitoring.svc:9090"
+    assert config["benchmarkImage"] == "ghcr.io/specpilot/specpilot-bench:0.1.0"
+    assert config["defaultEngineImage"] == "vllm/vllm-openai:v0.32.0"
+    assert config["gpuPricesPerHour"]["H100-SXM"] == 2.49
+    assert config["gpuPricesPerHour"]["H200"] == 3.49
+    assert all(price > 0 for price in config["gpuPricesPerHour"].values())
+    assert config["profilingDefaults"] == {
+        "concurrencyLevels": [1, 2, 4, 8, 16, 32, 64, 128],
+        "requestsPerLevel": 64,
+        "maxParallelJobsPerPool": 1,
+        "maxAgeHours": 168,
+    }
+    overridden = yaml.safe_load(only(non_default_objects, "ConfigMap")["data"]["config.yaml"])
+    assert overridden["prometheusUrl"] == ""
+    assert overridden["gpuPricesPerHour"]["H100-SXM"] == 2.10
+    assert overridden["gpuPricesPerHour"]["H200"] == 3.49  # untouched SKUs keep their default price
+    assert overridden["profilingDefaults"]["concurrencyLevels"] == [1, 4, 16, 64]
+
+    pod_spec = only(default_objects, "Deployment")["spec"]["template"]["spec"]
+    mounted = {v["name"]: v for v in pod_spec["volumes"]}
+    assert mounted["config"]["configMap"]["name"] == config_map["metadata"]["name"]
+    mounts = {m["mountPath"]: m for m in pod_spec["containers"][0]["volumeMounts"]}
+    assert mounts["/etc/specpilot"]["name"] == "config"
+
+
+def test_config_checksum_rolls_the_operator_on_config_change(helm_tools: HelmTools, default_objects: list[dict]) -> None:
+    def checksum(objects: list[dict]) -> str:
+        return only(objects, "Deployment")["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
+
+    config_map = only(default_objects, "ConfigMap")
+    changed = helm_tools.render(namespace=RELEASE_NAMESPACE, set_values=["config.profilingDefaults.requestsPerLevel=65"])
+    assert len(checksum(default_objects)) == len(hashlib.sha256().hexdigest())
+    assert checksum(changed) != checksum(default_objects)
+    assert only(changed, "ConfigMap")["data"] != config_map["data"]
+
+
+@pytest.mark.parametrize("objects_fixture", ["default_objects", "non_default_objects"])
+def test_pods_run_restricted(request: pytest.FixtureRequest, objects_fixture: str) -> None:
+    objects = request.getfixturevalue(objects_fixture)
+    operator_pod = only(objects, "Deployment")["spec"]["template"]["spec"]
+    test_pod = only(objects, "Pod")["spec"]
+    for pod in (operator_pod, test_pod):
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        assert pod["securityContext"]["runAsUser"] == 65532
+        assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        for container in pod["containers"]:
+            context = container["securityContext"]
+            assert context["runAsNonRoot"] is True
+            assert context["readOnlyRootFilesystem"] is True
+            assert context["allowPrivilegeEscalation"] is False
+            assert context["capabilities"] == {"drop": ["ALL"]}
+            assert context["seccompProfile"] == {"type": "RuntimeDefault"}
+            assert container["resources"]["requests"] and container["resources"]["limits"]
+    volumes = {v["name"]: v for v in operator_pod["volumes"]}
+    assert volumes["tmp"] == {"name": "tmp", "emptyDir": {}}
+    assert {"name": "tmp", "mountPath": "/tmp"} in operator_pod["containers"][0]["volumeMounts"]
+
+
+def test_operator_probes_and_env(default_objects: list[dict]) -> None:
+    container = operator_container(default_objects)
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"health": 8080, "metrics": 9090}
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert {"name": "SPECPILOT_OPERATOR_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}} in container["env"]
+    assert container["resources"] == {
+        "requests": {"cpu": "100m", "memory": "256Mi"},
+        "limits": {"cpu": "1", "memory": "512Mi"},
+    }
+
+
+def test_service_and_helm_test_reach_the_operator(default_objects: list[dict]) -> None:
+    service = only(default_objects, "Service")
+    deployment = only(default_objects, "Deployment")
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    assert {p["name"]: (p["port"], p["targetPort"]) for p in service["spec"]["ports"]} == {
+        "metrics": (9090, "metrics"), "health": (8080, "health"),
+    }
+    test_pod = only(default_objects, "Pod")
+    assert test_pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    # The Service must not select its own test Pod.
+    assert not service["spec"]["selector"].items() <= test_pod["metadata"]["labels"].items()
+    (container,) = test_pod["spec"]["containers"]
+    assert container["image"] == "busybox:1.37"
+    script = container["command"][-1]
+    assert f"http://{service['metadata']['name']}:8080/healthz" in script
+    assert f"http://{service['metadata']['name']}:9090/metrics" in script
+
+
+def test_service_monitor_scrapes_the_metrics_port(non_default_objects: list[dict]) -> None:
+    service = only(non_default_objects, "Service")
+    service_monitor = only(non_default_objects, "ServiceMonitor")
+    assert service_monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    assert service_monitor["spec"]["namespaceSelector"] == {"matchNames": [RELEASE_NAMESPACE]}
+    (endpoint,) = service_monitor["spec"]["endpoints"]
+    assert endpoint["port"] in {p["name"] for p in service["spec"]["ports"]}
+    assert endpoint["path"] == "/metrics"
+
+
+def test_notes_say_what_to_do_next(helm_tools: HelmTools) -> None:
+    result = helm_tools.helm_run(
+        "install", "sp", CHART_DIR, "--namespace", RELEASE_NAMESPACE, "--dry-run=client",
+        "--values", NON_DEFAULT_VALUES,
+    )
+    assert result.returncode == 0, result.stderr
+    notes = result.stdout.split("NOTES:", 1)[1]
+    assert "kubectl get sdep" in notes
+    assert f"helm test sp -n {RELEASE_NAMESPACE}" in notes
+    assert "namespaces: a, b" in notes
+    assert ".status.pools[*].decision" in notes
+
+
+def test_values_schema_is_valid_draft7_and_documents_every_value() -> None:
+    schema = json.loads((CHART_DIR / "values.schema.json").read_text())
+    jsonschema.Draft7Validator.check_schema(schema)
+    assert schema["additionalProperties"] is False
+    values = yaml.safe_load((CHART_DIR / "values.yaml").read_text())
+    jsonschema.Draft7Validator(schema).validate(values)
+    assert set(values) == set(schema["properties"])
+    # Every top-level key carries a comment, or else each of its direct children does.
+    lines = (CHART_DIR / "values.yaml").read_text().splitlines()
+
+    def commented(index: int) -> bool:
+        return index > 0 and lines[index - 1].strip().startswith("#")
+
+    top_level = [i for i, line in enumerate(lines) if line and not line.startswith(("#", " ", "-"))]
+    for position, index in enumerate(top_level):
+        if commented(index):
+            continue
+        end = top_level[position + 1] if position + 1 < len(top_level) else len(lines)
+        children = [i for i in range(index + 1, end) if lines[i].startswith("  ") and lines[i][2] not in " #-"]
+        assert children, f"values.yaml: top-level key '{lines[index]}' has no comment"
+        for child in children:
+            assert commented(child), f"values.yaml line {child + 1} ('{lines[child].strip()}') has no comment"
