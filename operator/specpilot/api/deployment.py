@@ -1,0 +1,497 @@
+"""`SpeculativeDeployment` (short name `sdep`): one model served by vLLM on one or more GPU pools,
+with the speculative-decoding candidates specpilot profiles and chooses from.
+
+Spec fields say what the platform team wants; status says what specpilot measured, decided and observed.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import Enum
+from typing import Any
+
+from pydantic import ConfigDict, Field, model_validator
+
+from .base import ApiModel, Condition, ConfigMapKeyRef, FreeFormObject, SecretKeyRef, StatusModel
+from .methods import CandidateMethod
+from .schedule import ScheduleRange
+
+DEFAULT_ENGINE_IMAGE = "vllm/vllm-openai:v0.32.0"
+DEFAULT_CONCURRENCY_LEVELS = [1, 2, 4, 8, 16, 32, 64, 128]
+
+
+class ModelSpec(ApiModel):
+    """The target model and how vLLM serves it."""
+
+    id: str = Field(min_length=1)
+    """Hugging Face model id or a path inside the image/volume, e.g. meta-llama/Llama-3.1-8B-Instruct."""
+    revision: str | None = None
+    """Model revision (branch, tag or commit)."""
+    served_name: str | None = None
+    """Name clients use in the OpenAI API (`--served-model-name`). Defaults to `id`."""
+    image: str = DEFAULT_ENGINE_IMAGE
+    """vLLM engine image. Changing it re-profiles (the engine's speed is part of a profile's identity)."""
+    tensor_parallel_size: int = Field(default=1, ge=1, le=64)
+    """GPUs per replica for tensor parallelism (`--tensor-parallel-size`)."""
+    data_parallel_size: int = Field(default=1, ge=1, le=64)
+    """Data-parallel ranks per replica. vLLM ignores a per-batch-size schedule when > 1, so specpilot
+    then toggles speculation by rollout (restart strategy)."""
+    max_model_len: int | None = Field(default=None, ge=16)
+    """Maximum context length in tokens (`--max-model-len`); the engine default when unset."""
+    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
+    """Share of GPU memory vLLM may use (`--gpu-memory-utilization`)."""
+    extra_args: list[str] = Field(default_factory=list)
+    """More vLLM command-line arguments, passed as they are (e.g. ["--enable-prefix-caching"]).
+    Arguments specpilot owns (--model, --speculative-config, --tensor-parallel-size, --port) are refused."""
+    env: list[FreeFormObject] = Field(default_factory=list)
+    """Extra environment variables for the engine container (Kubernetes EnvVar objects)."""
+    hf_token_secret_ref: SecretKeyRef | None = None
+    """Secret holding a Hugging Face token, exposed to the engine as HF_TOKEN."""
+    resources: FreeFormObject | None = None
+    """Engine container resources (Kubernetes ResourceRequirements). GPU requests default to
+    tensorParallelSize * dataParallelSize `nvidia.com/gpu`."""
+
+    @model_validator(mode="after")
+    def _owned_args(self) -> ModelSpec:
+        owned = ("--model", "--speculative-config", "--tensor-parallel-size", "-tp", "--port",
+                 "--served-model-name", "--data-parallel-size")
+        for i, arg in enumerate(self.extra_args):
+            if arg.split("=", 1)[0] in owned:
+                raise ValueError(
+                    f"extraArgs[{i}] sets {arg.split('=', 1)[0]}, which specpilot owns: use the typed field instead"
+                )
+        return self
+
+
+class Toleration(ApiModel):
+    """A Kubernetes toleration for the pool's taints."""
+
+    key: str | None = None
+    """Taint key (empty with operator Exists matches all)."""
+    operator: str | None = Field(default=None, pattern="^(Exists|Equal)$")
+    """Exists or Equal."""
+    value: str | None = None
+    """Taint value for Equal."""
+    effect: str | None = Field(default=None, pattern="^(NoSchedule|PreferNoSchedule|NoExecute)$")
+    """Taint effect to tolerate; all when empty."""
+    toleration_seconds: int | None = None
+    """For NoExecute: how long the pod stays bound after the taint appears."""
+
+
+class GpuPool(ApiModel):
+    """A set of GPU nodes of one type that may serve this model."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
+        {"rule": "!has(self.minReplicas) || !has(self.maxReplicas) || self.minReplicas <= self.maxReplicas",
+         "message": "minReplicas must be <= maxReplicas"},
+    ]})
+
+    name: str = Field(pattern=r"^[a-z0-9]([a-z0-9-]{0,22}[a-z0-9])?$")
+    """Pool name (DNS label, <= 24 chars); part of the names of the pool's Deployment and Jobs."""
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    """Labels a node must have to belong to the pool (e.g. {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"})."""
+    tolerations: list[Toleration] = Field(default_factory=list)
+    """Tolerations for the pool's taints, used by benchmark Jobs and serving pods."""
+    sku: str | None = None
+    """GPU type (e.g. H100-SXM). When unset it is read from the `nvidia.com/gpu.product` label of the
+    pool's nodes, and a new product appearing there is profiled automatically."""
+    price_per_gpu_hour: float | None = Field(default=None, gt=0)
+    """Cost of one GPU of this pool per hour, in dollars; defaults to the operator's price table."""
+    gpu_resource_name: str = "nvidia.com/gpu"
+    """Extended resource that requests GPUs (amd.com/gpu for AMD)."""
+    min_replicas: int | None = Field(default=None, ge=0)
+    """Per-pool lower bound on replicas; defaults to serving.minReplicas."""
+    max_replicas: int | None = Field(default=None, ge=0)
+    """Per-pool upper bound on replicas; defaults to serving.maxReplicas."""
+
+    @model_validator(mode="after")
+    def _bounds(self) -> GpuPool:
+        if self.min_replicas is not None and self.max_replicas is not None and self.min_replicas > self.max_replicas:
+            raise ValueError(f"minReplicas must be <= maxReplicas (got {self.min_replicas} > {self.max_replicas})")
+        return self
+
+
+class WorkloadName(str, Enum):
+    SHAREGPT = "sharegpt"
+    HUMANEVAL = "humaneval"
+    JSON_EXTRACTION = "json-extraction"
+    RANDOM = "random"
+    CUSTOM = "custom"
+
+
+class Workload(ApiModel):
+    """The prompts a profiling run sends; pick the one closest to production traffic."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
+        {"rule": "(has(self.name) && self.name == 'custom') == has(self.file)",
+         "message": "a custom workload needs `file` (a ConfigMap key), and only custom takes one"},
+    ]})
+
+    name: WorkloadName = WorkloadName.SHAREGPT
+    """sharegpt (chat), humaneval (code), json-extraction (answers copy spans of the prompt: n-gram
+    friendly), random, or custom (JSONL prompts from `file`)."""
+    file: ConfigMapKeyRef | None = None
+    """For custom: a ConfigMap key holding JSONL lines {"prompt": ..., "max_tokens": N}."""
+    input_len: int | None = Field(default=None, ge=1)
+    """random only: prompt length in tokens."""
+    output_len: int = Field(default=256, ge=1, le=32768)
+    """Output tokens per request (the cap when the dataset gives its own)."""
+    temperature: float = Field(default=0.0, ge=0, le=2)
+    """Sampling temperature; acceptance drops with temperature, so match production."""
+    seed: int = 0
+    """Seed for sampling prompts and tokens."""
+
+    @model_validator(mode="after")
+    def _file(self) -> Workload:
+        if (self.name == WorkloadName.CUSTOM.value) != (self.file is not None):
+            raise ValueError("a custom workload needs `file` (a ConfigMap key), and only custom takes one")
+        return self
+
+
+class ReprofileTriggers(ApiModel):
+    """When specpilot re-profiles on its own."""
+
+    new_sku: bool = True
+    """Profile a GPU product as soon as nodes of it join a pool."""
+    engine_image_change: bool = True
+    """Profile again when model.image changes."""
+    acceptance_drift: float = Field(default=0.25, gt=0, le=1)
+    """Relative change of live mean acceptance length against the profile that triggers re-profiling
+    (smaller drifts only recompute the schedule from live acceptance)."""
+    max_age_hours: float = Field(default=168, gt=0)
+    """Profiles older than this are measured again."""
+
+
+class Profiling(ApiModel):
+    """How candidate methods are measured on each pool."""
+
+    workload: Workload = Field(default_factory=Workload)
+    """Prompts for the benchmark."""
+    concurrency_levels: list[int] = Field(default_factory=lambda: list(DEFAULT_CONCURRENCY_LEVELS), min_length=1,
+                                          max_length=32, json_schema_extra={"x-kubernetes-list-type": "set"})
+    """Concurrent requests to measure at, ascending (e.g. 1,2,4,...,128)."""
+    requests_per_level: int = Field(default=64, ge=1, le=100000)
+    """Requests completed per concurrency level (after warm-up)."""
+    reprofile: ReprofileTriggers = Field(default_factory=ReprofileTriggers)
+    """Automatic re-profiling triggers."""
+    max_parallel_jobs_per_pool: int = Field(default=1, ge=1, le=32)
+    """Benchmark Jobs running at once per pool (each takes tensorParallelSize GPUs)."""
+    job_deadline_seconds: int = Field(default=3600, ge=60)
+    """activeDeadlineSeconds of each benchmark Job."""
+    backoff_limit: int = Field(default=2, ge=0, le=10)
+    """Retries of a failed benchmark Job before the profile is reported Failed."""
+    image: str | None = None
+    """Benchmark-job image; the operator's default when unset."""
+    pod_overrides: FreeFormObject | None = None
+    """Free-form: merged into the benchmark pod spec (e.g. volumes with model weights, priorityClassName)."""
+    speculate_before_profiled: bool = False
+    """Serve with the method's maximum K (no schedule) while its profile is not ready. Off: serve without SD."""
+
+    @model_validator(mode="after")
+    def _levels(self) -> Profiling:
+        levels = self.concurrency_levels
+        if any(c < 1 for c in levels) or levels != sorted(set(levels)):
+            raise ValueError(f"concurrencyLevels must be positive, ascending and unique (got {levels})")
+        return self
+
+
+class Objective(str, Enum):
+    GOODPUT = "goodput"
+    COST = "cost"
+
+
+class Strategy(str, Enum):
+    DYNAMIC = "dynamic"
+    RESTART = "restart"
+    AUTO = "auto"
+
+
+class Hysteresis(ApiModel):
+    """Guards of the restart strategy, which toggles speculation by rolling the pods."""
+
+    band_percent: float = Field(default=20, ge=0, le=100)
+    """Turn SD off above crossover*(1+band) and on again below crossover*(1-band)."""
+    min_dwell_seconds: int = Field(default=300, ge=0)
+    """Load must stay past a threshold this long before a toggle."""
+    cooldown_seconds: int = Field(default=600, ge=0)
+    """Minimum time between two toggles of a pool."""
+
+
+class ConcurrencyWeight(ApiModel):
+    """A point of an expected concurrency distribution."""
+
+    concurrency: int = Field(ge=1)
+    """Concurrent requests per replica."""
+    weight: float = Field(gt=0)
+    """Relative share of time at this concurrency."""
+
+
+class Policy(ApiModel):
+    """How the method and schedule are chosen."""
+
+    objective: Objective = Objective.GOODPUT
+    """goodput (tokens/s within the SLO) or cost (dollars per million tokens)."""
+    tpot_slo_ms: float | None = Field(default=None, gt=0)
+    """Per-output-token latency SLO (p95 TPOT) in milliseconds; none when unset."""
+    ttft_slo_ms: float | None = Field(default=None, gt=0)
+    """Time-to-first-token SLO (p95) in milliseconds; none when unset."""
+    min_gain_percent: float = Field(default=5, ge=0, le=100)
+    """Speculate at a batch size only when it beats no speculation by this much (noise guard)."""
+    strategy: Strategy = Strategy.AUTO
+    """dynamic: one rollout, vLLM switches K per step by the schedule; restart: toggle SD by rollout
+    around the crossover; auto: dynamic unless the engine cannot (data parallel > 1, suffix)."""
+    hysteresis: Hysteresis = Field(default_factory=Hysteresis)
+    """Restart-strategy guards."""
+    expected_concurrency: list[ConcurrencyWeight] = Field(default_factory=list)
+    """Expected per-replica concurrency before there is observed history (e.g. [{concurrency: 8, weight: 1}]);
+    a uniform spread over the profiled levels when empty."""
+
+
+class Autoscaling(str, Enum):
+    INTERNAL = "internal"
+    EXTERNAL = "external"
+    NONE = "none"
+
+
+class Serving(ApiModel):
+    """Replicas and how they are exposed."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
+        {"rule": "!has(self.minReplicas) || !has(self.maxReplicas) || self.minReplicas <= self.maxReplicas",
+         "message": "minReplicas must be <= maxReplicas"},
+    ]})
+
+    min_replicas: int = Field(default=1, ge=0)
+    """Fewest replicas per pool."""
+    max_replicas: int = Field(default=4, ge=1)
+    """Most replicas per pool."""
+    autoscaling: Autoscaling = Autoscaling.INTERNAL
+    """internal: specpilot writes replicas (SD-aware capacity); external: it only publishes
+    status.pools[].desiredReplicas and the specpilot_desired_replicas metric for HPA/KEDA; none: fixed at minReplicas."""
+    scale_down_stabilization_seconds: int = Field(default=300, ge=0)
+    """Scale down only after the lower target held this long (scale up is immediate)."""
+    target_utilization_percent: float = Field(default=80, gt=0, le=100)
+    """Share of a replica's SLO-feasible concurrency to plan for (headroom for bursts)."""
+    port: int = Field(default=8000, ge=1, le=65535)
+    """Port of the OpenAI-compatible API."""
+    service_monitor: bool = False
+    """Create a Prometheus-operator PodMonitor for the serving pods."""
+    pod_overrides: FreeFormObject | None = None
+    """Free-form: merged into the serving pod spec (volumes, priorityClassName, affinity...)."""
+
+    @model_validator(mode="after")
+    def _bounds(self) -> Serving:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(f"minReplicas must be <= maxReplicas (got {self.min_replicas} > {self.max_replicas})")
+        return self
+
+
+class MetricsSource(str, Enum):
+    PROMETHEUS = "prometheus"
+    PODS = "pods"
+
+
+class Metrics(ApiModel):
+    """Where observed load and live acceptance come from."""
+
+    source: MetricsSource = MetricsSource.PROMETHEUS
+    """prometheus (query the server at prometheusUrl) or pods (scrape the serving pods' /metrics)."""
+    prometheus_url: str | None = Field(default=None, pattern=r"^https?://")
+    """Prometheus base URL; the operator's default when unset."""
+    window_seconds: int = Field(default=300, ge=30, le=86400)
+    """Look-back window for rates and quantiles."""
+    interval_seconds: int = Field(default=30, ge=5, le=3600)
+    """How often the observer runs."""
+    stale_after_seconds: int = Field(default=180, ge=30)
+    """Data older than this is missing: the last decision is held and MetricsAvailable=False."""
+
+
+class SpeculativeDeploymentSpec(ApiModel):
+    """Desired state of a SpeculativeDeployment."""
+
+    model: ModelSpec
+    """Target model and engine."""
+    methods: list[CandidateMethod] = Field(min_length=1, max_length=16, json_schema_extra={
+        "x-kubernetes-validations": [{
+            "rule": "self.all(m, self.filter(n, (has(n.name) ? n.name : n.method) == "
+                    "(has(m.name) ? m.name : m.method)).size() == 1)",
+            "message": "candidate names must be unique: give repeated methods a distinct `name`"}]})
+    """Candidate speculative methods to profile; specpilot picks one per pool (or none)."""
+    gpu_pools: list[GpuPool] = Field(min_length=1, max_length=16, json_schema_extra={
+        "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]})
+    """GPU node pools the model may run on; each gets its own profile, decision and Deployment."""
+    profiling: Profiling = Field(default_factory=Profiling)
+    """How methods are measured."""
+    policy: Policy = Field(default_factory=Policy)
+    """How decisions are made."""
+    serving: Serving = Field(default_factory=Serving)
+    """Replicas and exposure."""
+    metrics: Metrics = Field(default_factory=Metrics)
+    """Observed load source."""
+
+    @model_validator(mode="after")
+    def _unique(self) -> SpeculativeDeploymentSpec:
+        seen: dict[str, int] = {}
+        for i, m in enumerate(self.methods):
+            if m.key in seen:
+                raise ValueError(
+                    f"methods[{i}] has the same name {m.key!r} as methods[{seen[m.key]}]: give one a distinct `name`"
+                )
+            seen[m.key] = i
+        pools: dict[str, int] = {}
+        for i, p in enumerate(self.gpu_pools):
+            if p.name in pools:
+                raise ValueError(f"gpuPools[{i}].name {p.name!r} repeats gpuPools[{pools[p.name]}].name: pool names must be unique")
+            pools[p.name] = i
+        return self
+
+
+# ----- status -----
+
+class Phase(str, Enum):
+    PENDING = "Pending"
+    PROFILING = "Profiling"
+    SERVING = "Serving"
+    DEGRADED = "Degraded"
+    FAILED = "Failed"
+
+
+class ProfileProgress(StatusModel):
+    """Profiles of one pool."""
+
+    ready: int = 0
+    """Succeeded profiles (baseline and methods)."""
+    total: int = 0
+    """Profiles needed."""
+    failed: int = 0
+    """Profiles that failed after retries."""
+    names: list[str] = Field(default_factory=list)
+    """SpeculationProfile names used by this pool."""
+
+
+class Decision(StatusModel):
+    """What a pool serves and why."""
+
+    method: str | None = None
+    """Chosen candidate's name, or none for no speculation."""
+    num_speculative_tokens: int = 0
+    """K the engine is started with (the schedule's maximum)."""
+    schedule: list[ScheduleRange] = Field(default_factory=list)
+    """Per-batch-size K (empty: none; SD off or the restart strategy)."""
+    schedule_summary: str = ""
+    """The schedule in short form, e.g. 1-16:5,17-64:3,65+:0."""
+    strategy: Strategy = Strategy.DYNAMIC
+    """dynamic (schedule in the engine) or restart (toggle by rollout)."""
+    crossover_concurrency: float | None = None
+    """Concurrency above which speculation stops paying for this method on this pool."""
+    cost_per_mtok_with_sd: float | None = None
+    """Predicted dollars per million output tokens with the decision, at the expected load."""
+    cost_per_mtok_without_sd: float | None = None
+    """Predicted dollars per million output tokens without speculation, at the expected load."""
+    expected_speedup: float | None = None
+    """Predicted goodput gain over no speculation at the expected load (1.0 = none)."""
+    source: str = "profile"
+    """What the decision rests on: profile, live-acceptance, prior, none."""
+    reason: str = ""
+    """Why, in words."""
+    decided_at: datetime | None = None
+    """When it was made."""
+
+
+class ObservedLoad(StatusModel):
+    """Load of a pool over the metrics window."""
+
+    concurrency: float | None = None
+    """Mean running requests per replica."""
+    waiting: float | None = None
+    """Mean waiting requests per replica."""
+    generation_tokens_per_second: float | None = None
+    """Output tokens per second over all replicas."""
+    tpot_p95_ms: float | None = None
+    """p95 time per output token."""
+    acceptance_per_position: list[float] = Field(default_factory=list)
+    """Live accepted-per-position rates (accepted at j / drafts)."""
+    mean_acceptance_length: float | None = None
+    """1 + accepted tokens per draft."""
+    observed_at: datetime | None = None
+    """When the data was read."""
+
+
+class PoolStatus(StatusModel):
+    """Everything specpilot knows about one pool."""
+
+    name: str
+    """Pool name."""
+    sku: str | None = None
+    """GPU type in use (from the spec or the nodes)."""
+    gpu_products: list[str] = Field(default_factory=list)
+    """`nvidia.com/gpu.product` values of the pool's nodes."""
+    nodes: int = 0
+    """Matching nodes."""
+    profiles: ProfileProgress = Field(default_factory=ProfileProgress)
+    """Profiling progress."""
+    decision: Decision | None = None
+    """Current decision."""
+    speculation_enabled: bool = False
+    """Whether the running engine speculates (restart strategy: the toggle state)."""
+    replicas: int = 0
+    """Replicas of the pool's Deployment."""
+    desired_replicas: int | None = None
+    """Replicas the SD-aware planner wants."""
+    capacity_concurrency_per_replica: float | None = None
+    """Concurrency a replica can take within the SLO under the decision."""
+    observed: ObservedLoad | None = None
+    """Observed load."""
+    last_toggle_at: datetime | None = None
+    """Restart strategy: the last time speculation was switched."""
+
+
+class HistoryEntry(StatusModel):
+    """A change of decision."""
+
+    time: datetime
+    """When."""
+    pool: str
+    """Which pool."""
+    change: str
+    """What changed, e.g. `eagle3 1-16:4,17+:0 -> ngram 1-8:3,9+:0`."""
+    reason: str = ""
+    """Why."""
+
+
+class SpeculativeDeploymentStatus(StatusModel):
+    """Observed state of a SpeculativeDeployment."""
+
+    phase: Phase = Phase.PENDING
+    """Pending, Profiling, Serving, Degraded or Failed."""
+    progress: str = ""
+    """Short progress, e.g. `profiles 5/8`."""
+    observed_generation: int | None = None
+    """The .metadata.generation last acted on."""
+    conditions: list[Condition] = Field(default_factory=list)
+    """Valid, Profiled, Serving, MetricsAvailable, NodesAvailable."""
+    pools: list[PoolStatus] = Field(default_factory=list)
+    """Per pool: profiles, decision, replicas, load."""
+    decision_summary: str = ""
+    """All pools in one line, e.g. `h100=eagle3[1-16:4,17+:0] h200=ngram[1-32:3,33+:0]`."""
+    observed_concurrency: float | None = None
+    """Mean concurrency per replica over all pools."""
+    cost_per_mtok: float | None = None
+    """Predicted dollars per million output tokens under the current decisions (load-weighted)."""
+    history: list[HistoryEntry] = Field(default_factory=list)
+    """The last decision changes (bounded)."""
+
+
+class SpeculativeDeployment(ApiModel):
+    """Top-level object, as stored by the API server."""
+
+    model_config = {"extra": "ignore"}
+
+    api_version: str = "specpilot.io/v1alpha1"
+    kind: str = "SpeculativeDeployment"
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    spec: SpeculativeDeploymentSpec
+    status: SpeculativeDeploymentStatus | None = None
+
+
+HISTORY_LIMIT = 20

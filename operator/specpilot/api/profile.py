@@ -1,0 +1,256 @@
+"""`SpeculationProfile` (short name `sprof`): one measurement of one method (or the no-SD baseline) of one
+model on one GPU type, engine image and workload.
+
+The spec is the measurement's identity; its name derives from a hash of that identity so any
+SpeculativeDeployment asking for the same measurement reuses it. The status is written by the
+benchmark Job: measured points per run (K=0 baseline, K=1, K=max), per-position acceptance, KV capacity,
+hardware calibration.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from datetime import datetime
+from enum import Enum
+from typing import Any
+
+from pydantic import Field, model_validator
+
+from .base import ApiModel, StatusModel
+from .deployment import Workload
+from .methods import CandidateMethod
+
+
+class ProfileTarget(ApiModel):
+    """The model being measured."""
+
+    id: str = Field(min_length=1)
+    """Model id or path (as in SpeculativeDeployment spec.model.id)."""
+    revision: str | None = None
+    """Model revision."""
+    tensor_parallel_size: int = Field(default=1, ge=1)
+    """GPUs per engine."""
+    max_model_len: int | None = Field(default=None, ge=16)
+    """Context length the engine was started with."""
+
+
+class SpeculationProfileSpec(ApiModel):
+    """The identity of a measurement. Immutable once created."""
+
+    model: ProfileTarget
+    """Target model."""
+    method: CandidateMethod | None = None
+    """Speculative method; absent for the no-speculation baseline."""
+    sku: str = Field(min_length=1)
+    """GPU type, e.g. H100-SXM."""
+    gpu_product: str | None = None
+    """`nvidia.com/gpu.product` label value of the node that ran it, when known."""
+    engine_image: str = Field(min_length=1)
+    """vLLM image (the engine build is part of the identity)."""
+    workload: Workload = Field(default_factory=Workload)
+    """Prompts used."""
+    concurrency_levels: list[int] = Field(min_length=1)
+    """Concurrency levels to measure (measurement settings, not part of the identity hash)."""
+    requests_per_level: int = Field(default=64, ge=1)
+    """Requests per level (measurement setting, not part of the identity hash)."""
+
+    @model_validator(mode="after")
+    def _levels(self) -> SpeculationProfileSpec:
+        if self.concurrency_levels != sorted(set(self.concurrency_levels)) or self.concurrency_levels[0] < 1:
+            raise ValueError(f"concurrencyLevels must be positive, ascending and unique (got {self.concurrency_levels})")
+        return self
+
+    @property
+    def is_baseline(self) -> bool:
+        return self.method is None
+
+    def identity(self) -> dict[str, Any]:
+        """What the profile measures; equal identities are interchangeable measurements."""
+        return {
+            "model": self.model.dump(),
+            "method": self.method.identity() if self.method else None,
+            "sku": self.sku,
+            "engineImage": self.engine_image,
+            "workload": self.workload.dump(),
+        }
+
+    def identity_hash(self) -> str:
+        canonical = json.dumps(self.identity(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()[:10]
+
+    def object_name(self) -> str:
+        """Deterministic DNS-1123 name: sku, method and the identity hash (e.g. `h100-sxm-eagle3-1a2b3c4d5e`)."""
+        method = self.method.method.replace("_", "-") if self.method else "baseline"
+        stem = re.sub(r"[^a-z0-9-]+", "-", f"{self.sku}-{method}".lower()).strip("-")[:50].rstrip("-")
+        return f"{stem}-{self.identity_hash()}"
+
+
+class ProfilePhase(str, Enum):
+    PENDING = "Pending"
+    RUNNING = "Running"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+
+
+class LatencyStats(StatusModel):
+    """Distribution of one latency over a level's requests, in milliseconds."""
+
+    mean: float | None = None
+    """Mean."""
+    p50: float | None = None
+    """Median."""
+    p90: float | None = None
+    """90th percentile."""
+    p99: float | None = None
+    """99th percentile."""
+
+
+class LevelPoint(StatusModel):
+    """What one concurrency level measured."""
+
+    concurrency: int = Field(ge=1)
+    """Concurrent requests the client kept in flight."""
+    completed: int = Field(default=0, ge=0)
+    """Requests that finished."""
+    failed: int = Field(default=0, ge=0)
+    """Requests that failed."""
+    duration_s: float = Field(default=0, ge=0)
+    """Wall time of the level (after warm-up)."""
+    request_throughput: float = Field(default=0, ge=0)
+    """Completed requests per second."""
+    output_throughput: float = Field(ge=0)
+    """Output tokens per second (all requests)."""
+    goodput: float | None = Field(default=None, ge=0)
+    """Requests per second that met the SLO given to the benchmark."""
+    ttft_ms: LatencyStats = Field(default_factory=LatencyStats)
+    """Time to first token."""
+    tpot_ms: LatencyStats = Field(default_factory=LatencyStats)
+    """Time per output token (after the first)."""
+    itl_ms: LatencyStats = Field(default_factory=LatencyStats)
+    """Inter-token latency (one engine step; several tokens under SD)."""
+    e2e_latency_ms: LatencyStats = Field(default_factory=LatencyStats)
+    """End-to-end request latency."""
+    output_throughput_cv: float | None = Field(default=None, ge=0)
+    """Spread: coefficient of variation of per-request output rate."""
+    generation_tokens: int | None = Field(default=None, ge=0)
+    """Server-side delta of vllm:generation_tokens_total."""
+    num_drafts: int | None = Field(default=None, ge=0)
+    """Server-side delta of vllm:spec_decode_num_drafts_total."""
+    num_draft_tokens: int | None = Field(default=None, ge=0)
+    """Delta of vllm:spec_decode_num_draft_tokens_total."""
+    num_accepted_tokens: int | None = Field(default=None, ge=0)
+    """Delta of vllm:spec_decode_num_accepted_tokens_total."""
+    accepted_per_position: list[int] = Field(default_factory=list)
+    """Delta of vllm:spec_decode_num_accepted_tokens_per_pos_total by position."""
+    mean_running: float | None = Field(default=None, ge=0)
+    """Mean vllm:num_requests_running during the level."""
+    mean_waiting: float | None = Field(default=None, ge=0)
+    """Mean vllm:num_requests_waiting during the level."""
+    kv_cache_usage: float | None = Field(default=None, ge=0, le=1)
+    """Peak vllm:kv_cache_usage_perc (0..1)."""
+    preemptions: int | None = Field(default=None, ge=0)
+    """Delta of vllm:num_preemptions_total."""
+
+
+class Acceptance(StatusModel):
+    """Draft acceptance of a run, aggregated over its levels."""
+
+    per_position: list[float] = Field(default_factory=list)
+    """p_j = accepted at position j / drafts (non-increasing, 0..1)."""
+    drafts_per_step: float = Field(default=1.0, ge=0, le=1)
+    """Share of request-steps that carried a draft (1 for model drafters; < 1 for n-gram)."""
+    mean_acceptance_length: float | None = Field(default=None, ge=1)
+    """1 + accepted tokens / drafts."""
+
+
+class Run(StatusModel):
+    """One engine start: the baseline (K=0) or the method at one K, swept over the levels."""
+
+    num_speculative_tokens: int = Field(ge=0)
+    """K of this run (0 = baseline)."""
+    points: list[LevelPoint] = Field(default_factory=list)
+    """Measured levels, ascending."""
+    acceptance: Acceptance | None = None
+    """Aggregated acceptance (speculative runs)."""
+    stopped_early: str | None = None
+    """Why the sweep stopped before the last level (saturated, SLO broken), if it did."""
+    engine_start_s: float | None = None
+    """Seconds from launch to a healthy engine."""
+    wall_s: float | None = None
+    """Seconds the whole run took."""
+
+
+class Hardware(StatusModel):
+    """What the benchmark measured about the device."""
+
+    backend: str = "cuda"
+    """cuda, rocm or cpu."""
+    device_name: str | None = None
+    """e.g. NVIDIA H100 80GB HBM3."""
+    device_count: int = Field(default=1, ge=0)
+    """Devices visible to the engine."""
+    memory_gib: float | None = Field(default=None, ge=0)
+    """Device memory."""
+    copy_bandwidth_gb_s: float | None = Field(default=None, ge=0)
+    """Measured device-to-device copy bandwidth."""
+    bf16_matmul_tflops: float | None = Field(default=None, ge=0)
+    """Measured dense BF16 matmul throughput."""
+
+
+class Validation(StatusModel):
+    """An optional run at a middle K to check the k=1..K interpolation."""
+
+    num_speculative_tokens: int = Field(ge=1)
+    """K of the check run."""
+    max_relative_error: float = Field(ge=0)
+    """Largest |predicted - measured| / measured output throughput over its levels."""
+
+
+class SpeculationProfileStatus(StatusModel):
+    """Measured results, written by the benchmark Job."""
+
+    phase: ProfilePhase = ProfilePhase.PENDING
+    """Pending, Running, Succeeded or Failed."""
+    reason: str | None = None
+    """Why it failed, or what it is waiting for."""
+    message: str | None = None
+    """Details (e.g. the engine's last log lines)."""
+    attempts: int = Field(default=0, ge=0)
+    """Job attempts so far."""
+    job_name: str | None = None
+    """The benchmark Job measuring it."""
+    engine_version: str | None = None
+    """vLLM version reported by the engine."""
+    started_at: datetime | None = None
+    """When the benchmark started measuring."""
+    completed_at: datetime | None = None
+    """When it finished (or failed)."""
+    runs: list[Run] = Field(default_factory=list)
+    """Baseline and/or speculative runs."""
+    kv_capacity_tokens: int | None = Field(default=None, ge=0)
+    """KV cache capacity in tokens (vllm:cache_config_info)."""
+    max_concurrency_measured: int | None = Field(default=None, ge=0)
+    """Highest level measured."""
+    hardware: Hardware | None = None
+    """Device calibration."""
+    validation: Validation | None = None
+    """Interpolation check, when run."""
+    engine_starts: int | None = Field(default=None, ge=0)
+    """Engine starts the profile cost."""
+
+    def run(self, k: int) -> Run | None:
+        return next((r for r in self.runs if r.num_speculative_tokens == k), None)
+
+
+class SpeculationProfile(ApiModel):
+    """Top-level object, as stored by the API server (or a file written by specpilot-bench)."""
+
+    model_config = {"extra": "ignore"}
+
+    api_version: str = "specpilot.io/v1alpha1"
+    kind: str = "SpeculationProfile"
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    spec: SpeculationProfileSpec
+    status: SpeculationProfileStatus | None = None
