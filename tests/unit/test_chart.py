@@ -12,7 +12,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from tests.helm_tools import CHART_DIR, HelmTools, helm_tools  # noqa: F401  (helm_tools is a fixture)
+from helm_tools import CHART_DIR, HelmTools, helm_tools  # noqa: F401  (helm_tools is a fixture)
 
 pytestmark = pytest.mark.helm
 
