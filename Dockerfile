@@ -2,10 +2,10 @@
 # Build from the repository root: docker build -t ghcr.io/specpilot/specpilot:0.1.0 .
 FROM python:3.11.11-slim-bookworm
 
+# The chart mounts the root filesystem read-only with an emptyDir at /tmp, so HOME (caches) points there.
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    # The chart mounts the root filesystem read-only with an emptyDir at /tmp: caches go there.
     HOME=/tmp
 
 WORKDIR /build
