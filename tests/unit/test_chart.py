@@ -435,3 +435,24 @@ def test_values_schema_is_valid_draft7_and_documents_every_value() -> None:
         assert children, f"values.yaml: top-level key '{lines[index]}' has no comment"
         for child in children:
             assert commented(child), f"values.yaml line {child + 1} ('{lines[child].strip()}') has no comment"
+
+
+def test_docs_values_table_lists_every_value() -> None:
+    values = yaml.safe_load((CHART_DIR / "values.yaml").read_text())
+    # Free-form maps are documented as a whole, not key by key.
+    documented_whole = {"resources", "config.gpuPricesPerHour"}
+
+    def keys(node: dict, prefix: str = "") -> list[str]:
+        out = []
+        for key, value in node.items():
+            path = f"{prefix}{key}"
+            if isinstance(value, dict) and value and path not in documented_whole:
+                out += keys(value, f"{path}.")
+            else:
+                out.append(path)
+        return out
+
+    docs = (CHART_DIR.parents[1] / "docs" / "helm.md").read_text()
+    values_section = docs.split("\n## Values\n", 1)[1].split("\n## ", 1)[0]
+    table_keys = {line.split("`")[1] for line in values_section.splitlines() if line.startswith("| `")}
+    assert set(keys(values)) == table_keys
