@@ -24,7 +24,7 @@ import math
 
 import numpy as np
 
-from .acceptance import AcceptanceProfile, acceptance_profile, expected_tokens_per_step
+from .acceptance import AcceptanceProfile, acceptance_profile
 from .catalog import GpuSpec
 from .models import ModelShape, default_drafter
 
