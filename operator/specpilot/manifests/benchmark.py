@@ -1,0 +1,227 @@
+"""The benchmark Job that measures one SpeculationProfile on one GPU pool.
+
+Two shapes:
+- launch (default): one pod; `specpilot-bench` starts and restarts the engine itself for each run
+  (baseline, or K=1 and the method's maximum K), so one Job measures the whole profile;
+- sidecar: one Job per run; the engine is a Kubernetes native sidecar (an init container with
+  restartPolicy Always, started before the bench and stopped after it) serving on loopback, and the
+  bench measures it at `run_k` (0 = the no-speculation baseline).
+
+`bench_args` is the single list of flags the operator passes to `specpilot-bench`: change a flag here
+and in the bench's parser, nowhere else.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Literal
+
+from ..api.deployment import GpuPool, ModelSpec, SpeculativeDeploymentSpec
+from ..api.profile import SpeculationProfileSpec
+from . import names
+from .engine import (
+    ENGINE_COMMAND,
+    ENGINE_CONTAINER,
+    MODEL_FLAG,
+    SPECULATIVE_CONFIG_FLAG,
+    engine_env,
+    model_engine_args,
+    speculative_config_json,
+)
+from .merge import deep_merge
+from .pod import (
+    dshm_mount,
+    dshm_volume,
+    gpu_resources,
+    http_port,
+    owner_reference,
+    pool_placement,
+    restore_container,
+    restore_placement,
+    startup_probe,
+)
+
+BenchMode = Literal["launch", "sidecar"]
+
+BENCH_COMMAND = ["specpilot-bench"]
+BENCH_CONTAINER = "bench"
+WORKLOAD_VOLUME = "workload"
+WORKLOAD_DIR = "/workload"
+WORKLOAD_FILE = f"{WORKLOAD_DIR}/prompts.jsonl"
+TTL_SECONDS_AFTER_FINISHED = 86400
+"""Finished Jobs stay a day for `kubectl logs`; the results are in the profile's status."""
+SIDECAR_ENGINE_HOST = "127.0.0.1"
+NOT_PASSED_TO_ENGINE = frozenset({MODEL_FLAG, SPECULATIVE_CONFIG_FLAG})
+"""Engine flags the bench sets itself per run (it gets the model and the method's config as its own flags)."""
+
+
+def bench_engine_model(spec: SpeculativeDeploymentSpec, profile_spec: SpeculationProfileSpec) -> ModelSpec:
+    """The engine a profile measures: the profile's identity (model, revision, TP, context, image) with the
+    deployment's other settings (served name, memory share, extra args, env, token). One data-parallel
+    rank: a profile measures one engine."""
+    return spec.model.model_copy(update={
+        "id": profile_spec.model.id,
+        "revision": profile_spec.model.revision,
+        "tensor_parallel_size": profile_spec.model.tensor_parallel_size,
+        "max_model_len": profile_spec.model.max_model_len,
+        "data_parallel_size": 1,
+        "image": profile_spec.engine_image,
+    })
+
+
+def _without_flags(args: list[str], flags: frozenset[str]) -> list[str]:
+    """`args` minus each flag in `flags` and its value (`--flag value` or `--flag=value`)."""
+    kept: list[str] = []
+    skip_value = False
+    for arg in args:
+        if skip_value:
+            skip_value = False
+        elif arg in flags:
+            skip_value = True
+        elif arg.split("=", 1)[0] not in flags:
+            kept.append(arg)
+    return kept
+
+
+def bench_args(*, profile_name: str, namespace: str, profile_spec: SpeculationProfileSpec, engine_model: ModelSpec,
+               port: int, mode: BenchMode, run_k: int | None = None) -> list[str]:
+    """Arguments of `specpilot-bench` for one Job. Options with a None value are left out."""
+    workload = profile_spec.workload
+    if mode == "launch":
+        how: list[tuple[str, str | bool | None]] = [("--launch", True)]
+        method_config = speculative_config_json(profile_spec.method)
+    else:
+        how = [("--engine-url", f"http://{SIDECAR_ENGINE_HOST}:{port}"), ("--run-k", str(run_k)),
+               ("--served-model-name", engine_model.served_name or engine_model.id)]
+        method_config = speculative_config_json(profile_spec.method, run_k)
+    options: list[tuple[str, str | bool | None]] = [
+        ("--profile-name", profile_name),
+        ("--namespace", namespace),
+        *how,
+        (MODEL_FLAG, profile_spec.model.id),
+        (SPECULATIVE_CONFIG_FLAG, method_config),
+        ("--levels", ",".join(str(c) for c in profile_spec.concurrency_levels)),
+        ("--requests-per-level", str(profile_spec.requests_per_level)),
+        ("--workload", str(workload.name)),
+        ("--workload-file", WORKLOAD_FILE if workload.file else None),
+        ("--input-len", None if workload.input_len is None else str(workload.input_len)),
+        ("--output-len", str(workload.output_len)),
+        ("--temperature", str(workload.temperature)),
+        ("--seed", str(workload.seed)),
+        ("--sku", profile_spec.sku),
+        ("--engine-image", profile_spec.engine_image),
+    ]
+    args: list[str] = []
+    for flag, value in options:
+        if value is True:
+            args.append(flag)
+        elif value is not None:
+            args += [flag, value]
+    if mode == "launch":
+        engine = model_engine_args(engine_model, method=None, port=port)
+        args += [f"--engine-arg={arg}" for arg in _without_flags(engine, NOT_PASSED_TO_ENGINE)]
+    return args
+
+
+def _check_run(profile_spec: SpeculationProfileSpec, mode: str, run_k: int | None) -> None:
+    if mode == "launch":
+        if run_k is not None:
+            raise ValueError(f"run_k applies to sidecar mode only (got run_k={run_k} with mode=launch): "
+                             "a launch-mode Job measures every run of the profile")
+        return
+    if mode != "sidecar":
+        raise ValueError(f"mode must be 'launch' or 'sidecar' (got {mode!r})")
+    if run_k is None or run_k < 0:
+        raise ValueError(f"sidecar mode measures one run per Job: run_k must be 0 (baseline) or a K (got {run_k})")
+    if run_k > 0 and profile_spec.method is None:
+        raise ValueError(f"a baseline profile has only run_k=0 (got {run_k})")
+    if profile_spec.method is not None and run_k > profile_spec.method.num_speculative_tokens:
+        raise ValueError(f"run_k must be <= the method's numSpeculativeTokens "
+                         f"{profile_spec.method.num_speculative_tokens} (got {run_k})")
+
+
+def benchmark_job(*, profile_name: str, namespace: str, profile_spec: SpeculationProfileSpec,
+                  spec: SpeculativeDeploymentSpec, pool: GpuPool, bench_image: str, owner: dict[str, str],
+                  mode: BenchMode = "launch", run_k: int | None = None,
+                  sdep_name: str | None = None) -> dict[str, Any]:
+    """batch/v1 Job measuring `profile_spec` on `pool`, owned by the SpeculationProfile `owner`
+    (apiVersion, kind, name, uid) so it is collected with it. `sdep_name`, when given, labels the Job with
+    the SpeculativeDeployment that asked for it."""
+    _check_run(profile_spec, mode, run_k)
+    model = bench_engine_model(spec, profile_spec)
+    port = spec.serving.port
+    gpu_count = model.tensor_parallel_size
+    env = engine_env(model)
+    args = bench_args(profile_name=profile_name, namespace=namespace, profile_spec=profile_spec,
+                      engine_model=model, port=port, mode=mode, run_k=run_k)
+    owned_bench = {"name": BENCH_CONTAINER, "image": bench_image, "command": list(BENCH_COMMAND), "args": args}
+    bench: dict[str, Any] = {**owned_bench, "volumeMounts": []}
+    if env:
+        bench["env"] = env
+    volumes = [dshm_volume()]
+    workload_file = profile_spec.workload.file
+    if workload_file is not None:
+        volumes.append({"name": WORKLOAD_VOLUME, "configMap": {
+            "name": workload_file.name, "items": [{"key": workload_file.key, "path": WORKLOAD_FILE.rsplit("/", 1)[1]}]}})
+        bench["volumeMounts"].append({"name": WORKLOAD_VOLUME, "mountPath": WORKLOAD_DIR, "readOnly": True})
+
+    pod_spec: dict[str, Any] = {
+        "serviceAccountName": names.BENCH_SERVICE_ACCOUNT,
+        "restartPolicy": "Never",
+        "enableServiceLinks": False,
+        **pool_placement(pool),
+        "volumes": volumes,
+    }
+    owned_engine: dict[str, Any] | None = None
+    if mode == "launch":
+        bench["resources"] = gpu_resources(model.resources, pool.gpu_resource_name, gpu_count)
+        bench["volumeMounts"].insert(0, dshm_mount())
+    else:
+        owned_engine = {
+            "name": ENGINE_CONTAINER, "image": model.image, "command": list(ENGINE_COMMAND),
+            "args": model_engine_args(model, method=profile_spec.method, num_speculative_tokens=run_k, port=port),
+            "restartPolicy": "Always",
+        }
+        engine: dict[str, Any] = {
+            **owned_engine,
+            "ports": [http_port(port)],
+            "resources": gpu_resources(model.resources, pool.gpu_resource_name, gpu_count),
+            "startupProbe": startup_probe(),
+            "volumeMounts": [dshm_mount()],
+        }
+        if env:
+            engine["env"] = copy.deepcopy(env)
+        pod_spec["initContainers"] = [engine]
+    if not bench["volumeMounts"]:
+        del bench["volumeMounts"]
+    pod_spec["containers"] = [bench]
+
+    pod_spec = deep_merge(pod_spec, spec.profiling.pod_overrides)
+    pod_spec["serviceAccountName"] = names.BENCH_SERVICE_ACCOUNT
+    pod_spec["restartPolicy"] = "Never"
+    if owned_engine is None:
+        restore_container(pod_spec, owned_bench, gpu_resource_name=pool.gpu_resource_name, gpu_count=gpu_count)
+    else:
+        restore_container(pod_spec, owned_bench)
+        restore_container(pod_spec, owned_engine, field="initContainers",
+                          gpu_resource_name=pool.gpu_resource_name, gpu_count=gpu_count)
+    restore_placement(pod_spec, pool)
+
+    labels = names.bench_labels(profile_name, pool.name, sdep_name, run_k)
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": names.bench_job_name(profile_name, run_k),
+            "namespace": namespace,
+            "labels": labels,
+            "ownerReferences": [owner_reference(api_version=owner["apiVersion"], kind=owner["kind"],
+                                                name=owner["name"], uid=owner["uid"])],
+        },
+        "spec": {
+            "activeDeadlineSeconds": spec.profiling.job_deadline_seconds,
+            "backoffLimit": spec.profiling.backoff_limit,
+            "ttlSecondsAfterFinished": TTL_SECONDS_AFTER_FINISHED,
+            "template": {"metadata": {"labels": dict(labels)}, "spec": pod_spec},
+        },
+    }

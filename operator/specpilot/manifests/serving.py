@@ -1,0 +1,161 @@
+"""The serving objects of a SpeculativeDeployment: one vLLM Deployment per GPU pool, one Service over
+all pools, and an optional Prometheus-operator PodMonitor.
+
+The engine's speculative configuration is in its args; their hash is a pod-template annotation, so a
+new decision rolls the pods (maxUnavailable 0: capacity never drops during a rollout) and the
+operator can tell what a running Deployment was built from.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..api.base import API_VERSION
+from ..api.deployment import GpuPool, SpeculativeDeploymentSpec
+from ..api.methods import CandidateMethod
+from ..api.schedule import ScheduleRange
+from . import names
+from .engine import (
+    ENGINE_COMMAND,
+    ENGINE_CONTAINER,
+    SPECULATIVE_CONFIG_FLAG,
+    engine_args,
+    engine_config_hash,
+    engine_env,
+)
+from .merge import deep_merge
+from .pod import (
+    dshm_mount,
+    dshm_volume,
+    gpu_resources,
+    health_probe,
+    http_port,
+    owner_reference,
+    pool_placement,
+    restore_container,
+    restore_placement,
+    startup_probe,
+)
+
+SDEP_KIND = "SpeculativeDeployment"
+PROGRESS_DEADLINE_SECONDS = 5400
+"""Longer than the startup probe's hour: a rollout that is still loading weights is not stuck."""
+
+
+def sdep_owner(sdep_name: str, uid: str) -> dict[str, Any]:
+    return owner_reference(api_version=API_VERSION, kind=SDEP_KIND, name=sdep_name, uid=uid)
+
+
+def serving_deployment(*, sdep_name: str, namespace: str, uid: str, spec: SpeculativeDeploymentSpec, pool: GpuPool,
+                       method: CandidateMethod | None, num_speculative_tokens: int | None = None,
+                       schedule: list[ScheduleRange] | None = None, replicas: int | None) -> dict[str, Any]:
+    """apps/v1 Deployment serving `spec.model` on `pool`, speculating with `method` at K / `schedule`
+    (no speculation when method is None or K is 0). `replicas=None` leaves spec.replicas out, for an
+    external autoscaler (HPA, KEDA) that owns it."""
+    port = spec.serving.port
+    args = engine_args(spec, method=method, num_speculative_tokens=num_speculative_tokens,
+                       schedule=schedule, port=port)
+    speculating = SPECULATIVE_CONFIG_FLAG in args
+    gpu_count = spec.model.tensor_parallel_size * spec.model.data_parallel_size
+    owned_engine = {"name": ENGINE_CONTAINER, "image": spec.model.image, "command": list(ENGINE_COMMAND),
+                    "args": args}
+    engine = {
+        **owned_engine,
+        "env": engine_env(spec),
+        "ports": [http_port(port)],
+        "resources": gpu_resources(spec.model.resources, pool.gpu_resource_name, gpu_count),
+        "startupProbe": startup_probe(),
+        "readinessProbe": health_probe(period_seconds=5, failure_threshold=3),
+        "livenessProbe": health_probe(period_seconds=15, failure_threshold=4, timeout_seconds=10),
+        "volumeMounts": [dshm_mount()],
+    }
+    if not engine["env"]:
+        del engine["env"]
+    base_pod_spec = {
+        # A Service named like an env prefix (e.g. `vllm`) would inject VLLM_PORT=tcp://..., which vLLM
+        # reads as its own setting and fails on.
+        "enableServiceLinks": False,
+        "automountServiceAccountToken": False,
+        "terminationGracePeriodSeconds": 60,
+        **pool_placement(pool),
+        "containers": [engine],
+        "volumes": [dshm_volume()],
+    }
+    pod_spec = deep_merge(base_pod_spec, spec.serving.pod_overrides)
+    restore_container(pod_spec, owned_engine, gpu_resource_name=pool.gpu_resource_name, gpu_count=gpu_count)
+    restore_placement(pod_spec, pool)
+
+    pod_labels = names.serving_labels(sdep_name, pool.name)
+    pod_labels[names.LABEL_SPECULATION] = "on" if speculating else "off"
+    if speculating and method is not None:
+        pod_labels[names.LABEL_METHOD] = method.key
+    deployment_spec: dict[str, Any] = {
+        "selector": {"matchLabels": names.serving_selector(sdep_name, pool.name)},
+        "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
+        "revisionHistoryLimit": 5,
+        "progressDeadlineSeconds": PROGRESS_DEADLINE_SECONDS,
+        "template": {
+            "metadata": {
+                "labels": pod_labels,
+                "annotations": {
+                    "prometheus.io/scrape": "true",
+                    "prometheus.io/port": str(port),
+                    "prometheus.io/path": "/metrics",
+                    names.ANNOTATION_ENGINE_CONFIG: engine_config_hash(args),
+                },
+            },
+            "spec": pod_spec,
+        },
+    }
+    if replicas is not None:
+        deployment_spec = {"replicas": replicas, **deployment_spec}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {
+            "name": names.serving_deployment_name(sdep_name, pool.name),
+            "namespace": namespace,
+            "labels": names.serving_labels(sdep_name, pool.name),
+            "ownerReferences": [sdep_owner(sdep_name, uid)],
+        },
+        "spec": deployment_spec,
+    }
+
+
+def service(*, sdep_name: str, namespace: str, uid: str, spec: SpeculativeDeploymentSpec) -> dict[str, Any]:
+    """ClusterIP Service over the serving pods of every pool: clients see one OpenAI endpoint."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": names.service_name(sdep_name),
+            "namespace": namespace,
+            "labels": names.deployment_labels(sdep_name),
+            "ownerReferences": [sdep_owner(sdep_name, uid)],
+        },
+        "spec": {
+            "type": "ClusterIP",
+            "selector": names.service_selector(sdep_name),
+            "ports": [{"name": "http", "port": spec.serving.port, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
+
+
+def pod_monitor(*, sdep_name: str, namespace: str, uid: str) -> dict[str, Any]:
+    """monitoring.coreos.com/v1 PodMonitor scraping /metrics of every serving pod, labelled by pool."""
+    return {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PodMonitor",
+        "metadata": {
+            "name": names.pod_monitor_name(sdep_name),
+            "namespace": namespace,
+            "labels": names.deployment_labels(sdep_name),
+            "ownerReferences": [sdep_owner(sdep_name, uid)],
+        },
+        "spec": {
+            "selector": {"matchLabels": names.service_selector(sdep_name)},
+            "namespaceSelector": {"matchNames": [namespace]},
+            "podMetricsEndpoints": [{"port": "http", "path": "/metrics"}],
+            "podTargetLabels": [names.LABEL_POOL, names.LABEL_DEPLOYMENT],
+        },
+    }
