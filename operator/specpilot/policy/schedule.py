@@ -1,0 +1,202 @@
+"""The speculation schedule of one method: the best k at every batch size 1..max_batch_size, as vLLM ranges.
+
+At each concurrency c: among the k whose TPOT meets the SLO, the one with the highest goodput G_k(c), taking
+k > 0 only when it beats k = 0 by `min_gain_percent` (the noise guard). When no k meets the SLO the k with
+the lowest TPOT is taken and c is flagged. Single-point flips from measurement noise are then smoothed
+away: a range takes a neighbour's k whenever that costs at most 0.5% goodput at each of its batch sizes.
+The crossover concurrency is the largest c that still speculates when speculation is off everywhere above
+it (None when speculation never runs, or still runs at max_batch_size).
+
+`plan_from_runs` never raises on data: it returns a valid schedule or a plan with `ok=False` and the reason.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+
+from ..api.profile import Run
+from ..api.schedule import ScheduleRange, compress, schedule_problems
+from .surface import MethodSurface, NotEnoughDataError, build_surface
+
+__all__ = ["SMOOTHING_TOLERANCE", "SchedulePlan", "plan_from_runs", "plan_schedule"]
+
+SMOOTHING_TOLERANCE = 0.005
+"""Largest goodput loss at any batch size that smoothing a flip away may cost."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SchedulePlan:
+    """A method's schedule and what the surface predicts under it (index 0 of each tuple = batch size 1)."""
+
+    ok: bool
+    reason: str
+    k_by_batch_size: tuple[int, ...] = ()
+    ranges: tuple[ScheduleRange, ...] = ()
+    crossover_concurrency: int | None = None
+    goodput_tok_s: tuple[float, ...] = ()
+    baseline_goodput_tok_s: tuple[float, ...] = ()
+    tpot_ms: tuple[float, ...] = ()
+    slo_unmet_at: tuple[int, ...] = ()
+    """Batch sizes where no k meets the TPOT SLO (the lowest-TPOT k is used there)."""
+    surface: MethodSurface | None = None
+
+    @property
+    def num_speculative_tokens(self) -> int:
+        """K to start the engine with: the schedule's largest k (0 when it never speculates)."""
+        return max(self.k_by_batch_size, default=0)
+
+    @property
+    def max_batch_size(self) -> int:
+        return len(self.k_by_batch_size)
+
+    def k_at(self, batch_size: int) -> int:
+        return self.k_by_batch_size[min(max(batch_size, 1), self.max_batch_size) - 1]
+
+    def goodput_at(self, concurrency: float) -> float:
+        return _at(self.goodput_tok_s, concurrency)
+
+    def baseline_goodput_at(self, concurrency: float) -> float:
+        return _at(self.baseline_goodput_tok_s, concurrency)
+
+    def tpot_ms_at(self, concurrency: float) -> float:
+        return _at(self.tpot_ms, concurrency)
+
+
+def _at(values: Sequence[float], concurrency: float) -> float:
+    """Linear interpolation of a per-batch-size tuple at a real concurrency, held at the ends."""
+    x = min(max(concurrency, 1.0), float(len(values)))
+    lo = int(math.floor(x))
+    hi = min(lo + 1, len(values))
+    w = x - lo
+    return values[lo - 1] * (1.0 - w) + values[hi - 1] * w
+
+
+def _finite(x: float) -> bool:
+    return math.isfinite(x) and x > 0
+
+
+def _best_k(surface: MethodSurface, c: int, ks: Sequence[int], slo_ms: float | None,
+            min_gain: float) -> tuple[int, bool]:
+    """Best k at c and whether the SLO is met there."""
+    goodput = {k: surface.goodput(k, c) for k in ks}
+    tpot = {k: surface.tpot_ms(k, c) for k in ks}
+    valid = [k for k in ks if _finite(goodput[k]) and _finite(tpot[k])]
+    if 0 not in valid:
+        return 0, slo_ms is None or (_finite(tpot[0]) and tpot[0] <= slo_ms)
+    feasible = [k for k in valid if slo_ms is None or tpot[k] <= slo_ms]
+    if not feasible:
+        return min(valid, key=lambda k: (tpot[k], k)), False
+    best = max(feasible, key=lambda k: (goodput[k], -k))
+    if best != 0 and 0 in feasible and goodput[best] < goodput[0] * (1.0 + min_gain):
+        best = 0
+    return best, True
+
+
+def _smooth(dense: list[int], goodput_of: dict[int, list[float]], tolerance: float) -> list[int]:
+    """Merge ranges into a neighbour whenever that costs <= tolerance goodput at each batch size they cover."""
+    changed = True
+    while changed:
+        changed = False
+        ranges = compress(dense, len(dense))
+        # try the shortest ranges first: they are the likeliest noise
+        for r in sorted(ranges, key=lambda r: (r.to_batch_size - r.from_batch_size, r.from_batch_size)):
+            span = range(r.from_batch_size - 1, r.to_batch_size)
+            neighbours = []
+            if r.from_batch_size > 1:
+                neighbours.append(dense[r.from_batch_size - 2])
+            if r.to_batch_size < len(dense):
+                neighbours.append(dense[r.to_batch_size])
+            for k in sorted(set(neighbours), key=lambda k: -sum(goodput_of[k][i] for i in span)):
+                if r.num_speculative_tokens == 0 and k > 0:
+                    continue  # a range left without speculation by the noise guard stays so
+                if all(goodput_of[k][i] >= goodput_of[r.num_speculative_tokens][i] * (1.0 - tolerance)
+                       for i in span):
+                    for i in span:
+                        dense[i] = k
+                    changed = True
+                    break
+            if changed:
+                break
+    return dense
+
+
+def plan_schedule(surface: MethodSurface, tpot_slo_ms: float | None = None, min_gain_percent: float = 5.0,
+                  max_batch_size: int = 256, ks: Sequence[int] | None = None) -> SchedulePlan:
+    """The schedule over batch sizes 1..max_batch_size from a surface (see the module for the rules)."""
+    if max_batch_size < 1:
+        raise ValueError(f"max_batch_size must be >= 1 (got {max_batch_size})")
+    available = surface.available_k()
+    candidates = sorted(set(available if ks is None else [k for k in ks if k in available]) | {0})
+    min_gain = max(0.0, min_gain_percent) / 100.0
+    dense: list[int] = []
+    unmet: list[int] = []
+    for c in range(1, max_batch_size + 1):
+        k, met = _best_k(surface, c, candidates, tpot_slo_ms, min_gain)
+        dense.append(k)
+        if not met:
+            unmet.append(c)
+    goodput_of = {k: [_safe(surface.goodput(k, c)) for c in range(1, max_batch_size + 1)] for k in candidates}
+    if tpot_slo_ms is None:
+        dense = _smooth(dense, goodput_of, SMOOTHING_TOLERANCE)
+    else:
+        dense = _smooth_within_slo(dense, goodput_of, surface, tpot_slo_ms, set(unmet))
+    ranges = compress(dense, max_batch_size)
+    problems = schedule_problems(ranges, max_k=max(dense) if max(dense) > 0 else None)
+    if problems:  # compress() output is valid by construction; this guards the invariant, not the data
+        return SchedulePlan(ok=False, reason="internal schedule error: " + "; ".join(problems), surface=surface)
+    crossover = _crossover(dense)
+    goodput = tuple(goodput_of[k][i] for i, k in enumerate(dense))
+    tpot = tuple(_safe(surface.tpot_ms(k, i + 1)) for i, k in enumerate(dense))
+    reason = _describe(dense, crossover, unmet, tpot_slo_ms)
+    return SchedulePlan(ok=True, reason=reason, k_by_batch_size=tuple(dense), ranges=tuple(ranges),
+                        crossover_concurrency=crossover, goodput_tok_s=goodput,
+                        baseline_goodput_tok_s=tuple(goodput_of[0]), tpot_ms=tpot, slo_unmet_at=tuple(unmet),
+                        surface=surface)
+
+
+def _smooth_within_slo(dense: list[int], goodput_of: dict[int, list[float]], surface: MethodSurface,
+                       slo_ms: float, unmet: set[int]) -> list[int]:
+    """Smoothing that never trades a batch size meeting the SLO for one that breaks it."""
+    masked = {k: [g if (i + 1) in unmet or surface.tpot_ms(k, i + 1) <= slo_ms else 0.0
+                  for i, g in enumerate(values)] for k, values in goodput_of.items()}
+    return _smooth(dense, masked, SMOOTHING_TOLERANCE)
+
+
+def _safe(x: float) -> float:
+    return x if math.isfinite(x) and x > 0 else 0.0
+
+
+def _crossover(dense: Sequence[int]) -> int | None:
+    speculating = [c for c, k in enumerate(dense, start=1) if k > 0]
+    if not speculating or speculating[-1] == len(dense):
+        return None
+    return speculating[-1]
+
+
+def _describe(dense: Sequence[int], crossover: int | None, unmet: Sequence[int], slo_ms: float | None) -> str:
+    if max(dense) == 0:
+        text = "speculation does not beat no speculation at any batch size"
+    elif crossover is None:
+        text = f"speculation pays at every batch size up to {len(dense)}"
+    else:
+        text = f"speculation off above {crossover} concurrent requests"
+    if unmet:
+        text += (f"; no k meets the {slo_ms:g} ms TPOT SLO at batch sizes {unmet[0]}-{unmet[-1]} "
+                 f"(the lowest-TPOT k is used there)")
+    return text
+
+
+def plan_from_runs(baseline: Run | None, runs: Sequence[Run], model_drafter: bool = True,
+                   tpot_slo_ms: float | None = None, min_gain_percent: float = 5.0,
+                   max_batch_size: int = 256) -> SchedulePlan:
+    """Build the surface and plan the schedule; a plan with ok=False names what data is missing."""
+    if baseline is None:
+        return SchedulePlan(ok=False, reason="not enough data: no baseline run (K=0)")
+    try:
+        surface = build_surface(baseline, runs, model_drafter=model_drafter)
+    except NotEnoughDataError as exc:
+        return SchedulePlan(ok=False, reason=f"not enough data: {exc}")
+    return plan_schedule(surface, tpot_slo_ms=tpot_slo_ms, min_gain_percent=min_gain_percent,
+                         max_batch_size=max_batch_size)
