@@ -396,6 +396,9 @@ class Decision(StatusModel):
     """Why, in words."""
     decided_at: datetime | None = None
     """When it was made."""
+    basis: str = ""
+    """Fingerprint of what the decision rests on (spec generation, profiles, live acceptance); the decision
+    is recomputed, and the pods rolled, only when it changes."""
 
 
 class ObservedLoad(StatusModel):
@@ -413,6 +416,8 @@ class ObservedLoad(StatusModel):
     """Live accepted-per-position rates (accepted at j / drafts)."""
     mean_acceptance_length: float | None = None
     """1 + accepted tokens per draft."""
+    drafts_per_step: float | None = None
+    """Share of request-steps that carried a draft (below 1 for n-gram)."""
     observed_at: datetime | None = None
     """When the data was read."""
 
@@ -444,6 +449,8 @@ class PoolStatus(StatusModel):
     """Observed load."""
     last_toggle_at: datetime | None = None
     """Restart strategy: the last time speculation was switched."""
+    threshold_crossed_at: datetime | None = None
+    """Restart strategy: since when load has stayed past the toggle threshold (the dwell clock)."""
 
 
 class HistoryEntry(StatusModel):

@@ -1,0 +1,62 @@
+"""The operator's own configuration file (the Helm chart renders it into a ConfigMap).
+
+Per-resource settings live in each SpeculativeDeployment; this file holds cluster-wide defaults:
+where Prometheus is, which benchmark image to run, what a GPU hour costs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+from pydantic import Field, ValidationError
+
+from .api.base import ApiModel, format_validation_error
+from .api.deployment import DEFAULT_CONCURRENCY_LEVELS, DEFAULT_ENGINE_IMAGE
+
+
+class ProfilingDefaults(ApiModel):
+    """Defaults for profiling settings a SpeculativeDeployment leaves out."""
+
+    concurrency_levels: list[int] = Field(default_factory=lambda: list(DEFAULT_CONCURRENCY_LEVELS))
+    """Concurrency levels to measure."""
+    requests_per_level: int = Field(default=64, ge=1)
+    """Requests per level."""
+    max_parallel_jobs_per_pool: int = Field(default=1, ge=1)
+    """Benchmark Jobs at once per pool."""
+    max_age_hours: float = Field(default=168, gt=0)
+    """Profiles older than this are measured again."""
+
+
+class OperatorConfig(ApiModel):
+    """Cluster-wide settings of the specpilot operator."""
+
+    prometheus_url: str = ""
+    """Default Prometheus base URL for resources that do not name one; empty = none."""
+    benchmark_image: str = "ghcr.io/specpilot/specpilot-bench:0.1.0"
+    """Image of the benchmark Job (specpilot-bench on the vLLM image)."""
+    benchmark_mode: str = Field(default="launch", pattern="^(launch|sidecar)$")
+    """launch: the bench container starts vLLM itself (one Job per profile, engine restarted per K);
+    sidecar: vLLM runs as a native sidecar, one Job per run."""
+    default_engine_image: str = DEFAULT_ENGINE_IMAGE
+    """vLLM image when a resource leaves model.image at its default."""
+    gpu_prices_per_hour: dict[str, float] = Field(default_factory=dict)
+    """Dollars per GPU-hour by SKU (e.g. {"H100-SXM": 2.49}); a pool's pricePerGpuHour wins."""
+    profiling_defaults: ProfilingDefaults = Field(default_factory=ProfilingDefaults)
+    """Profiling defaults."""
+    reconcile_interval_seconds: float = Field(default=15, gt=0)
+    """How often each SpeculativeDeployment is reconciled even without changes."""
+
+
+def load_config(path: str | Path | None) -> OperatorConfig:
+    """Read the config file; a missing path gives the defaults, a bad file a clear error."""
+    if not path:
+        return OperatorConfig()
+    try:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+    except OSError as exc:
+        raise SystemExit(f"cannot read operator config {path}: {exc.strerror}") from exc
+    try:
+        return OperatorConfig.model_validate(data)
+    except ValidationError as exc:
+        raise SystemExit(f"invalid operator config {path}: {format_validation_error(exc, root='config')}") from exc

@@ -1,0 +1,180 @@
+"""An in-process Kubernetes API for tests and `specpilot demo`: kmock's KubernetesEmulator over HTTP,
+taught the few API-server behaviours the operator relies on.
+
+kmock stores objects and serves list/watch/get/create/patch/delete with merge semantics. A real API
+server also stamps metadata (uid, creationTimestamp, generation, resourceVersion) and garbage-collects
+objects whose owners are gone; kopf and the operator read those, so this subclass adds them. It does not
+do RBAC, selectors, schema validation or conflict detection (the tests validate objects offline instead).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import itertools
+import uuid
+from pathlib import Path
+from typing import Any
+
+import aiohttp.web
+import attrs
+import kmock
+import yaml
+
+from ..api.crd import all_crds
+from ..controller.kube import KIND_TO_PLURAL, resource_path
+
+_VERBS = {"get", "list", "watch", "create", "update", "patch", "delete"}
+
+# Built-in resources the operator and the sandbox use, beyond kmock's bundled discovery data.
+_EXTRA = {
+    "monitoring.coreos.com/v1/podmonitors": ("PodMonitor", "podmonitor", True),
+    "monitoring.coreos.com/v1/servicemonitors": ("ServiceMonitor", "servicemonitor", True),
+    "kopf.dev/v1/kopfpeerings": ("KopfPeering", "kopfpeering", True),
+    "kopf.dev/v1/clusterkopfpeerings": ("ClusterKopfPeering", "clusterkopfpeering", False),
+}
+
+
+def _now() -> str:
+    return datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@attrs.define(kw_only=True)
+class SandboxEmulator(kmock.KubernetesEmulator):
+    """KubernetesEmulator + metadata stamping + owner-reference garbage collection."""
+
+    _versions: Any = attrs.field(factory=lambda: itertools.count(1), init=False)
+
+    async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
+        data = request.data if isinstance(request.data, dict) else None
+        if request.resource is not None and data is not None:
+            meta = data.setdefault("metadata", {}) if request.action == kmock.action.CREATE else data.get("metadata")
+            if request.action == kmock.action.CREATE:
+                meta.setdefault("uid", str(uuid.uuid4()))
+                meta.setdefault("creationTimestamp", _now())
+                meta["generation"] = 1
+                meta["resourceVersion"] = str(next(self._versions))
+            elif request.action == kmock.action.UPDATE and request.name is not None:
+                data.setdefault("metadata", {})["resourceVersion"] = str(next(self._versions))
+                if "spec" in data and request.subresource != "status":
+                    key = (request.resource, request.namespace, request.name)
+                    current = self.objects.get(key) if key in self.objects else None
+                    if current is not None and not current.deleted and current.raw.get("spec") != data["spec"]:
+                        data["metadata"]["generation"] = int(current.raw.get("metadata", {}).get("generation", 1)) + 1
+        response = await super()._handle(request)
+        if request.action in (kmock.action.DELETE, kmock.action.UPDATE):
+            await self._collect_garbage()
+        return response
+
+    async def _collect_garbage(self) -> None:
+        """Delete objects whose every owner is gone (background cascading deletion)."""
+        while True:
+            async with self._lock:
+                live = {obj.raw.get("metadata", {}).get("uid") for obj in self.objects.values() if not obj.deleted}
+                orphans = []
+                for key, obj in self.objects.items():
+                    if obj.deleted:
+                        continue
+                    owners = obj.raw.get("metadata", {}).get("ownerReferences") or []
+                    if owners and not any(o.get("uid") in live for o in owners):
+                        orphans.append((key, obj))
+                for key, obj in orphans:
+                    raw = obj.raw
+                    obj.delete()
+                    await self._buses[key[0]].put({"type": "DELETED", "object": raw})
+            if not orphans:
+                return
+
+
+class SandboxApiServer:
+    """The emulator served on 127.0.0.1 with specpilot's CRDs installed, plus a kubeconfig pointing at it."""
+
+    def __init__(self) -> None:
+        self.emulator = SandboxEmulator()
+        self.emulator.resources.load_bundled()
+        for resource, (kind, singular, namespaced) in _EXTRA.items():
+            self.emulator.resources[resource] = kmock.ResourceInfo(
+                kind=kind, singular=singular, namespaced=namespaced, verbs=_VERBS)
+        for crd in all_crds().values():
+            spec = crd["spec"]
+            version = spec["versions"][0]["name"]
+            self.emulator.resources[f"{spec['group']}/{version}/{spec['names']['plural']}"] = kmock.ResourceInfo(
+                kind=spec["names"]["kind"], singular=spec["names"]["singular"], namespaced=True, verbs=_VERBS,
+                shortnames=set(spec["names"]["shortNames"]), categories=set(spec["names"]["categories"]),
+                subresources={"status"})
+        self._server: kmock.Server | None = None
+        self.url = ""
+
+    async def __aenter__(self) -> SandboxApiServer:
+        await self.emulator.__aenter__()
+        self._server = kmock.Server(self.emulator)
+        await self._server.__aenter__()
+        self.url = str(self._server.url).rstrip("/")
+        async with aiohttp.ClientSession() as session:
+            for crd in all_crds().values():
+                async with session.post(f"{self.url}/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
+                                        json=crd) as response:
+                    response.raise_for_status()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._server is not None:
+            await self._server.__aexit__(*exc)
+        await self.emulator.__aexit__(*exc)
+
+    def write_kubeconfig(self, path: Path, namespace: str = "default") -> Path:
+        path.write_text(yaml.safe_dump({
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "sandbox", "cluster": {"server": self.url}}],
+            "users": [{"name": "sandbox", "user": {"token": "sandbox"}}],
+            "contexts": [{"name": "sandbox", "context": {"cluster": "sandbox", "user": "sandbox",
+                                                          "namespace": namespace}}],
+            "current-context": "sandbox",
+        }))
+        return path
+
+    async def _request(self, method: str, path: str, body: dict | None = None) -> dict | None:
+        async with aiohttp.ClientSession() as session, session.request(method, self.url + path, json=body) as resp:
+            if resp.status >= 400:
+                raise RuntimeError(f"{method} {path}: HTTP {resp.status}: {await resp.text()}")
+            return await resp.json(content_type=None)
+
+    async def create(self, obj: dict) -> dict:
+        """Create an object, as `kubectl create -f` would."""
+        plural = KIND_TO_PLURAL[obj["kind"]]
+        return await self._request("POST", resource_path(plural, obj["metadata"].get("namespace")), obj)
+
+    async def patch(self, plural: str, namespace: str | None, name: str, patch: dict,
+                    subresource: str | None = None) -> dict:
+        """Merge-patch an object (or its status), as `kubectl patch --type merge` would."""
+        return await self._request("PATCH", resource_path(plural, namespace, name, subresource), patch)
+
+    async def delete(self, plural: str, namespace: str | None, name: str) -> None:
+        await self._request("DELETE", resource_path(plural, namespace, name))
+
+    def get(self, plural: str, namespace: str | None, name: str) -> dict | None:
+        """The live object, or None."""
+        for obj in self.objects(plural, namespace):
+            if obj["metadata"]["name"] == name:
+                return obj
+        return None
+
+    def objects(self, plural: str, namespace: str | None = None) -> list[dict]:
+        """Live objects of a resource (by plural), for assertions and the sandbox's kubelet."""
+        out = []
+        for (resource, ns, _name), obj in list(self.emulator.objects.items()):
+            if resource.plural == plural and not obj.deleted and (namespace is None or ns == namespace):
+                out.append(obj.raw)
+        return out
+
+    async def wait_for(self, predicate, timeout_s: float = 30.0, interval_s: float = 0.1, what: str = "condition"):
+        """Poll until predicate() returns something truthy; raise with `what` after the timeout."""
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while True:
+            value = predicate()
+            if value:
+                return value
+            if asyncio.get_running_loop().time() > deadline:
+                raise TimeoutError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+            await asyncio.sleep(interval_s)

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The project's test command: sets everything up (scripts/setup.sh --test), then runs every test.
+# Extra arguments go to pytest (e.g. `scripts/test.sh -m "not vllm"`).
+set -euo pipefail
+repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "${repo_root}"
+bash scripts/setup.sh --test
+.venv/bin/specpilot crds --check
+set +e
+.venv/bin/python -m pytest -q -p no:cacheprovider "$@"
+rc=$?
+set -e
+# pytest exits 5 when it collected no test: that is a broken suite, not a pass.
+if [[ ${rc} -eq 5 ]]; then
+    echo "test: pytest collected no tests" >&2
+    exit 1
+fi
+exit ${rc}
