@@ -1,0 +1,59 @@
+"""What the observer reports about one serving pool: its load and live speculative-decoding acceptance.
+
+Both sources (Prometheus, direct pod scraping) produce the same `PoolObservation`, or raise
+`MetricsUnavailable` with a reason a person can act on; the controller then holds the last decision and
+sets MetricsAvailable=False.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import datetime
+
+
+class MetricsUnavailable(Exception):
+    """No usable metrics for a pool; `reason` says why ("no Prometheus at URL", "stale: ...")."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclasses.dataclass(frozen=True)
+class PoolObservation:
+    """Load and live acceptance of one pool over a look-back window ending at `observed_at`.
+
+    Fields that cannot be measured in the window (no finished requests, no drafts, a single sample) are
+    None, or an empty list for `acceptance_per_position`.
+    """
+
+    replicas_reporting: int
+    """Pods whose newest sample is younger than the source's stale_after_s."""
+    running_per_replica: float
+    """Time-average over the window of the mean vllm:num_requests_running across reporting pods."""
+    waiting_per_replica: float
+    """Time-average over the window of the mean vllm:num_requests_waiting across reporting pods."""
+    total_running: float
+    """Time-average over the window of the pool's summed running requests."""
+    total_waiting: float
+    """Time-average over the window of the pool's summed waiting requests."""
+    generation_tokens_per_second: float | None
+    """Output tokens per second, summed over the pool's pods."""
+    tpot_p95_ms: float | None
+    """95th percentile of time per output token of requests finished in the window (bucket-interpolated)."""
+    acceptance_per_position: list[float]
+    """p_j = accepted tokens at draft position j / drafts, j = 0..K-1; empty when SD is off or idle."""
+    drafts_per_step: float | None
+    """f = drafts / request-steps (request-steps = generated tokens - accepted tokens): 1 for model-based
+    drafters, below 1 for n-gram; None when SD is off or nothing was generated."""
+    mean_acceptance_length: float | None
+    """Tokens per drafted step, 1 + accepted / drafts; None when there were no drafts."""
+    kv_cache_usage: float | None
+    """Time-average of the mean vllm:kv_cache_usage_perc (0..1) across reporting pods."""
+    observed_at: datetime
+    """End of the window (UTC)."""
+    window_s: float
+    """Length of the look-back window in seconds."""
+    concurrency_histogram: list[tuple[float, float]]
+    """Per-replica running requests seen over the window: (concurrency, weight) sorted by concurrency,
+    weights summing to 1; one sample per pod per sampling step."""

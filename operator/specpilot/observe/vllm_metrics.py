@@ -1,0 +1,261 @@
+"""vLLM's metric names and the arithmetic that turns them into load and live acceptance.
+
+One place for both observation sources (Prometheus and direct pod scraping) and for the test exporter:
+the metric names as vLLM (0.3x) serves them, parsing of a /metrics page into a per-pod snapshot, counter
+increases that survive restarts, Prometheus-compatible histogram quantiles, and speculative-decoding
+statistics from counter increases. Everything here is pure.
+
+Speculative decoding from counter increases over a window (vLLM's own definitions):
+- per-position acceptance p_j = accepted_at_position_j / drafts
+- mean acceptance length = 1 + accepted / drafts
+- drafts per request-step f = drafts / (generated tokens - accepted tokens): every request-step emits one
+  token of its own plus the accepted drafts, so generated - accepted counts the steps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+
+from prometheus_client.parser import text_string_to_metric_families
+
+NUM_REQUESTS_RUNNING = "vllm:num_requests_running"
+NUM_REQUESTS_WAITING = "vllm:num_requests_waiting"
+KV_CACHE_USAGE_PERC = "vllm:kv_cache_usage_perc"
+GENERATION_TOKENS_TOTAL = "vllm:generation_tokens_total"
+SPEC_DECODE_DRAFTS_TOTAL = "vllm:spec_decode_num_drafts_total"
+SPEC_DECODE_DRAFT_TOKENS_TOTAL = "vllm:spec_decode_num_draft_tokens_total"
+SPEC_DECODE_ACCEPTED_TOKENS_TOTAL = "vllm:spec_decode_num_accepted_tokens_total"
+SPEC_DECODE_ACCEPTED_PER_POS_TOTAL = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+POSITION_LABEL = "position"
+"""Label of SPEC_DECODE_ACCEPTED_PER_POS_TOTAL: the draft position, "0" .. "K-1"."""
+TPOT_SECONDS = "vllm:request_time_per_output_token_seconds"
+"""Histogram of each finished request's time per output token (per token even under SD, unlike
+vllm:inter_token_latency_seconds, whose samples span a whole engine step)."""
+TTFT_SECONDS = "vllm:time_to_first_token_seconds"
+CACHE_CONFIG_INFO = "vllm:cache_config_info"
+ENGINE_LABEL = "engine"
+MODEL_NAME_LABEL = "model_name"
+
+TPOT_BUCKETS_S = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                  20.0, 40.0, 80.0)
+"""vLLM's bucket upper bounds for TPOT (a +Inf bucket follows)."""
+TTFT_BUCKETS_S = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+                  10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+"""vLLM's bucket upper bounds for TTFT (a +Inf bucket follows)."""
+
+TPOT_QUANTILE = 0.95
+
+Buckets = tuple[tuple[float, float], ...]
+"""Cumulative histogram buckets: (upper bound `le`, count of observations <= le), sorted by le."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SpecDecodeCounts:
+    """The speculative-decoding counters (or their increase over a window)."""
+
+    drafts: float
+    draft_tokens: float
+    accepted_tokens: float
+    accepted_per_position: tuple[float, ...]
+
+    def __add__(self, other: SpecDecodeCounts) -> SpecDecodeCounts:
+        width = max(len(self.accepted_per_position), len(other.accepted_per_position))
+        return SpecDecodeCounts(
+            drafts=self.drafts + other.drafts,
+            draft_tokens=self.draft_tokens + other.draft_tokens,
+            accepted_tokens=self.accepted_tokens + other.accepted_tokens,
+            accepted_per_position=tuple(
+                _at(self.accepted_per_position, j) + _at(other.accepted_per_position, j) for j in range(width)
+            ),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class VllmSnapshot:
+    """One scrape of one pod, summed over its engines (a pod runs one engine per data-parallel rank)."""
+
+    running: float
+    waiting: float
+    kv_cache_usage: float | None
+    """Mean over engines; None when the page has no vllm:kv_cache_usage_perc."""
+    generation_tokens: float
+    spec_decode: SpecDecodeCounts | None
+    """None when the page has no spec-decode counters (SD off)."""
+    tpot_buckets: Buckets
+
+
+@dataclasses.dataclass(frozen=True)
+class CounterIncrease:
+    """How much a pod's (or a pool's) counters grew over a window."""
+
+    generation_tokens: float
+    spec_decode: SpecDecodeCounts | None
+    tpot_buckets: Buckets
+
+    def __add__(self, other: CounterIncrease) -> CounterIncrease:
+        if self.spec_decode is None or other.spec_decode is None:
+            spec_decode = self.spec_decode or other.spec_decode
+        else:
+            spec_decode = self.spec_decode + other.spec_decode
+        return CounterIncrease(
+            generation_tokens=self.generation_tokens + other.generation_tokens,
+            spec_decode=spec_decode,
+            tpot_buckets=_add_buckets(self.tpot_buckets, other.tpot_buckets),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class SpecDecodeSummary:
+    acceptance_per_position: list[float]
+    drafts_per_step: float | None
+    mean_acceptance_length: float | None
+
+
+def parse_snapshot(text: str) -> VllmSnapshot:
+    """Reads a vLLM /metrics page (Prometheus text format). Raises ValueError when it is not one."""
+    gauges: dict[str, list[float]] = defaultdict(list)
+    counters: dict[str, float] = defaultdict(float)
+    per_position: dict[int, float] = defaultdict(float)
+    buckets: dict[float, float] = defaultdict(float)
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in (NUM_REQUESTS_RUNNING, NUM_REQUESTS_WAITING, KV_CACHE_USAGE_PERC):
+                gauges[sample.name].append(sample.value)
+            elif sample.name == SPEC_DECODE_ACCEPTED_PER_POS_TOTAL:
+                per_position[int(sample.labels[POSITION_LABEL])] += sample.value
+            elif sample.name in (GENERATION_TOKENS_TOTAL, SPEC_DECODE_DRAFTS_TOTAL,
+                                 SPEC_DECODE_DRAFT_TOKENS_TOTAL, SPEC_DECODE_ACCEPTED_TOKENS_TOTAL):
+                counters[sample.name] += sample.value
+            elif sample.name == TPOT_SECONDS + "_bucket":
+                buckets[float(sample.labels["le"])] += sample.value
+    if NUM_REQUESTS_RUNNING not in gauges:
+        raise ValueError(f"no {NUM_REQUESTS_RUNNING} on the page: not a vLLM /metrics endpoint, "
+                         "or the engine is not up yet")
+    spec_decode = None
+    if SPEC_DECODE_DRAFTS_TOTAL in counters:
+        width = max(per_position, default=-1) + 1
+        spec_decode = SpecDecodeCounts(
+            drafts=counters[SPEC_DECODE_DRAFTS_TOTAL],
+            draft_tokens=counters[SPEC_DECODE_DRAFT_TOKENS_TOTAL],
+            accepted_tokens=counters[SPEC_DECODE_ACCEPTED_TOKENS_TOTAL],
+            accepted_per_position=tuple(per_position[j] for j in range(width)),
+        )
+    kv = gauges.get(KV_CACHE_USAGE_PERC)
+    return VllmSnapshot(
+        running=sum(gauges[NUM_REQUESTS_RUNNING]),
+        waiting=sum(gauges.get(NUM_REQUESTS_WAITING, [])),
+        kv_cache_usage=sum(kv) / len(kv) if kv else None,
+        generation_tokens=counters[GENERATION_TOKENS_TOTAL],
+        spec_decode=spec_decode,
+        tpot_buckets=tuple(sorted(buckets.items())),
+    )
+
+
+def counter_increase(values: Sequence[float]) -> float:
+    """Increase of a counter over consecutive samples, counting a drop as a restart from zero.
+
+    Same rule as Prometheus' increase() without its extrapolation to the window edges: a pod restart
+    resets vLLM's counters, and the value after the drop is what was counted since.
+    """
+    total = 0.0
+    for previous, current in zip(values, values[1:]):
+        total += current - previous if current >= previous else current
+    return total
+
+
+def window_increase(snapshots: Sequence[VllmSnapshot]) -> CounterIncrease:
+    """Counter increases of one pod across its snapshots (oldest first); restarts are handled per counter."""
+    sd_snapshots = [s.spec_decode for s in snapshots]
+    spec_decode = None
+    if any(sd is not None for sd in sd_snapshots):
+        # A pod restarted with SD switched on or off shows the counters only part of the time: missing
+        # counters read as zero, which counter_increase then treats like any restart.
+        zero = SpecDecodeCounts(0.0, 0.0, 0.0, ())
+        present = [sd or zero for sd in sd_snapshots]
+        width = max(len(sd.accepted_per_position) for sd in present)
+        spec_decode = SpecDecodeCounts(
+            drafts=counter_increase([sd.drafts for sd in present]),
+            draft_tokens=counter_increase([sd.draft_tokens for sd in present]),
+            accepted_tokens=counter_increase([sd.accepted_tokens for sd in present]),
+            accepted_per_position=tuple(
+                counter_increase([_at(sd.accepted_per_position, j) for sd in present]) for j in range(width)
+            ),
+        )
+    bounds = sorted({le for s in snapshots for le, _ in s.tpot_buckets})
+    per_bound = [dict(s.tpot_buckets) for s in snapshots]
+    return CounterIncrease(
+        generation_tokens=counter_increase([s.generation_tokens for s in snapshots]),
+        spec_decode=spec_decode,
+        tpot_buckets=tuple((le, counter_increase([b.get(le, 0.0) for b in per_bound])) for le in bounds),
+    )
+
+
+def spec_decode_summary(spec_decode: SpecDecodeCounts | None, generation_tokens: float) -> SpecDecodeSummary:
+    """Per-position acceptance, drafts per request-step and mean acceptance length from counter increases."""
+    if spec_decode is None:
+        return SpecDecodeSummary([], None, None)
+    request_steps = generation_tokens - spec_decode.accepted_tokens
+    drafts_per_step = spec_decode.drafts / request_steps if request_steps > 0 else None
+    if spec_decode.drafts <= 0:
+        return SpecDecodeSummary([], drafts_per_step, None)
+    return SpecDecodeSummary(
+        acceptance_per_position=[a / spec_decode.drafts for a in spec_decode.accepted_per_position],
+        drafts_per_step=drafts_per_step,
+        mean_acceptance_length=1.0 + spec_decode.accepted_tokens / spec_decode.drafts,
+    )
+
+
+def histogram_quantile(q: float, buckets: Buckets) -> float | None:
+    """The q-quantile of cumulative buckets, as Prometheus' histogram_quantile() computes it.
+
+    Linear interpolation inside the bucket that holds rank q*count, the first bucket starting at 0; a
+    quantile in the +Inf bucket is the largest finite bound. None when there are no observations.
+    """
+    if not 0.0 <= q <= 1.0:
+        raise ValueError(f"quantile q must be within [0, 1] (got {q})")
+    if len(buckets) < 2 or buckets[-1][0] != math.inf:
+        return None
+    # Counts from separately scraped series can be off by one scrape; Prometheus forces them monotonic too.
+    monotonic: list[tuple[float, float]] = []
+    for le, count in buckets:
+        monotonic.append((le, max(count, monotonic[-1][1]) if monotonic else count))
+    total = monotonic[-1][1]
+    if total <= 0:
+        return None
+    rank = q * total
+    lower_bound, lower_count = 0.0, 0.0
+    for le, count in monotonic[:-1]:
+        if count >= rank:
+            if count == lower_count:
+                return le
+            return lower_bound + (le - lower_bound) * (rank - lower_count) / (count - lower_count)
+        lower_bound, lower_count = le, count
+    return lower_bound
+
+
+def concurrency_histogram(running_samples: Iterable[float]) -> list[tuple[float, float]]:
+    """(concurrency, weight) from per-replica running-request samples; weights sum to 1.
+
+    Running requests are a count, so samples are rounded to whole requests (Prometheus may hand back
+    floats such as 3.0000000001 after arithmetic).
+    """
+    counts: dict[float, int] = defaultdict(int)
+    for value in running_samples:
+        if not math.isnan(value):
+            counts[float(round(value))] += 1
+    total = sum(counts.values())
+    return [(concurrency, n / total) for concurrency, n in sorted(counts.items())]
+
+
+def _at(values: Sequence[float], index: int) -> float:
+    return values[index] if index < len(values) else 0.0
+
+
+def _add_buckets(a: Buckets, b: Buckets) -> Buckets:
+    merged: dict[float, float] = defaultdict(float)
+    for le, count in (*a, *b):
+        merged[le] += count
+    return tuple(sorted(merged.items()))
