@@ -41,7 +41,9 @@ __all__ = [
     "NotEnoughDataError",
     "RunCurve",
     "acceptance_drift",
+    "BaselineSurface",
     "acceptance_from_run",
+    "build_baseline",
     "build_surface",
     "with_live_acceptance",
 ]
@@ -430,3 +432,34 @@ def acceptance_drift(surface: MethodSurface, per_position: Sequence[float], draf
     """Relative change of E_K (mean acceptance length at the largest k) from the profile to live acceptance."""
     live = with_live_acceptance(surface, per_position, drafts_per_step)
     return (live.mean_acceptance_length() - surface.mean_acceptance_length()) / surface.mean_acceptance_length()
+
+
+@dataclasses.dataclass(frozen=True)
+class BaselineSurface:
+    """Goodput and TPOT of the baseline engine (no speculation, no drafter) at any concurrency c >= 1."""
+
+    curve: RunCurve
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_step", _StepCurve(self.curve.levels, self.curve.seconds_per_token))
+        object.__setattr__(self, "_tail", _LogCurve(self.curve.levels, self.curve.tail_ratio))
+
+    @property
+    def levels(self) -> tuple[int, ...]:
+        return self.curve.levels
+
+    def goodput(self, c: float) -> float:
+        """Output tokens per second of the replica."""
+        return c / self._step(c)
+
+    def tpot_ms(self, c: float) -> float:
+        """Per-token time scaled to the measured TPOT tail, in milliseconds."""
+        return self._step(c) * self._tail(c) * 1e3
+
+
+def build_baseline(baseline: Run) -> BaselineSurface:
+    """The baseline engine's curves; NotEnoughDataError when the run has no valid level."""
+    curve = RunCurve.from_run(baseline)
+    if curve is None:
+        raise NotEnoughDataError("the baseline run (K=0) has no level with a positive output throughput")
+    return BaselineSurface(curve)

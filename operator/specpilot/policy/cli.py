@@ -1,0 +1,246 @@
+"""`specpilot plan`: decide method and schedule per SKU from SpeculationProfile files, offline.
+
+Reads profiles (YAML or JSON, several documents per file, or a `kubectl get sprof -o yaml` List), groups
+them by SKU + model + workload, takes the profile without a method (or any K=0 run) as the baseline, and
+prints per group the chosen method, the ready-to-paste `--speculative-config`, each method's crossover,
+predicted goodput and $/Mtok, and k per concurrency. Exit code 2 with the file and the fix on bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+__all__ = ["register"]
+
+_TABLE_LEVELS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+class PlanInputError(Exception):
+    """Bad input; the message names the file and the fix."""
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("plan", help="choose method and speculation schedule per SKU from profile files",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--profile", nargs="+", required=True, metavar="FILE",
+                   help="SpeculationProfile files (YAML/JSON; several documents or a List allowed)")
+    p.add_argument("--slo-tpot-ms", type=float, default=None, help="p95 TPOT SLO in ms (none by default)")
+    p.add_argument("--min-gain", type=float, default=5.0, metavar="PCT",
+                   help="speculate at a batch size only when it beats no speculation by this much (default 5)")
+    p.add_argument("--price-per-gpu-hour", type=float, default=None,
+                   help="USD per GPU-hour (default: the SKU's catalog price)")
+    p.add_argument("--gpus-per-replica", type=int, default=None,
+                   help="GPUs per replica (default: the profiles' tensorParallelSize)")
+    p.add_argument("--concurrency-histogram", metavar="FILE", default=None,
+                   help="per-replica load as CSV or JSON rows of concurrency,weight (default: uniform over levels)")
+    p.add_argument("--objective", choices=("goodput", "cost"), default="goodput")
+    p.add_argument("--strategy", choices=("auto", "dynamic", "restart"), default="auto")
+    p.add_argument("--max-batch-size", type=int, default=256, help="largest batch size of the schedule (vLLM max_num_seqs)")
+    p.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    p.set_defaults(func=cmd_plan)
+
+
+def _documents(path: Path) -> list[dict[str, Any]]:
+    import yaml
+
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise PlanInputError(f"{path}: cannot read it ({exc.strerror or exc}): pass an existing, readable file")
+    try:
+        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.YAMLError as exc:
+        raise PlanInputError(f"{path}: not valid YAML or JSON ({exc}): pass SpeculationProfile files as written "
+                             f"by specpilot-bench or `kubectl get sprof -o yaml`")
+    out: list[dict[str, Any]] = []
+    for doc in docs:
+        if isinstance(doc, dict) and doc.get("kind") == "List" or (isinstance(doc, dict) and "items" in doc
+                                                                  and "kind" not in doc):
+            out.extend(doc.get("items") or [])
+        else:
+            out.append(doc)
+    return out
+
+
+def load_profiles(paths: list[str]):
+    from pydantic import ValidationError
+
+    from ..api.base import format_validation_error
+    from ..api.profile import SpeculationProfile
+
+    profiles = []
+    for name in paths:
+        path = Path(name)
+        for i, doc in enumerate(_documents(path)):
+            kind = doc.get("kind") if isinstance(doc, dict) else type(doc).__name__
+            if kind != "SpeculationProfile":
+                raise PlanInputError(f"{path}: document {i} is {kind!r}, not a SpeculationProfile: pass profile files "
+                                     f"only (`kubectl get sprof -o yaml` writes them)")
+            try:
+                profiles.append((path, SpeculationProfile.model_validate(doc)))
+            except ValidationError as exc:
+                raise PlanInputError(f"{path}: document {i}: {format_validation_error(exc, root='')}")
+    if not profiles:
+        raise PlanInputError(f"{', '.join(paths)}: no SpeculationProfile found: pass at least one profile file")
+    return profiles
+
+
+def load_histogram(name: str) -> list[tuple[float, float]]:
+    path = Path(name)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise PlanInputError(f"{path}: cannot read it ({exc.strerror or exc}): pass an existing, readable file")
+    rows: list[tuple[float, float]] = []
+    try:
+        if text.lstrip().startswith(("[", "{")):
+            data = json.loads(text)
+            if isinstance(data, dict):
+                data = data.get("histogram", data.get("items", []))
+            for entry in data:
+                if isinstance(entry, dict):
+                    rows.append((float(entry["concurrency"]), float(entry["weight"])))
+                else:
+                    rows.append((float(entry[0]), float(entry[1])))
+        else:
+            for line in csv.reader(io.StringIO(text)):
+                if not line or line[0].strip().lower() in ("concurrency", "") or line[0].startswith("#"):
+                    continue
+                rows.append((float(line[0]), float(line[1])))
+    except (ValueError, KeyError, IndexError, TypeError) as exc:
+        raise PlanInputError(f"{path}: cannot read a concurrency histogram ({exc}): write CSV lines "
+                             f"`concurrency,weight` or JSON [[concurrency, weight], ...]")
+    if not any(c > 0 and w > 0 for c, w in rows):
+        raise PlanInputError(f"{path}: the histogram has no row with concurrency > 0 and weight > 0")
+    return rows
+
+
+def _group_key(profile) -> tuple[str, str, str]:
+    spec = profile.spec
+    return spec.sku, spec.model.id, json.dumps(spec.workload.dump(), sort_keys=True)
+
+
+def plan_groups(profiles, args: argparse.Namespace, histogram) -> list[dict[str, Any]]:
+    from ..api.deployment import Policy
+    from ..perf import DEFAULT_CATALOG, UnknownGpuError
+    from .choose import decide_pool
+
+    groups: dict[tuple[str, str, str], list] = {}
+    for path, profile in profiles:
+        groups.setdefault(_group_key(profile), []).append((path, profile))
+    policy = Policy(objective=args.objective, tpot_slo_ms=args.slo_tpot_ms, min_gain_percent=args.min_gain,
+                    strategy=args.strategy)
+    results = []
+    for (sku, model, _), members in groups.items():
+        baseline = next((p for _, p in members if p.spec.method is None), None)
+        with_k0 = next((p for _, p in members if p.status and p.status.run(0) is not None), None)
+        if baseline is None and with_k0 is None:
+            files = ", ".join(sorted({str(path) for path, _ in members}))
+            raise PlanInputError(f"{files}: no baseline for {sku} / {model}: add the baseline SpeculationProfile "
+                                 f"of that SKU, model and workload (the one without spec.method) to --profile")
+        candidates = []
+        by_key = {}
+        for _, p in members:
+            if p.spec.method is not None and p.spec.method.key not in by_key:
+                candidates.append(p.spec.method)
+                by_key[p.spec.method.key] = p
+        price = args.price_per_gpu_hour
+        if price is None:
+            try:
+                price = DEFAULT_CATALOG.resolve(sku).default_price_per_gpu_hour
+            except UnknownGpuError:
+                price = 0.0
+        gpus = args.gpus_per_replica or members[0][1].spec.model.tensor_parallel_size
+        plan = decide_pool(policy, candidates, baseline or with_k0, by_key, price, gpus,
+                           concurrency_histogram=histogram, max_batch_size=args.max_batch_size)
+        results.append(_group_result(sku, model, members[0][1].spec.workload.name, candidates, plan, price, gpus))
+    return results
+
+
+def _group_result(sku, model, workload, candidates, plan, price, gpus) -> dict[str, Any]:
+    from ..api.schedule import summary
+
+    decision = plan.decision
+    config = None
+    if decision.method is not None:
+        candidate = next(c for c in candidates if c.key == decision.method)
+        config = candidate.speculative_config(decision.num_speculative_tokens, decision.schedule or None)
+    rows = []
+    for row in plan.candidates:
+        schedule = row.schedule
+        rows.append({
+            "candidate": row.key, "ready": row.ready, "strategy": getattr(row.strategy, "value", row.strategy),
+            "numSpeculativeTokens": row.num_speculative_tokens,
+            "schedule": summary(schedule.ranges) if schedule and schedule.ok and schedule.ranges else "",
+            "crossoverConcurrency": row.crossover_concurrency, "kvMaxConcurrency": row.kv_max_concurrency,
+            "expectedGoodputTokS": row.expected_goodput_tok_s, "costPerMtok": row.cost_per_mtok,
+            "capacityConcurrency": row.capacity_concurrency, "note": row.note,
+            "kByConcurrency": {str(c): schedule.k_at(c) for c in _TABLE_LEVELS if c <= schedule.max_batch_size}
+            if schedule and schedule.ok else {},
+            "goodputByConcurrency": {str(c): schedule.goodput_at(c) for c in _TABLE_LEVELS
+                                     if c <= schedule.max_batch_size} if schedule and schedule.ok else {},
+        })
+    return {"sku": sku, "model": model, "workload": workload, "pricePerGpuHour": price, "gpusPerReplica": gpus,
+            "decision": decision.dump(), "speculativeConfig": config,
+            "capacityConcurrencyPerReplica": plan.capacity_concurrency_per_replica, "candidates": rows}
+
+
+def _fmt(value, spec: str = ".0f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def render_table(results: list[dict[str, Any]]) -> str:
+    out = io.StringIO()
+    for group in results:
+        d = group["decision"]
+        out.write(f"== {group['sku']}  {group['model']}  ({group['workload']}, "
+                  f"${group['pricePerGpuHour']:g}/GPU-h x {group['gpusPerReplica']})\n")
+        out.write(f"chosen: {d.get('method') or 'no speculation'}  strategy={d.get('strategy')}  "
+                  f"speedup={_fmt(d.get('expectedSpeedup'), '.2f')}x  "
+                  f"capacity={_fmt(group['capacityConcurrencyPerReplica'])} req/replica\n")
+        out.write(f"reason: {d.get('reason')}\n")
+        if group["speculativeConfig"]:
+            out.write(f"--speculative-config '{json.dumps(group['speculativeConfig'], separators=(',', ':'))}'\n")
+        header = f"{'candidate':<14}{'strategy':<9}{'K':>3} {'crossover':>9} {'goodput tok/s':>14} {'$/Mtok':>8}  schedule"
+        out.write(header + "\n")
+        for row in group["candidates"]:
+            if not row["ready"]:
+                out.write(f"{row['candidate']:<14}{'-':<9}{'-':>3} {'-':>9} {'-':>14} {'-':>8}  {row['note']}\n")
+                continue
+            out.write(f"{row['candidate']:<14}{row['strategy']:<9}{row['numSpeculativeTokens']:>3} "
+                      f"{_fmt(row['crossoverConcurrency']):>9} {_fmt(row['expectedGoodputTokS']):>14} "
+                      f"{_fmt(row['costPerMtok'], '.3f'):>8}  {row['schedule']}\n")
+        methods = [r for r in group["candidates"] if r["kByConcurrency"]]
+        if methods:
+            out.write(f"{'concurrency':<12}" + "".join(f"{r['candidate'] + ' k/tok/s':>22}" for r in methods) + "\n")
+            for c in _TABLE_LEVELS:
+                cells = []
+                for r in methods:
+                    if str(c) in r["kByConcurrency"]:
+                        cells.append(f"{r['kByConcurrency'][str(c)]}/{r['goodputByConcurrency'][str(c)]:.0f}")
+                    else:
+                        cells.append("-")
+                out.write(f"{c:<12}" + "".join(f"{cell:>22}" for cell in cells) + "\n")
+        out.write("\n")
+    return out.getvalue()
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    try:
+        profiles = load_profiles(args.profile)
+        histogram = load_histogram(args.concurrency_histogram) if args.concurrency_histogram else None
+        results = plan_groups(profiles, args, histogram)
+    except PlanInputError as exc:
+        print(f"specpilot plan: {exc}", file=sys.stderr)
+        return 2
+    if args.output == "json":
+        print(json.dumps(results, indent=2, default=str))
+    else:
+        sys.stdout.write(render_table(results))
+    return 0
