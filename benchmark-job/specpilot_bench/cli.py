@@ -297,12 +297,12 @@ class Profiler:
 
     def _finish(self, target: Target) -> None:
         status = target.status
-        max_k = spec_k = target.spec.method.num_speculative_tokens if target.spec.method else 0
-        middle = [r for r in status.runs if 1 < r.num_speculative_tokens < spec_k]
+        max_k = target.spec.method.num_speculative_tokens if target.spec.method else 0
+        middle = [r for r in status.runs if 1 < r.num_speculative_tokens < max_k]
         run_1, run_k = status.run(1), status.run(max_k)
         if middle and run_1 and run_k:
             status.validation = validation(run_1, run_k, middle[0])
-        status.phase = finished_phase(status.runs, target.ks)
+        status.phase = finished_phase(status.runs, target.expected_ks)
         status.completed_at = now()
 
     def fail(self, reason: str, message: str) -> None:

@@ -86,7 +86,11 @@ class ProfileStore:
         def attempt() -> dict[str, Any]:
             current = self._get()
             merged = merged_status(current.get("status"), status, expected_ks).dump()
-            body = {"metadata": {"resourceVersion": current["metadata"].get("resourceVersion")}, "status": merged}
+            body: dict[str, Any] = {"status": merged}
+            version = current.get("metadata", {}).get("resourceVersion")
+            if version:
+                # Optimistic concurrency: a writer in between makes the API answer 409, and we merge again.
+                body["metadata"] = {"resourceVersion": version}
             self.api.patch_namespaced_custom_object_status(GROUP, VERSION, self.namespace, PLURAL, self.name, body)
             return merged
 
