@@ -47,7 +47,8 @@ BENCH_COMMAND = ["specpilot-bench"]
 BENCH_CONTAINER = "bench"
 WORKLOAD_VOLUME = "workload"
 WORKLOAD_DIR = "/workload"
-WORKLOAD_FILE = f"{WORKLOAD_DIR}/prompts.jsonl"
+WORKLOAD_FILE_NAME = "prompts.jsonl"
+WORKLOAD_FILE = f"{WORKLOAD_DIR}/{WORKLOAD_FILE_NAME}"
 TTL_SECONDS_AFTER_FINISHED = 86400
 """Finished Jobs stay a day for `kubectl logs`; the results are in the profile's status."""
 SIDECAR_ENGINE_HOST = "127.0.0.1"
@@ -162,7 +163,7 @@ def benchmark_job(*, profile_name: str, namespace: str, profile_spec: Speculatio
     workload_file = profile_spec.workload.file
     if workload_file is not None:
         volumes.append({"name": WORKLOAD_VOLUME, "configMap": {
-            "name": workload_file.name, "items": [{"key": workload_file.key, "path": WORKLOAD_FILE.rsplit("/", 1)[1]}]}})
+            "name": workload_file.name, "items": [{"key": workload_file.key, "path": WORKLOAD_FILE_NAME}]}})
         bench["volumeMounts"].append({"name": WORKLOAD_VOLUME, "mountPath": WORKLOAD_DIR, "readOnly": True})
 
     pod_spec: dict[str, Any] = {
