@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import threading
 import time
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
@@ -57,6 +58,8 @@ class PrometheusSource:
             # The client's default retries a refused connection for seconds; the next observation retries.
             retry=Retry(total=1, backoff_factor=0.1, status_forcelist=[502, 503, 504]),
         )
+        # requests.Session is not documented as thread-safe; observations of several pools take turns.
+        self._session_lock = threading.Lock()
 
     async def observe(self, namespace: str, pod_name_regex: str) -> PoolObservation:
         """The pool whose pods in `namespace` match `pod_name_regex` (see `pool_pod_regex`).
@@ -67,7 +70,10 @@ class PrometheusSource:
         return await asyncio.to_thread(self._observe, namespace, pod_name_regex)
 
     def _observe(self, namespace: str, pod_name_regex: str) -> PoolObservation:
-        now = time.time()
+        with self._session_lock:
+            return self._observe_at(time.time(), namespace, pod_name_regex)
+
+    def _observe_at(self, now: float, namespace: str, pod_name_regex: str) -> PoolObservation:
         selector = promql.pod_selector(namespace, pod_name_regex, namespace_label=self.namespace_label,
                                        pod_label=self.pod_label)
         window_s, step_s = self.window_s, self.step_s

@@ -12,7 +12,8 @@ a 300 s window, a 10 s sampling step and 180 s staleness, the observer asks:
     tokens / s         sum(rate(vllm:generation_tokens_total{S}[300s]))
     counter increase   sum(increase(vllm:spec_decode_num_drafts_total{S}[300s]))
     per position       sum by (position) (increase(vllm:spec_decode_num_accepted_tokens_per_pos_total{S}[300s]))
-    TPOT p95           histogram_quantile(0.95, sum by (le) (rate(vllm:request_time_per_output_token_seconds_bucket{S}[300s])))
+    TPOT p95           histogram_quantile(0.95,
+                         sum by (le) (rate(vllm:request_time_per_output_token_seconds_bucket{S}[300s])))
     concurrency        sum by (pod) (vllm:num_requests_running{S})   as a range query, step 10s
 
 where S is `namespace="llm",pod=~"^chat-h100-[a-z0-9]+-[a-z0-9]+$"`. Gauges are time-averaged through a
