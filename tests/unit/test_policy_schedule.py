@@ -1,0 +1,109 @@
+"""The schedule planner: best k per batch size, SLO, noise guard, smoothing, and never raising on data."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from specpilot.api.profile import LatencyStats, LevelPoint, Run
+from specpilot.api.schedule import schedule_problems, to_vllm
+from specpilot.policy.schedule import plan_from_runs, plan_schedule
+from specpilot.policy.surface import build_surface
+from specpilot.sim.synthetic import Scenario, synthetic_profiles
+
+LEVELS_TO_256 = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+@pytest.fixture(scope="module")
+def h100_eagle3():
+    return synthetic_profiles(Scenario("H100-SXM", "meta-llama/Llama-3.1-8B-Instruct", "eagle3", "sharegpt"),
+                              noise=0.0, levels=LEVELS_TO_256)
+
+
+def test_h100_llama8b_eagle3_turns_sd_off_at_high_concurrency_with_k_non_increasing(h100_eagle3):
+    baseline, method = h100_eagle3
+    plan = plan_from_runs(baseline.status.run(0), method.status.runs)
+    assert plan.ok
+    ks = plan.k_by_batch_size
+    assert ks[0] == 4 and ks[-1] == 0
+    assert all(a >= b for a, b in zip(ks, ks[1:]))
+    assert plan.crossover_concurrency is not None and 64 < plan.crossover_concurrency < 256
+    assert all(k == 0 for k in ks[plan.crossover_concurrency:])
+    assert schedule_problems(list(plan.ranges), max_k=4) == []
+
+
+def test_min_gain_keeps_speculation_off_where_it_barely_helps(h100_eagle3):
+    baseline, method = h100_eagle3
+    surface = build_surface(baseline.status.run(0), method.status.runs)
+    loose = plan_schedule(surface, min_gain_percent=0)
+    strict = plan_schedule(surface, min_gain_percent=20)
+    assert strict.crossover_concurrency < loose.crossover_concurrency
+    for c in range(1, 257):
+        k = strict.k_at(c)
+        if k:
+            assert surface.goodput(k, c) >= surface.goodput(0, c) * 1.2
+
+
+def test_slo_limits_k_and_flags_unmeetable_batch_sizes(h100_eagle3):
+    baseline, method = h100_eagle3
+    surface = build_surface(baseline.status.run(0), method.status.runs)
+    slo = surface.tpot_ms(4, 64)
+    plan = plan_schedule(surface, tpot_slo_ms=slo)
+    for c in range(1, 257):
+        if c not in plan.slo_unmet_at:
+            assert surface.tpot_ms(plan.k_at(c), c) <= slo * (1 + 1e-9)
+    impossible = plan_schedule(surface, tpot_slo_ms=0.001)
+    assert len(impossible.slo_unmet_at) == 256
+    assert "SLO" in impossible.reason
+
+
+def test_not_enough_data_is_a_decision_not_an_error():
+    plan = plan_from_runs(None, [])
+    assert not plan.ok and "baseline" in plan.reason
+    base = Run(num_speculative_tokens=0, points=[LevelPoint(concurrency=1, output_throughput=0.0)])
+    assert not plan_from_runs(base, []).ok
+
+
+_finite = st.floats(min_value=1e-3, max_value=1e6, allow_nan=False, allow_infinity=False)
+_any = st.one_of(_finite, st.just(0.0), st.just(math.inf), st.just(math.nan))
+
+
+@st.composite
+def runs(draw):
+    levels = sorted(draw(st.sets(st.integers(1, 512), min_size=1, max_size=9)))
+    max_k = draw(st.integers(1, 8))
+    out = []
+    for k in sorted({0, draw(st.sampled_from([1, max_k])), max_k}):
+        points = []
+        for c in draw(st.lists(st.sampled_from(levels), min_size=0, max_size=len(levels) + 2)):
+            throughput = draw(_any)
+            point = LevelPoint.model_construct(
+                concurrency=c, output_throughput=throughput, completed=draw(st.integers(0, 100)),
+                tpot_ms=LatencyStats.model_construct(p50=draw(_any), p90=None, p99=draw(_any), mean=None),
+                ttft_ms=LatencyStats(), itl_ms=LatencyStats(), generation_tokens=draw(st.integers(0, 10000)),
+                num_drafts=draw(st.integers(0, 1000)) if k else None,
+                accepted_per_position=[draw(st.integers(0, 1000)) for _ in range(k)],
+                num_accepted_tokens=None, mean_running=None, mean_waiting=draw(st.sampled_from([None, 0.0, 5.0])))
+            points.append(point)
+        out.append(Run.model_construct(num_speculative_tokens=k, points=points, acceptance=None))
+    return out
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(runs(), st.one_of(st.none(), _finite), st.floats(0, 50), st.integers(1, 300))
+def test_any_data_gives_a_valid_schedule_or_a_clear_no(all_runs, slo, min_gain, max_batch_size):
+    baseline = next(r for r in all_runs if r.num_speculative_tokens == 0)
+    plan = plan_from_runs(baseline, [r for r in all_runs if r.num_speculative_tokens], tpot_slo_ms=slo,
+                          min_gain_percent=min_gain, max_batch_size=max_batch_size)
+    if not plan.ok:
+        assert plan.reason.startswith("not enough data")
+        return
+    ranges = list(plan.ranges)
+    assert schedule_problems(ranges, max_k=max(plan.num_speculative_tokens, 1)) == []
+    assert len(plan.k_by_batch_size) == max_batch_size
+    assert ranges[-1].to_batch_size == max_batch_size
+    utils = pytest.importorskip("vllm.v1.spec_decode.dynamic.utils")
+    utils.validate_and_normalize_dynamic_sd_schedule(to_vllm(ranges))
