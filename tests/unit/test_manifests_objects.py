@@ -18,6 +18,7 @@ from specpilot.manifests import names
 from specpilot.manifests.benchmark import WORKLOAD_FILE, bench_args, bench_engine_model, benchmark_job
 from specpilot.manifests.engine import engine_args, engine_config_hash
 from specpilot.manifests.rbac import bench_rbac
+from specpilot_bench.cli import build_parser as build_bench_parser
 from specpilot.manifests.serving import pod_monitor, service, serving_deployment
 from tests.conftest import load_example
 
@@ -368,27 +369,28 @@ def test_benchmark_job_validates_with_the_pools_placement(example, pool_index, m
     assert flag_value(args, "--sku") == "H100-SXM"
 
 
-def test_launch_mode_passes_the_whole_engine_command_line_to_the_bench():
+def test_launch_mode_passes_the_engine_command_line_to_the_bench():
     spec = spec_of("realistic")
     job, ctx = job_for("realistic", 0, spec.methods[0], "launch", None)
     pod_spec = job["spec"]["template"]["spec"]
     assert "initContainers" not in pod_spec
     args = bench_of(pod_spec)["args"]
-    head = args[:args.index("--engine-image") + 2]
+    head = args[:args.index("--engine-start-timeout") + 2]
     assert head == [
-        "--profile-name", ctx["name"], "--namespace", NAMESPACE, "--launch",
+        "--profile-name", ctx["name"], "--namespace", NAMESPACE, "--job-name", job["metadata"]["name"], "--launch",
         "--model", "meta-llama/Llama-3.3-70B-Instruct",
         "--speculative-config", '{"method":"ngram","num_speculative_tokens":4,"prompt_lookup_max":5,'
                                 '"prompt_lookup_min":2}',
+        "--tensor-parallel-size", "4", "--max-model-len", "16384",
         "--levels", "1,2,4,8,16,32,64,128", "--requests-per-level", "64", "--workload", "sharegpt",
         "--output-len", "256", "--temperature", "0.0", "--seed", "0", "--sku", "H100-SXM",
-        "--engine-image", "vllm/vllm-openai:v0.32.0",
+        "--engine-image", "vllm/vllm-openai:v0.32.0", "--engine-start-timeout", "3600",
     ]
-    passed = [a.removeprefix("--engine-arg=") for a in args[len(head):]]
     assert all(a.startswith("--engine-arg=") for a in args[len(head):])
-    full = engine_args(spec, method=None, port=spec.serving.port)
-    assert passed == full[2:]
-    assert "--model" not in passed and "--speculative-config" not in passed
+    passed = [a.removeprefix("--engine-arg=") for a in args[len(head):]]
+    # the bench sets model, K, its own loopback port, TP and context per run; everything else goes through
+    assert passed == ["--served-model-name", "llama-3.3-70b", "--gpu-memory-utilization", "0.9",
+                      "--enable-prefix-caching", "--max-num-seqs=256"]
 
 
 def test_baseline_launch_job_has_no_speculative_config():
@@ -412,8 +414,8 @@ def test_sidecar_mode_runs_the_engine_as_a_native_sidecar_at_run_k():
     bench = bench_of(pod_spec)
     assert "resources" not in bench
     assert flag_value(bench["args"], "--engine-url") == "http://127.0.0.1:8000"
-    assert flag_value(bench["args"], "--run-k") == "3"
-    assert flag_value(bench["args"], "--served-model-name") == "llama-3.3-70b"
+    assert flag_value(bench["args"], "--num-speculative-tokens") == "3"
+    assert flag_value(bench["args"], "--job-name") == job["metadata"]["name"]
     assert "--launch" not in bench["args"]
     assert not any(a.startswith("--engine-arg") for a in bench["args"])
 
@@ -490,11 +492,38 @@ def test_bench_args_are_one_list_shared_by_both_modes():
     common = {"profile_name": "p", "namespace": "ns", "profile_spec": profile, "engine_model": model, "port": 8000}
     launch = bench_args(**common, mode="launch")
     sidecar = bench_args(**common, mode="sidecar", run_k=2)
-    for flag in ("--profile-name", "--namespace", "--model", "--levels", "--requests-per-level", "--workload",
-                 "--output-len", "--seed", "--sku", "--engine-image"):
+    for flag in ("--profile-name", "--namespace", "--model", "--tensor-parallel-size", "--levels",
+                 "--requests-per-level", "--workload", "--output-len", "--seed", "--sku", "--engine-image"):
         assert flag_value(launch, flag) == flag_value(sidecar, flag)
     assert json.loads(flag_value(sidecar, "--speculative-config"))["num_speculative_tokens"] == 2
     assert json.loads(flag_value(launch, "--speculative-config"))["num_speculative_tokens"] == 4
+
+
+@pytest.mark.parametrize(("example", "pool_index", "method", "mode", "run_k"), JOB_CASES)
+def test_the_bench_parses_what_the_job_passes(example, pool_index, method, mode, run_k):
+    job, ctx = job_for(example, pool_index, method, mode, run_k)
+    profile = ctx["profile"]
+    parsed = build_bench_parser().parse_args(bench_of(job["spec"]["template"]["spec"])["args"])
+    assert (parsed.profile_name, parsed.namespace, parsed.job_name) == (ctx["name"], NAMESPACE,
+                                                                        job["metadata"]["name"])
+    assert parsed.launch == (mode == "launch")
+    assert parsed.engine_url == (None if mode == "launch" else "http://127.0.0.1:8000")
+    assert parsed.num_speculative_tokens == run_k
+    assert (parsed.model, parsed.tensor_parallel_size, parsed.max_model_len) == (
+        profile.model.id, profile.model.tensor_parallel_size, profile.model.max_model_len)
+    assert parsed.levels == profile.concurrency_levels
+    assert parsed.requests_per_level == profile.requests_per_level
+    assert (parsed.workload, parsed.output_len, parsed.temperature, parsed.seed) == (
+        profile.workload.name, profile.workload.output_len, profile.workload.temperature, profile.workload.seed)
+    assert (parsed.sku, parsed.engine_image) == (profile.sku, profile.engine_image)
+    assert (parsed.workload_file is not None) == (profile.workload.file is not None)
+    if method is not None and (mode == "launch" or run_k):
+        assert json.loads(parsed.speculative_config) == method.speculative_config(run_k)
+    else:
+        assert parsed.speculative_config is None
+    owned = {"--model", "--speculative-config", "--port", "--host", "--tensor-parallel-size", "--max-model-len"}
+    assert not owned & {a.split("=", 1)[0] for a in parsed.engine_arg}
+    assert bool(parsed.engine_arg) == (mode == "launch")
 
 
 @pytest.mark.parametrize(("method_index", "mode", "run_k", "match"), [

@@ -7,8 +7,8 @@ Two shapes:
   restartPolicy Always, started before the bench and stopped after it) serving on loopback, and the
   bench measures it at `run_k` (0 = the no-speculation baseline).
 
-`bench_args` is the single list of flags the operator passes to `specpilot-bench`: change a flag here
-and in the bench's parser, nowhere else.
+`bench_args` is the single list of flags the operator passes to `specpilot-bench`; a unit test parses
+every Job's arguments with the bench's own parser, so the two cannot drift apart silently.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 import copy
 from typing import Any, Literal
 
-from ..api.deployment import GpuPool, ModelSpec, SpeculativeDeploymentSpec
+from ..api.deployment import GpuPool, ModelSpec, SpeculativeDeploymentSpec, WorkloadName
 from ..api.profile import SpeculationProfileSpec
 from . import names
 from .engine import (
@@ -30,6 +30,7 @@ from .engine import (
 )
 from .merge import deep_merge
 from .pod import (
+    STARTUP_BUDGET_SECONDS,
     dshm_mount,
     dshm_volume,
     gpu_resources,
@@ -52,8 +53,11 @@ WORKLOAD_FILE = f"{WORKLOAD_DIR}/{WORKLOAD_FILE_NAME}"
 TTL_SECONDS_AFTER_FINISHED = 86400
 """Finished Jobs stay a day for `kubectl logs`; the results are in the profile's status."""
 SIDECAR_ENGINE_HOST = "127.0.0.1"
-NOT_PASSED_TO_ENGINE = frozenset({MODEL_FLAG, SPECULATIVE_CONFIG_FLAG})
-"""Engine flags the bench sets itself per run (it gets the model and the method's config as its own flags)."""
+BENCH_OWNED_ENGINE_FLAGS = frozenset({
+    MODEL_FLAG, SPECULATIVE_CONFIG_FLAG, "--port", "--host", "--tensor-parallel-size", "--max-model-len",
+})
+"""Engine flags a launching bench sets itself for each run (model, K, a free loopback port, and the profile's
+tensor parallelism and context length), so they are not passed to it as `--engine-arg`."""
 
 
 def bench_engine_model(spec: SpeculativeDeploymentSpec, profile_spec: SpeculationProfileSpec) -> ModelSpec:
@@ -86,24 +90,32 @@ def _without_flags(args: list[str], flags: frozenset[str]) -> list[str]:
 
 def bench_args(*, profile_name: str, namespace: str, profile_spec: SpeculationProfileSpec, engine_model: ModelSpec,
                port: int, mode: BenchMode, run_k: int | None = None) -> list[str]:
-    """Arguments of `specpilot-bench` for one Job. Options with a None value are left out."""
+    """Arguments of `specpilot-bench` for one Job (its parser: `specpilot_bench.cli.build_parser`).
+
+    With --profile-name the bench reads what to measure from the profile itself; the flags that
+    describe the measurement are passed too, so a Job's command line says what it measures and runs
+    standalone as it is. Options with a None value are left out.
+    """
     workload = profile_spec.workload
     if mode == "launch":
         how: list[tuple[str, str | bool | None]] = [("--launch", True)]
         method_config = speculative_config_json(profile_spec.method)
     else:
-        how = [("--engine-url", f"http://{SIDECAR_ENGINE_HOST}:{port}"), ("--run-k", str(run_k)),
-               ("--served-model-name", engine_model.served_name or engine_model.id)]
+        how = [("--engine-url", f"http://{SIDECAR_ENGINE_HOST}:{port}"), ("--num-speculative-tokens", str(run_k))]
         method_config = speculative_config_json(profile_spec.method, run_k)
+    target = profile_spec.model
     options: list[tuple[str, str | bool | None]] = [
         ("--profile-name", profile_name),
         ("--namespace", namespace),
+        ("--job-name", names.bench_job_name(profile_name, run_k)),
         *how,
-        (MODEL_FLAG, profile_spec.model.id),
+        (MODEL_FLAG, target.id),
         (SPECULATIVE_CONFIG_FLAG, method_config),
+        ("--tensor-parallel-size", str(target.tensor_parallel_size)),
+        ("--max-model-len", None if target.max_model_len is None else str(target.max_model_len)),
         ("--levels", ",".join(str(c) for c in profile_spec.concurrency_levels)),
         ("--requests-per-level", str(profile_spec.requests_per_level)),
-        ("--workload", str(workload.name)),
+        ("--workload", WorkloadName(workload.name).value),
         ("--workload-file", WORKLOAD_FILE if workload.file else None),
         ("--input-len", None if workload.input_len is None else str(workload.input_len)),
         ("--output-len", str(workload.output_len)),
@@ -111,6 +123,7 @@ def bench_args(*, profile_name: str, namespace: str, profile_spec: SpeculationPr
         ("--seed", str(workload.seed)),
         ("--sku", profile_spec.sku),
         ("--engine-image", profile_spec.engine_image),
+        ("--engine-start-timeout", str(STARTUP_BUDGET_SECONDS)),
     ]
     args: list[str] = []
     for flag, value in options:
@@ -120,7 +133,7 @@ def bench_args(*, profile_name: str, namespace: str, profile_spec: SpeculationPr
             args += [flag, value]
     if mode == "launch":
         engine = model_engine_args(engine_model, method=None, port=port)
-        args += [f"--engine-arg={arg}" for arg in _without_flags(engine, NOT_PASSED_TO_ENGINE)]
+        args += [f"--engine-arg={arg}" for arg in _without_flags(engine, BENCH_OWNED_ENGINE_FLAGS)]
     return args
 
 

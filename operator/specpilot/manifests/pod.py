@@ -58,10 +58,14 @@ def health_probe(*, period_seconds: int, failure_threshold: int, timeout_seconds
             "failureThreshold": failure_threshold, "timeoutSeconds": timeout_seconds}
 
 
+STARTUP_BUDGET_SECONDS = 3600
+"""Time an engine may take to download and load its weights (a 70B model from the hub takes a while)."""
+
+
 def startup_probe() -> dict[str, Any]:
-    """Up to 60 minutes for the weights to download and load (a 70B model from the hub takes a while),
-    after which readiness and liveness take over."""
-    return health_probe(period_seconds=10, failure_threshold=360)
+    """/health within the startup budget, after which readiness and liveness take over."""
+    period_seconds = 10
+    return health_probe(period_seconds=period_seconds, failure_threshold=STARTUP_BUDGET_SECONDS // period_seconds)
 
 
 def pool_placement(pool: GpuPool) -> dict[str, Any]:
