@@ -18,6 +18,8 @@ Run: python benchmarks/decision_quality.py [--noise 0.05] [--seeds 1] [--min-gai
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import itertools
 import statistics
 import sys
@@ -112,9 +114,6 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory() as tmp:
         count = write_plan_inputs(Path(tmp))
-        import contextlib
-        import io
-
         with contextlib.redirect_stdout(io.StringIO()):
             seconds = time_plan(Path(tmp))
     print(f"specpilot plan on {count} profiles: {seconds:.2f} s (target < 1 s)")

@@ -60,8 +60,7 @@ def _documents(path: Path) -> list[dict[str, Any]]:
                              f"by specpilot-bench or `kubectl get sprof -o yaml`")
     out: list[dict[str, Any]] = []
     for doc in docs:
-        if isinstance(doc, dict) and doc.get("kind") == "List" or (isinstance(doc, dict) and "items" in doc
-                                                                  and "kind" not in doc):
+        if isinstance(doc, dict) and (doc.get("kind") == "List" or ("items" in doc and "kind" not in doc)):
             out.extend(doc.get("items") or [])
         else:
             out.append(doc)
