@@ -563,8 +563,11 @@ class _Fleet:
     def _complete(self, t0: float, rows: np.ndarray, cols: np.ndarray, finish_off: np.ndarray) -> None:
         tpot = (t0 + finish_off - self.first_token[rows, cols]) / (self.output[rows, cols] - 1.0)
         self.tpot_hist.add(tpot)
-        self.tpot_met += int((tpot <= self.slo_tpot_s).sum())
+        met = int((tpot <= self.slo_tpot_s).sum())
+        self.tpot_met += met
         self.completed += rows.size
+        self.series.sums["met"][self.bin] += met
+        self.series.sums["completed"][self.bin] += rows.size
         self.active[rows, cols] = False
         self.rem[rows, cols] = 0.0
         self.n_running -= np.bincount(rows, minlength=self.R)
@@ -578,7 +581,7 @@ class _Fleet:
         duration = self.trace.duration_s
         n_slices = int(math.ceil(duration / dt - 1e-9))
         bin_s = cfg.bin_s or dt * max(1, round(duration / 500 / dt))
-        series = _Series(int(math.ceil(duration / bin_s - 1e-9)), bin_s)
+        series = self.series = _Series(int(math.ceil(duration / bin_s - 1e-9)), bin_s)
         window: collections.deque = collections.deque(maxlen=max(1, int(round(cfg.observation_window_s / dt))))
         R = self.R
         all_rows = slice(None)
@@ -595,6 +598,7 @@ class _Fleet:
 
         for i in range(n_slices):
             t0 = i * dt
+            self.bin = min(int(t0 // bin_s), len(series.seconds) - 1)
             tokens_before = self.tokens
             if t0 >= next_control - 1e-9:
                 next_control += cfg.control_interval_s
@@ -715,7 +719,7 @@ _NO_FLOAT = np.empty(0)
 class _Series:
     """Per-bin sums over the run, turned into rates and means for the plots and reports."""
 
-    FIELDS = ("arrivals", "tokens", "billed", "serving", "running", "queue", "k_weighted")
+    FIELDS = ("arrivals", "tokens", "billed", "serving", "running", "queue", "k_weighted", "met", "completed")
 
     def __init__(self, n_bins: int, bin_s: float) -> None:
         self.bin_s = bin_s
@@ -752,6 +756,7 @@ class _Series:
             "queue": s["queue"] / sec,
             "mean_k": np.where(running > 0, s["k_weighted"] / np.maximum(running, 1e-12), 0.0),
             "cost_usd_per_hour": s["billed"] / sec * price_per_replica_hour,
+            "slo_attainment": np.where(s["completed"] > 0, s["met"] / np.maximum(s["completed"], 1), np.nan),
         }
 
 
