@@ -119,7 +119,9 @@ def test_profile_file_feeds_specpilot_plan(ngram_profiles):
 
 
 def test_draft_model_profile(tiny_models, tmp_path, crds, engine_env):
-    config = json.dumps({"method": "draft_model", "model": str(tiny_models.draft), "num_speculative_tokens": 2})
+    # The target drafts for itself: with random weights a different drafter would never be accepted,
+    # and the counters must move to show the mechanics.
+    config = json.dumps({"method": "draft_model", "model": str(tiny_models.target), "num_speculative_tokens": 2})
     proc, docs = bench(["--launch", "--model", str(tiny_models.target), "--speculative-config", config,
                         "--skip-baseline", *ENGINE_ARGS, *LEVELS, "--log-dir", str(tmp_path / "logs")],
                        tmp_path / "draft.json", engine_env)
