@@ -279,7 +279,8 @@ class AutoscalePolicy:
         return {self.mode.name: self.mode}
 
     def start(self) -> Action:
-        self.state = ReplicaState()
+        # the pool has run at start_replicas until now: scale-down waits out the stabilisation window
+        self.state = ReplicaState(recent=((_EPOCH, self.start_replicas),))
         self.current = self.start_replicas
         return Action(self.current, self.mode.name)
 
