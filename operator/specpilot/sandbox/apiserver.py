@@ -18,7 +18,10 @@ from typing import Any
 
 import aiohttp.web
 import attrs
+import jsonpatch
 import kmock
+from kmock._internal.k8s import KubernetesObjectConflictError
+from kmock._internal import parsing as _parsing
 import yaml
 
 from ..api.crd import all_crds
@@ -33,6 +36,19 @@ _EXTRA = {
     "kopf.dev/v1/kopfpeerings": ("KopfPeering", "kopfpeering", True),
     "kopf.dev/v1/clusterkopfpeerings": ("ClusterKopfPeering", "clusterkopfpeering", False),
 }
+
+
+def _parse_path_with_namespaces(path: str) -> _parsing.ParsedPath:
+    """kmock 0.8 reads `/api/v1/namespaces[/NAME]` as a namespace-scoped path with no resource and fails;
+    kopf lists and watches Namespaces there. Parse the Namespace resource itself, defer the rest."""
+    parts = path.strip("/").split("/")
+    if parts[:2] == ["api", "v1"] and parts[2:3] == ["namespaces"] and len(parts) <= 4:
+        return _parsing.ParsedPath("", "v1", "namespaces", None, parts[3] if len(parts) == 4 else None, None)
+    return _original_parse_path(path)
+
+
+_original_parse_path = _parsing.parse_path
+_parsing.parse_path = _parse_path_with_namespaces
 
 
 def _now() -> str:
@@ -50,6 +66,8 @@ class SandboxEmulator(kmock.KubernetesEmulator):
         if request.resource is not None and data is not None:
             meta = data.setdefault("metadata", {}) if request.action == kmock.action.CREATE else data.get("metadata")
             if request.action == kmock.action.CREATE:
+                if not meta.get("name") and meta.get("generateName"):
+                    meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
                 meta.setdefault("uid", str(uuid.uuid4()))
                 meta.setdefault("creationTimestamp", _now())
                 meta["generation"] = 1
@@ -58,10 +76,14 @@ class SandboxEmulator(kmock.KubernetesEmulator):
                 data.setdefault("metadata", {})["resourceVersion"] = str(next(self._versions))
                 if "spec" in data and request.subresource != "status":
                     key = (request.resource, request.namespace, request.name)
-                    current = self.objects.get(key) if key in self.objects else None
+                    current = self.objects[key] if key in self.objects else None
                     if current is not None and not current.deleted and current.raw.get("spec") != data["spec"]:
                         data["metadata"]["generation"] = int(current.raw.get("metadata", {}).get("generation", 1)) + 1
-        response = await super()._handle(request)
+        try:
+            response = await super()._handle(request)
+        except jsonpatch.JsonPatchTestFailed as exc:
+            # A JSON patch whose `test` of resourceVersion fails is a write conflict: 409, as the API says.
+            raise KubernetesObjectConflictError(message=f"the object changed: {exc}") from exc
         if request.action in (kmock.action.DELETE, kmock.action.UPDATE):
             await self._collect_garbage()
         return response

@@ -1,0 +1,98 @@
+"""`specpilot run`: start the operator (also `python -m specpilot`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from datetime import UTC, datetime
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: what log pipelines (Loki, Cloud Logging) parse without configuration."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {
+            "time": datetime.fromtimestamp(record.created, tz=UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        ref = getattr(record, "k8s_ref", None)
+        if isinstance(ref, dict):
+            entry["object"] = {k: ref.get(k) for k in ("namespace", "name", "kind") if ref.get(k)}
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry)
+
+
+def configure_logging(fmt: str, verbose: bool) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    if fmt == "json":
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(logging.DEBUG if verbose else logging.INFO)
+    for noisy in ("kubernetes.client.rest", "urllib3", "aiohttp.access"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    import kopf
+
+    from ..config import load_config
+    from .handlers import register as register_handlers
+    from .kube import Connection, Kube
+    from .metrics import OperatorMetrics
+    from .reconcile import Context
+
+    configure_logging(args.log_format, args.verbose)
+    if args.all_namespaces and args.namespace:
+        raise SystemExit("give either --all-namespaces or --namespace, not both")
+    config = load_config(args.config)
+    connection = Connection.load(args.kubeconfig, args.context)
+    metrics = OperatorMetrics()
+    if args.metrics_port:
+        metrics.serve(args.metrics_port)
+    ctx = Context(kube=Kube(connection), config=config, metrics=metrics, connection=connection)
+    registry = kopf.OperatorRegistry()
+    peering = args.peering is not None
+    register_handlers(registry, ctx, peering=peering)
+    logging.getLogger("specpilot").info(
+        "specpilot operator starting: namespaces=%s peering=%s server=%s",
+        ",".join(args.namespace) or "all", args.peering or "standalone", connection.configuration.host)
+    kopf.run(
+        registry=registry,
+        standalone=not peering,
+        peering_name=args.peering,
+        clusterwide=args.all_namespaces or not args.namespace,
+        namespaces=args.namespace,
+        liveness_endpoint=f"http://0.0.0.0:{args.liveness_port}/healthz" if args.liveness_port else None,
+        memo=ctx,
+    )
+    return 0
+
+
+def add_run_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, else KUBECONFIG or ~/.kube/config)")
+    p.add_argument("--context", help="kubeconfig context to use")
+    p.add_argument("--namespace", "-n", action="append", default=[],
+                   help="watch this namespace (repeatable); default: all namespaces")
+    p.add_argument("--all-namespaces", "-A", action="store_true", help="watch every namespace")
+    p.add_argument("--config", help="operator config file (YAML): Prometheus URL, images, GPU prices")
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--standalone", action="store_true", help="no peering (one replica); the default")
+    group.add_argument("--peering", metavar="NAME", help="KopfPeering name for high availability (several replicas)")
+    p.add_argument("--liveness-port", type=int, default=8080, help="port of the /healthz endpoint (0: off)")
+    p.add_argument("--metrics-port", type=int, default=9090, help="port of the operator's /metrics (0: off)")
+    p.add_argument("--log-format", choices=("plain", "json"), default="plain")
+    p.add_argument("--verbose", "-v", action="store_true")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("run", help="run the operator")
+    add_run_arguments(p)
+    p.set_defaults(func=cmd_run)

@@ -1,0 +1,217 @@
+"""Pure pieces of reconciliation: which pools exist on which GPUs, which profiles each pool needs,
+which benchmark Jobs may start, conditions, phase and the status summary.
+
+No kopf, no client: the handlers read the cluster, call these, then write what they return.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from ..api.deployment import (
+    HISTORY_LIMIT,
+    Condition,
+    GpuPool,
+    HistoryEntry,
+    Phase,
+    PoolStatus,
+    SpeculativeDeploymentSpec,
+)
+from ..api.methods import CandidateMethod
+from ..api.profile import ProfileTarget, SpeculationProfileSpec
+from ..api.schedule import summary as schedule_summary
+from ..config import OperatorConfig
+from ..perf.catalog import DEFAULT_CATALOG, GpuCatalog, UnknownGpuError
+
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+AMD_PRODUCT_LABEL = "amd.com/gpu.product-name"
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """What the operator needs of a Node."""
+
+    name: str
+    labels: dict[str, str]
+    ready: bool = True
+
+
+@dataclass
+class PoolView:
+    """A pool as seen on the cluster: its nodes and the GPU types (SKUs) they carry."""
+
+    pool: GpuPool
+    nodes: list[NodeInfo] = field(default_factory=list)
+    products: list[str] = field(default_factory=list)
+    skus: list[str] = field(default_factory=list)
+    """SKUs to profile: the spec's sku, or one per GPU product found on the nodes (most common first)."""
+    unknown_products: list[str] = field(default_factory=list)
+
+    @property
+    def primary_sku(self) -> str | None:
+        return self.skus[0] if self.skus else None
+
+
+def node_info(body: dict) -> NodeInfo:
+    meta = body.get("metadata", {})
+    conditions = body.get("status", {}).get("conditions") or []
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions) or not conditions
+    return NodeInfo(name=meta.get("name", ""), labels=dict(meta.get("labels") or {}), ready=ready)
+
+
+def pool_views(spec: SpeculativeDeploymentSpec, nodes: list[NodeInfo],
+               catalog: GpuCatalog = DEFAULT_CATALOG) -> list[PoolView]:
+    """Match nodes to pools by node selector and work out each pool's SKUs."""
+    views = []
+    for pool in spec.gpu_pools:
+        matching = [n for n in nodes if all(n.labels.get(k) == v for k, v in pool.node_selector.items())]
+        products = Counter(n.labels.get(GPU_PRODUCT_LABEL) or n.labels.get(AMD_PRODUCT_LABEL) for n in matching)
+        products.pop(None, None)
+        view = PoolView(pool=pool, nodes=matching, products=[p for p, _ in products.most_common()])
+        if pool.sku:
+            view.skus = [catalog.resolve(pool.sku).sku] if pool.sku in catalog else [pool.sku]
+        else:
+            for product in view.products:
+                try:
+                    sku = catalog.resolve(product).sku
+                except UnknownGpuError:
+                    view.unknown_products.append(product)
+                    sku = product
+                if sku not in view.skus:
+                    view.skus.append(sku)
+        views.append(view)
+    return views
+
+
+def engine_image(spec: SpeculativeDeploymentSpec, config: OperatorConfig) -> str:
+    return spec.model.image if "image" in spec.model.model_fields_set else config.default_engine_image
+
+
+def profile_spec(spec: SpeculativeDeploymentSpec, sku: str, candidate: CandidateMethod | None,
+                 config: OperatorConfig, gpu_product: str | None = None) -> SpeculationProfileSpec:
+    """The identity of the measurement of `candidate` (None = baseline) on `sku` for this deployment."""
+    profiling = spec.profiling
+    levels = profiling.concurrency_levels if "concurrency_levels" in profiling.model_fields_set \
+        else config.profiling_defaults.concurrency_levels
+    requests = profiling.requests_per_level if "requests_per_level" in profiling.model_fields_set \
+        else config.profiling_defaults.requests_per_level
+    return SpeculationProfileSpec(
+        model=ProfileTarget(id=spec.model.id, revision=spec.model.revision,
+                            tensor_parallel_size=spec.model.tensor_parallel_size,
+                            max_model_len=spec.model.max_model_len),
+        method=candidate,
+        sku=sku,
+        gpu_product=gpu_product,
+        engine_image=engine_image(spec, config),
+        workload=profiling.workload,
+        concurrency_levels=levels,
+        requests_per_level=requests,
+    )
+
+
+@dataclass(frozen=True)
+class NeededProfile:
+    pool: str
+    sku: str
+    candidate: CandidateMethod | None
+    spec: SpeculationProfileSpec
+
+    @property
+    def name(self) -> str:
+        return self.spec.object_name()
+
+    @property
+    def key(self) -> str:
+        """Candidate key, or "baseline"."""
+        return self.candidate.key if self.candidate else "baseline"
+
+
+def needed_profiles(spec: SpeculativeDeploymentSpec, views: list[PoolView],
+                    config: OperatorConfig) -> list[NeededProfile]:
+    """Baseline plus every candidate, for every SKU of every pool (deduplicated by identity)."""
+    out: list[NeededProfile] = []
+    for view in views:
+        for sku in view.skus:
+            product = next((p for p in view.products if p == sku or _sku_of(p) == sku), None)
+            for candidate in [None, *spec.methods]:
+                out.append(NeededProfile(view.pool.name, sku, candidate,
+                                         profile_spec(spec, sku, candidate, config, product)))
+    return out
+
+
+def _sku_of(product: str) -> str | None:
+    try:
+        return DEFAULT_CATALOG.resolve(product).sku
+    except UnknownGpuError:
+        return None
+
+
+def profile_is_fresh(profile: dict, max_age_hours: float, now: datetime) -> bool:
+    """A Succeeded profile younger than the max age (measured from completion)."""
+    status = profile.get("status") or {}
+    if status.get("phase") != "Succeeded":
+        return False
+    completed = status.get("completedAt")
+    if not completed:
+        return True
+    when = datetime.fromisoformat(completed.replace("Z", "+00:00"))
+    return now - when <= timedelta(hours=max_age_hours)
+
+
+def jobs_allowed(pending: list[str], running: int, max_parallel: int) -> list[str]:
+    """Which waiting profiles may get a Job now, oldest-first order preserved."""
+    return pending[: max(0, max_parallel - running)]
+
+
+def set_condition(conditions: list[Condition], type_: str, status: bool | None, reason: str, message: str,
+                  generation: int | None, now: datetime) -> list[Condition]:
+    """Upsert a condition; lastTransitionTime moves only when the status changes."""
+    value = "Unknown" if status is None else ("True" if status else "False")
+    out = []
+    found = False
+    for c in conditions:
+        if c.type == type_:
+            found = True
+            changed = c.status != value
+            out.append(Condition(type=type_, status=value, reason=reason, message=message,
+                                 last_transition_time=now if changed else (c.last_transition_time or now),
+                                 observed_generation=generation))
+        else:
+            out.append(c)
+    if not found:
+        out.append(Condition(type=type_, status=value, reason=reason, message=message,
+                             last_transition_time=now, observed_generation=generation))
+    return out
+
+
+def decision_text(pool: PoolStatus) -> str:
+    d = pool.decision
+    if d is None:
+        return "pending"
+    if not d.method:
+        return "off"
+    if d.schedule:
+        return f"{d.method}[{schedule_summary(d.schedule)}]"
+    return f"{d.method}[k={d.num_speculative_tokens},{'on' if pool.speculation_enabled else 'off'}]"
+
+
+def decision_summary(pools: list[PoolStatus]) -> str:
+    return " ".join(f"{p.name}={decision_text(p)}" for p in pools)
+
+
+def overall_phase(profiles_ready: int, profiles_total: int, profiles_failed: int) -> Phase:
+    """Pending: nothing to profile yet (no pool has a known GPU type); Profiling: measurements outstanding;
+    Degraded: some measurements failed for good (those pools serve without them); Serving: all decided."""
+    if profiles_total == 0:
+        return Phase.PENDING
+    if profiles_failed:
+        return Phase.DEGRADED
+    if profiles_ready < profiles_total:
+        return Phase.PROFILING
+    return Phase.SERVING
+
+
+def append_history(history: list[HistoryEntry], entry: HistoryEntry) -> list[HistoryEntry]:
+    return [*history, entry][-HISTORY_LIMIT:]

@@ -1,0 +1,103 @@
+"""kopf handlers: thin. Each reads the object, calls `reconcile`, writes status and posts Events.
+
+Indexes keep Nodes, SpeculationProfiles and specpilot's Jobs in memory from watch streams, so a
+reconciliation reads no lists from the API server.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from typing import Any
+
+import kopf
+
+from .reconcile import Context, reconcile
+
+GROUP, VERSION = "specpilot.io", "v1alpha1"
+SDEP = (GROUP, VERSION, "speculativedeployments")
+SPROF = (GROUP, VERSION, "speculationprofiles")
+RETRY_S = 10
+"""Seconds before a failed reconciliation is retried (kopf's default is 60)."""
+
+
+def register(registry: kopf.OperatorRegistry, ctx: Context, *, peering: bool) -> None:
+    """Attach every handler to `registry`; intervals come from the operator config."""
+
+    @kopf.on.startup(registry=registry)
+    async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+        # Our CRDs' status schema is structural: kopf's own bookkeeping must live in annotations.
+        settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="specpilot.io")
+        settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+            prefix="specpilot.io", key="last-handled-configuration")
+        settings.persistence.finalizer = "specpilot.io/finalizer"
+        settings.posting.level = logging.INFO
+        settings.watching.server_timeout = 300
+        settings.watching.client_timeout = 330
+        settings.networking.request_timeout = 60
+        if peering:
+            # Equal priorities make every peer pause: give each replica its own.
+            settings.peering.priority = random.randint(1, 10_000)
+        settings.peering.mandatory = peering
+
+    @kopf.on.login(registry=registry)
+    def login(**_: Any) -> kopf.ConnectionInfo:
+        return ctx.connection.kopf_connection_info()
+
+    @kopf.index("", "v1", "nodes", id="nodes_index", registry=registry)
+    def nodes_index(body: kopf.Body, name: str, **_: Any) -> dict[str, dict]:
+        return {name: {"metadata": {"name": name, "labels": dict(body.metadata.labels)},
+                       "status": {"conditions": list(body.get("status", {}).get("conditions") or [])}}}
+
+    @kopf.index(*SPROF, id="profiles_index", registry=registry)
+    def profiles_index(body: kopf.Body, namespace: str, name: str, **_: Any) -> dict[str, dict]:
+        return {f"{namespace}/{name}": {"metadata": dict(body.metadata), "spec": dict(body.spec),
+                                        "status": dict(body.get("status") or {})}}
+
+    @kopf.index("batch", "v1", "jobs", labels={"app.kubernetes.io/managed-by": "specpilot"},
+                id="jobs_index", registry=registry)
+    def jobs_index(body: kopf.Body, namespace: str, name: str, **_: Any) -> dict[str, dict]:
+        return {f"{namespace}/{name}": {"metadata": dict(body.metadata), "status": dict(body.get("status") or {})}}
+
+    async def run(body: kopf.Body, patch: kopf.Patch, logger: logging.Logger, nodes_index: kopf.Index,
+                  profiles_index: kopf.Index, jobs_index: kopf.Index, observe: bool) -> None:
+        raw = dict(body)
+        namespace = body.metadata.namespace
+        started = time.perf_counter()
+        async with ctx.lock(body.metadata.uid):
+            try:
+                result = await reconcile(
+                    ctx, raw,
+                    nodes=[v for values in nodes_index.values() for v in values],
+                    profiles={k.split("/", 1)[1]: next(iter(vs)) for k, vs in profiles_index.items()
+                              if k.startswith(f"{namespace}/")},
+                    jobs={k: next(iter(vs)) for k, vs in jobs_index.items()},
+                    observe=observe)
+            except Exception as exc:
+                ctx.metrics.reconcile_errors.labels(namespace, type(exc).__name__).inc()
+                raise
+            finally:
+                ctx.metrics.reconcile_seconds.labels(namespace).observe(time.perf_counter() - started)
+        patch.status.update(_nulls_for_removed(raw.get("status") or {}, result.status))
+        for event in result.events:
+            kopf.event(body, type=event.type, reason=event.reason, message=event.message)
+            (logger.warning if event.type == "Warning" else logger.info)(f"{event.reason}: {event.message}")
+
+    @kopf.on.resume(*SDEP, id="reconcile", backoff=RETRY_S, registry=registry)
+    @kopf.on.create(*SDEP, id="reconcile", backoff=RETRY_S, registry=registry)
+    @kopf.on.update(*SDEP, id="reconcile", backoff=RETRY_S, registry=registry)
+    async def on_change(body: kopf.Body, patch: kopf.Patch, logger: logging.Logger, nodes_index: kopf.Index,
+                        profiles_index: kopf.Index, jobs_index: kopf.Index, **_: Any) -> None:
+        await run(body, patch, logger, nodes_index, profiles_index, jobs_index, observe=False)
+
+    @kopf.timer(*SDEP, id="periodic", interval=ctx.config.reconcile_interval_seconds, sharp=False, backoff=RETRY_S,
+                registry=registry)
+    async def on_timer(body: kopf.Body, patch: kopf.Patch, logger: logging.Logger, nodes_index: kopf.Index,
+                       profiles_index: kopf.Index, jobs_index: kopf.Index, **_: Any) -> None:
+        await run(body, patch, logger, nodes_index, profiles_index, jobs_index, observe=True)
+
+
+def _nulls_for_removed(old: dict, new: dict) -> dict:
+    """A merge patch keeps keys it does not mention: send null for top-level status keys that went away."""
+    return {**{k: None for k in old if k not in new}, **new}

@@ -1,0 +1,194 @@
+"""The operator's Kubernetes I/O edge: connection settings shared with kopf, and a small async REST client.
+
+One `kubernetes.client.Configuration` is loaded (in-cluster, or a kubeconfig file and context) and
+used both for kopf's login and for our own calls, so the operator runs unchanged against any API
+server a kubeconfig names. The official client's `call_api` does auth and TLS; we run it in a thread
+to keep kopf's event loop free, and speak plain JSON dicts (the manifests are built as dicts).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import kopf
+from kubernetes import client, config
+from kubernetes.client.rest import ApiException
+
+CORE = ("", "v1")
+
+# plural -> (group, version, namespaced)
+RESOURCES: dict[str, tuple[str, str, bool]] = {
+    "speculativedeployments": ("specpilot.io", "v1alpha1", True),
+    "speculationprofiles": ("specpilot.io", "v1alpha1", True),
+    "deployments": ("apps", "v1", True),
+    "jobs": ("batch", "v1", True),
+    "services": ("", "v1", True),
+    "pods": ("", "v1", True),
+    "serviceaccounts": ("", "v1", True),
+    "events": ("", "v1", True),
+    "nodes": ("", "v1", False),
+    "namespaces": ("", "v1", False),
+    "roles": ("rbac.authorization.k8s.io", "v1", True),
+    "rolebindings": ("rbac.authorization.k8s.io", "v1", True),
+    "podmonitors": ("monitoring.coreos.com", "v1", True),
+    "customresourcedefinitions": ("apiextensions.k8s.io", "v1", False),
+}
+KIND_TO_PLURAL = {
+    "SpeculativeDeployment": "speculativedeployments", "SpeculationProfile": "speculationprofiles",
+    "Deployment": "deployments", "Job": "jobs", "Service": "services", "Pod": "pods",
+    "ServiceAccount": "serviceaccounts", "Event": "events", "Node": "nodes", "Role": "roles",
+    "RoleBinding": "rolebindings", "PodMonitor": "podmonitors", "Namespace": "namespaces",
+}
+
+FIELD_MANAGER = "specpilot"
+
+
+class NotFound(Exception):
+    """The object or resource does not exist."""
+
+
+class Conflict(Exception):
+    """The object already exists or changed under us."""
+
+
+@dataclass
+class Connection:
+    """Where the API server is and how to authenticate, loaded once per process."""
+
+    configuration: client.Configuration
+
+    @classmethod
+    def load(cls, kubeconfig: str | None = None, context: str | None = None) -> Connection:
+        cfg = client.Configuration()
+        if kubeconfig or context or os.environ.get("KUBECONFIG") or not os.environ.get("KUBERNETES_SERVICE_HOST"):
+            config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=cfg)
+        else:
+            config.load_incluster_config(client_configuration=cfg)
+        return cls(cfg)
+
+    def kopf_connection_info(self) -> kopf.ConnectionInfo:
+        cfg = self.configuration
+        token = None
+        auth = cfg.api_key.get("authorization") or cfg.api_key.get("BearerToken")
+        if auth:
+            token = auth.removeprefix("Bearer ").strip()
+        return kopf.ConnectionInfo(
+            server=cfg.host,
+            ca_path=cfg.ssl_ca_cert,
+            insecure=not cfg.verify_ssl,
+            username=cfg.username or None,
+            password=cfg.password or None,
+            token=token,
+            certificate_path=cfg.cert_file,
+            private_key_path=cfg.key_file,
+            proxy_url=cfg.proxy,
+        )
+
+
+def resource_path(plural: str, namespace: str | None, name: str | None = None, subresource: str | None = None) -> str:
+    group, version, namespaced = RESOURCES[plural]
+    base = f"/api/{version}" if not group else f"/apis/{group}/{version}"
+    if namespaced and namespace:
+        base += f"/namespaces/{namespace}"
+    base += f"/{plural}"
+    if name:
+        base += f"/{name}"
+    if subresource:
+        base += f"/{subresource}"
+    return base
+
+
+class Kube:
+    """Async JSON-in, JSON-out access to the resources specpilot touches."""
+
+    def __init__(self, connection: Connection) -> None:
+        self._api = client.ApiClient(connection.configuration)
+
+    async def _call(self, method: str, path: str, body: Any = None, content_type: str = "application/json",
+                    query: list[tuple[str, Any]] | None = None) -> Any:
+        def call() -> Any:
+            method_, url, headers, body_, post = self._api.param_serialize(
+                method, path, query_params=query or [], body=body,
+                header_params={"Content-Type": content_type, "Accept": "application/json"},
+                auth_settings=["BearerToken"])
+            try:
+                response = self._api.call_api(method_, url, header_params=headers, body=body_, post_params=post,
+                                              _request_timeout=30)
+                response.read()
+            except ApiException as exc:
+                status, text = exc.status, exc.body
+            else:
+                status, text = response.status, response.data
+            if status == 404:
+                raise NotFound(f"{method} {path}: not found")
+            if status == 409:
+                raise Conflict(f"{method} {path}: conflict")
+            if status in (429, 500, 502, 503, 504):
+                raise kopf.TemporaryError(f"API server {status} on {method} {path}", delay=5)
+            if status >= 400:
+                raise ApiException(status=status, reason=f"{method} {path}: {text!r}"[:2000])
+            return json.loads(text) if text else None
+
+        return await asyncio.to_thread(call)
+
+    async def get(self, plural: str, namespace: str | None, name: str) -> dict:
+        return await self._call("GET", resource_path(plural, namespace, name))
+
+    async def list(self, plural: str, namespace: str | None = None, label_selector: str | None = None) -> list[dict]:
+        query = [("labelSelector", label_selector)] if label_selector else None
+        result = await self._call("GET", resource_path(plural, namespace), query=query)
+        items = (result or {}).get("items", [])
+        if label_selector:
+            # Some API servers (the emulator among them) ignore selectors: filter here as well.
+            wanted = dict(part.split("=", 1) for part in label_selector.split(","))
+            items = [i for i in items if all((i.get("metadata", {}).get("labels") or {}).get(k) == v
+                                             for k, v in wanted.items())]
+        return items
+
+    async def create(self, obj: dict) -> dict:
+        plural = KIND_TO_PLURAL[obj["kind"]]
+        return await self._call("POST", resource_path(plural, obj["metadata"].get("namespace")), body=obj)
+
+    async def patch(self, plural: str, namespace: str | None, name: str, patch: dict,
+                    subresource: str | None = None) -> dict:
+        return await self._call("PATCH", resource_path(plural, namespace, name, subresource), body=patch,
+                                content_type="application/merge-patch+json")
+
+    async def apply(self, obj: dict) -> dict:
+        """Server-side apply as field manager `specpilot`, forcing ownership of the fields we set.
+
+        Fields we set are put back after a hand edit; fields we do not set (e.g. an annotation an
+        admission webhook or a person added) are left alone.
+        """
+        plural = KIND_TO_PLURAL[obj["kind"]]
+        meta = obj["metadata"]
+        path = resource_path(plural, meta.get("namespace"), meta["name"])
+        query = [("fieldManager", FIELD_MANAGER), ("force", "true")]
+        try:
+            return await self._call("PATCH", path, body=obj, content_type="application/apply-patch+yaml",
+                                    query=query)
+        except NotFound:
+            # A real API server creates on apply; API servers without server-side apply (the sandbox) do not.
+            return await self.create(obj)
+
+    async def ensure(self, obj: dict) -> tuple[dict, bool]:
+        """Create the object if it is absent; return it and whether it was created."""
+        try:
+            return await self.create(obj), True
+        except Conflict:
+            meta = obj["metadata"]
+            return await self.get(KIND_TO_PLURAL[obj["kind"]], meta.get("namespace"), meta["name"]), False
+
+    async def delete(self, plural: str, namespace: str | None, name: str) -> None:
+        try:
+            await self._call("DELETE", resource_path(plural, namespace, name),
+                             body={"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"})
+        except NotFound:
+            pass
+
+    def close(self) -> None:
+        self._api.close()

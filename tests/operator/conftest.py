@@ -1,0 +1,91 @@
+"""The real operator (a `specpilot run` subprocess) against the sandbox API server over HTTP.
+
+The sandbox is kmock's KubernetesEmulator (see specpilot.sandbox.apiserver); the test plays kubectl
+and the kubelet/Job controller by writing objects and statuses, then waits for the operator's answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from specpilot.sandbox.apiserver import SandboxApiServer
+
+NAMESPACE = "team"
+
+
+class OperatorProcess:
+    """`python -m specpilot run` as a child process, with its log kept for failure messages."""
+
+    def __init__(self, kubeconfig: Path, config: Path, log_path: Path) -> None:
+        self.kubeconfig, self.config, self.log_path = kubeconfig, config, log_path
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        log = self.log_path.open("ab")
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env.pop("KUBERNETES_SERVICE_HOST", None)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "specpilot", "run", "--kubeconfig", str(self.kubeconfig),
+             "--namespace", NAMESPACE, "--standalone", "--liveness-port", "0", "--metrics-port", "0",
+             "--config", str(self.config), "--verbose"],
+            stdout=log, stderr=subprocess.STDOUT, env=env)
+
+    async def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            for _ in range(100):
+                if self.proc.poll() is not None:
+                    break
+                await asyncio.sleep(0.1)
+            else:
+                self.proc.kill()
+        self.proc = None
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+@pytest.fixture
+async def sandbox() -> AsyncIterator[SandboxApiServer]:
+    async with SandboxApiServer() as api:
+        await api.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
+        yield api
+
+
+@pytest.fixture
+def operator_config(tmp_path: Path) -> Path:
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump({
+        "benchmarkImage": "ghcr.io/specpilot/specpilot-bench:test",
+        "gpuPricesPerHour": {"H100-SXM": 2.5, "H200": 3.5},
+        "reconcileIntervalSeconds": 0.5,
+    }))
+    return path
+
+
+@pytest.fixture
+async def operator(sandbox: SandboxApiServer, operator_config: Path, tmp_path: Path,
+                   request: pytest.FixtureRequest) -> AsyncIterator[OperatorProcess]:
+    kubeconfig = sandbox.write_kubeconfig(tmp_path / "kubeconfig", NAMESPACE)
+    op = OperatorProcess(kubeconfig, operator_config, tmp_path / "operator.log")
+    op.start()
+    yield op
+    await op.stop()
+    if request.node.rep_call.failed if hasattr(request.node, "rep_call") else False:
+        print(op.log()[-20000:])
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    rep = outcome.get_result()
+    setattr(item, f"rep_{rep.when}", rep)

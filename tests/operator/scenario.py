@@ -1,0 +1,129 @@
+"""Objects and moves the operator scenarios share: nodes, a deployment, the Job controller's part."""
+
+from __future__ import annotations
+
+import copy
+from datetime import UTC, datetime
+
+from specpilot.sandbox.apiserver import SandboxApiServer
+
+NAMESPACE = "team"
+
+H100 = "NVIDIA-H100-80GB-HBM3"
+H200 = "NVIDIA-H200"
+
+
+def node(name: str, product: str, pool_label: str) -> dict:
+    return {
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": name, "labels": {"nvidia.com/gpu.product": product, "pool": pool_label,
+                                              "nvidia.com/gpu.count": "8"}},
+        "status": {"capacity": {"nvidia.com/gpu": "8"}, "allocatable": {"nvidia.com/gpu": "8"},
+                   "conditions": [{"type": "Ready", "status": "True"}]},
+    }
+
+
+SDEP = {
+    "apiVersion": "specpilot.io/v1alpha1",
+    "kind": "SpeculativeDeployment",
+    "metadata": {"name": "llama", "namespace": NAMESPACE},
+    "spec": {
+        "model": {"id": "meta-llama/Llama-3.1-8B-Instruct", "servedName": "llama"},
+        "methods": [
+            {"method": "ngram", "numSpeculativeTokens": 4, "promptLookupMax": 4},
+            {"method": "eagle3", "model": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B", "numSpeculativeTokens": 4},
+        ],
+        "gpuPools": [{"name": "h100", "nodeSelector": {"pool": "h100"}}],
+        "profiling": {"concurrencyLevels": [1, 2, 4, 8, 16, 32, 64, 128], "requestsPerLevel": 32,
+                      "maxParallelJobsPerPool": 2},
+        "policy": {"tpotSloMs": 60, "minGainPercent": 5},
+        "serving": {"minReplicas": 1, "maxReplicas": 4},
+        "metrics": {"source": "pods", "intervalSeconds": 5, "windowSeconds": 30},
+    },
+}
+
+
+def sdep(**spec_overrides) -> dict:
+    body = copy.deepcopy(SDEP)
+    body["spec"].update(copy.deepcopy(spec_overrides))
+    return body
+
+
+def profiles(api: SandboxApiServer) -> list[dict]:
+    return api.objects("speculationprofiles", NAMESPACE)
+
+
+def jobs(api: SandboxApiServer) -> list[dict]:
+    return api.objects("jobs", NAMESPACE)
+
+
+def status(api: SandboxApiServer, name: str = "llama") -> dict:
+    return (api.get("speculativedeployments", NAMESPACE, name) or {}).get("status") or {}
+
+
+def condition(api: SandboxApiServer, type_: str, name: str = "llama") -> dict | None:
+    return next((c for c in status(api, name).get("conditions", []) if c["type"] == type_), None)
+
+
+def events(api: SandboxApiServer, reason: str | None = None) -> list[dict]:
+    return [e for e in api.objects("events", NAMESPACE) if reason is None or e.get("reason") == reason]
+
+
+async def fail_job(api: SandboxApiServer, job: dict, failed: int, final: bool) -> None:
+    """Play the Job controller: count failed pods, and mark the Job Failed once backoff is exhausted."""
+    status: dict = {"failed": failed}
+    if final:
+        status["conditions"] = [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded",
+                                 "message": "Job has reached the specified backoff limit"}]
+    await api.patch("jobs", NAMESPACE, job["metadata"]["name"], {"status": status}, subresource="status")
+
+
+def measured_status(sku: str, method: str | None, max_k: int = 4, seed: int = 0) -> dict:
+    """A Succeeded profile status as the benchmark Job writes it, from the twin (noise-free)."""
+    from specpilot.sim.synthetic import Scenario, synthetic_profiles
+
+    baseline, method_profile = synthetic_profiles(
+        Scenario(sku=sku, model_id="meta-llama/Llama-3.1-8B-Instruct", method=method or "eagle3", max_k=max_k),
+        noise=0.0, seed=seed)
+    chosen = baseline if method is None else method_profile
+    now = datetime.now(tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {**chosen.status.dump(), "startedAt": now, "completedAt": now}
+
+
+async def publish_results(api: SandboxApiServer, sku: str, names: list[str] | None = None) -> list[str]:
+    """Play the benchmark Jobs: write every (or the named) pending profile's result into its status."""
+    done = []
+    for profile in profiles(api):
+        name = profile["metadata"]["name"]
+        if profile["spec"]["sku"] != sku or (names is not None and name not in names):
+            continue
+        if (profile.get("status") or {}).get("phase") == "Succeeded":
+            continue
+        method = (profile["spec"].get("method") or {}).get("method")
+        await api.patch("speculationprofiles", NAMESPACE, name,
+                        {"status": measured_status(sku, method, (profile["spec"].get("method") or {})
+                                                   .get("numSpeculativeTokens", 4))}, subresource="status")
+        done.append(name)
+    return done
+
+
+def deployment(api: SandboxApiServer, pool: str, name: str = "llama") -> dict | None:
+    return api.get("deployments", NAMESPACE, f"{name}-{pool}")
+
+
+def engine_args(deployment_obj: dict) -> list[str]:
+    containers = deployment_obj["spec"]["template"]["spec"]["containers"]
+    engine = next(c for c in containers if c["name"] == "engine")
+    return engine["args"]
+
+
+def speculative_config(deployment_obj: dict) -> dict | None:
+    import json
+
+    args = engine_args(deployment_obj)
+    for i, arg in enumerate(args):
+        if arg == "--speculative-config":
+            return json.loads(args[i + 1])
+        if arg.startswith("--speculative-config="):
+            return json.loads(arg.split("=", 1)[1])
+    return None
