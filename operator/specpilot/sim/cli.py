@@ -79,7 +79,7 @@ def _run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from ..perf import DEFAULT_CATALOG, resolve_model
-    from .fleet import FleetConfig, FleetSetup, simulate
+    from .fleet import FleetConfig, FleetSetup
     from .policies import Candidate, PlanningInputs, build_policies, plan_pool
     from .report import Comparison, write_reports
     from .traces import parse_trace

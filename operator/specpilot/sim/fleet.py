@@ -35,7 +35,6 @@ from typing import Protocol
 import numpy as np
 
 from ..perf import DEFAULT_CATALOG, Twin, resolve_model
-from ..perf.cost import cost_per_million_tokens
 from .traces import LoadTrace
 from .workloads import RequestLengths, request_lengths
 
@@ -405,6 +404,9 @@ class _Fleet:
         self.output = np.full((R, S), 2.0)
         self.queue = _Queue()
         self._lifecycle_changed = True
+        self._freed = (_NO_INT, _NO_INT, _NO_FLOAT)  # slots the last completions freed, and when
+        self.series = _Series(1, 1.0)
+        self.bin = 0
 
         self.target_replicas = 0
         self.target_mode = 0

@@ -373,6 +373,3 @@ def _capacity_words(capacity: float | None) -> str:
         return "no SLO-feasible capacity: runs the maximum replicas"
     return f"{capacity:g} requests per replica within the TPOT SLO"
 
-
-FIXED_POLICIES = ("no-sd", "always-on", f"static<{STATIC_RULE_CONCURRENCY}", "restart-toggle", "specpilot")
-"""The policies that run a fixed number of replicas."""

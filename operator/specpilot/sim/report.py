@@ -194,7 +194,8 @@ def table_rows(comparison: Comparison) -> list[list[str]]:
 
 
 def _markdown_table(rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(rows[0]) + " |", "|" + "|".join("---" if i == 0 else "---:" for i in range(len(rows[0]))) + "|"]
+    align = "|".join("---" if i == 0 else "---:" for i in range(len(rows[0])))
+    lines = ["| " + " | ".join(rows[0]) + " |", f"|{align}|"]
     lines += ["| " + " | ".join(row) + " |" for row in rows[1:]]
     return "\n".join(lines)
 
