@@ -1,0 +1,378 @@
+"""The simulated engine's scheduler: vLLM-style continuous batching timed and accepted by the digital twin.
+
+One `EngineCore` is one vLLM engine (one data-parallel rank). Each engine step it:
+1. reserves KV blocks for the decoding requests' next tokens (k + 1 lookahead slots, as vLLM allocates),
+   preempting the most recently admitted request when blocks run out (vLLM's recompute preemption: its
+   blocks are freed and it later prefills its prompt and the tokens it already generated again);
+2. continues chunked prefills and admits waiting requests first come, first served, while `max_num_seqs`,
+   the step's token budget (`max_num_batched_tokens`) and free KV blocks allow. KV is held for what a
+   request has (prompt + generated so far, in 16-token blocks), not reserved for its `max_tokens` up front,
+   so a full cache shows up as waiting requests and preemptions, as in vLLM;
+3. picks K from the batch size (all requests scheduled in the step) through the schedule's ranges
+   (`api.schedule.k_at`: gap-carry and the cap at num_speculative_tokens), or the fixed K;
+4. takes twin.step_time_s(decoding requests, K, mean context) plus the prefill cost of the step's
+   prefill tokens, divides it by the time scale, and sleeps until the step's end;
+5. then, per decoding request, drafts with probability f and accepts a prefix of the K drafts (one
+   uniform u per draft: accepted length = #{j : u < p_j}, since the profile's p_j are prefix
+   probabilities P(at least j accepted)), emits 1 + accepted tokens, and counts drafts, draft tokens and
+   accepted tokens per position exactly as vLLM's spec-decode counters do.
+
+Every time is wall-clock seconds: the twin's simulated step times are divided by `time_scale`, so a client
+timing requests and the engine's /metrics agree, and a faster time scale just runs the engine faster.
+Steps are scheduled on a running deadline (the next step starts where the last one ended while the
+engine stays busy), so Python overhead below the step time does not slow the simulated GPU.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import time
+from collections.abc import Callable, Iterator, Sequence
+
+import numpy as np
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
+
+from ..observe import vllm_metrics as vm
+from ..observe.exporter import VllmMetricsState, _Histogram
+from ..perf.twin import Twin
+
+__all__ = ["BLOCK_SIZE", "EngineCore", "EngineMetrics", "SimRequest", "StepRecord"]
+
+BLOCK_SIZE = 16
+"""Tokens per KV block (vLLM's default on GPUs)."""
+ITL_BUCKETS_S = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                 20.0, 40.0, 80.0)
+"""vLLM's bucket upper bounds for inter-token latency (a +Inf bucket follows)."""
+E2E_BUCKETS_S = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
+                 240.0, 480.0, 960.0, 1920.0, 7680.0)
+"""vLLM's bucket upper bounds for end-to-end request latency (a +Inf bucket follows)."""
+PROMPT_TOKENS_TOTAL = "vllm:prompt_tokens_total"
+NUM_PREEMPTIONS_TOTAL = "vllm:num_preemptions_total"
+ITL_SECONDS = "vllm:inter_token_latency_seconds"
+E2E_SECONDS = "vllm:e2e_request_latency_seconds"
+MAX_CATCH_UP_S = 0.02
+"""How far (wall seconds) the step deadline may lag behind now before the engine stops catching up: a
+pause of the process (GC, a busy laptop) must not turn into a burst of back-to-back steps."""
+
+
+class EngineMetrics(VllmMetricsState):
+    """The exporter's vLLM metrics, driven by events (one engine step, one finished request) instead of rates.
+
+    The rates of `VllmMetricsState` stay zero, so its counters move only through the `record_*` methods.
+    Adds what the exporter does not serve: prompt tokens, preemptions, inter-token and e2e latency.
+    """
+
+    def __init__(self, *, model_name: str, engine: str, num_gpu_blocks: int,
+                 acceptance_per_position: Sequence[float]) -> None:
+        super().__init__(model_name=model_name, engine=engine, block_size=BLOCK_SIZE, num_gpu_blocks=num_gpu_blocks)
+        # Non-empty turns the spec-decode families on and fixes their positions 0..K-1 from start-up, as vLLM.
+        self.set_rates(acceptance_per_position=acceptance_per_position)
+        self.prompt_tokens = 0
+        self.preemptions = 0
+        self.itl = _Histogram(ITL_BUCKETS_S)
+        self.e2e = _Histogram(E2E_BUCKETS_S)
+
+    def record_step(self, generated_tokens: int, drafts: int, draft_tokens: int,
+                    accepted_per_position: Sequence[int]) -> None:
+        self._generation_tokens += generated_tokens
+        if drafts:
+            self._drafts += drafts
+            self._draft_tokens += draft_tokens
+            self._accepted_tokens += sum(accepted_per_position)
+            for j, accepted in enumerate(accepted_per_position):
+                self._accepted_per_position[j] += accepted
+
+    def record_first_token(self, ttft_s: float, prompt_tokens: int) -> None:
+        self._ttft.observe(ttft_s, 1)
+        self.prompt_tokens += prompt_tokens
+
+    def record_finished(self, e2e_s: float, tpot_s: float | None) -> None:
+        self._request_success += 1
+        self.e2e.observe(e2e_s, 1)
+        if tpot_s is not None:
+            self._tpot.observe(tpot_s, 1)
+
+    def metric_families(self) -> Iterator[Metric]:
+        yield from super().metric_families()
+        labels = [vm.ENGINE_LABEL, vm.MODEL_NAME_LABEL]
+        values = [self.engine, self.model_name]
+        for name, doc, value in ((PROMPT_TOKENS_TOTAL, "Number of prefill tokens processed.", self.prompt_tokens),
+                                 (NUM_PREEMPTIONS_TOTAL, "Cumulative number of preemption from the engine.",
+                                  self.preemptions)):
+            family = CounterMetricFamily(name, doc, labels=labels)
+            family.add_metric(values, value)
+            yield family
+        for name, doc, hist in ((ITL_SECONDS, "Histogram of inter-token latency in seconds.", self.itl),
+                                (E2E_SECONDS, "Histogram of e2e request latency in seconds.", self.e2e)):
+            family = HistogramMetricFamily(name, doc, labels=labels)
+            family.add_metric(values, hist.cumulative(), sum_value=hist.sum_s)
+            yield family
+
+
+@dataclasses.dataclass(eq=False)
+class SimRequest:
+    """One request in the engine; the HTTP handler reads `(tokens, finish_reason)` items from `outputs`."""
+
+    prompt_tokens: int
+    max_tokens: int
+    stop_at_tokens: int
+    """Where the (simulated) model emits EOS: max_tokens with ignore_eos, else a workload-typical length."""
+    arrival_s: float = dataclasses.field(default_factory=time.monotonic)
+    outputs: asyncio.Queue = dataclasses.field(default_factory=asyncio.Queue)
+    generated: int = 0
+    prefilled: int = 0
+    prefill_target: int = 0
+    blocks: int = 0
+    first_token_s: float | None = None
+    last_token_s: float | None = None
+    finish_reason: str | None = None
+    aborted: bool = False
+
+    def __post_init__(self) -> None:
+        self.prefill_target = self.prompt_tokens
+
+    @property
+    def context_len(self) -> int:
+        return self.prompt_tokens + self.generated
+
+    @property
+    def decoding(self) -> bool:
+        return self.prefilled >= self.prefill_target
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None or self.aborted
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StepRecord:
+    """What one engine step did and how long the twin said it takes."""
+
+    batch_size: int
+    """Requests scheduled in the step (what the schedule's K is looked up at)."""
+    decode_batch_size: int
+    num_speculative_tokens: int
+    prefill_tokens: int
+    mean_context_len: float
+    simulated_s: float
+    """The twin's step time (simulated seconds)."""
+    duration_s: float
+    """simulated_s / time_scale: the wall seconds the step takes."""
+
+
+@dataclasses.dataclass(slots=True)
+class _Plan:
+    running: list[SimRequest]
+    decoding: list[SimRequest]
+    prefill_chunks: list[tuple[SimRequest, int]]
+    record: StepRecord
+
+
+def _blocks_for(tokens: int) -> int:
+    return -(-tokens // BLOCK_SIZE)
+
+
+class EngineCore:
+    """Continuous batching over the twin (see the module docstring). `run()` is the engine loop."""
+
+    def __init__(self, twin: Twin, *, k_at_batch: Callable[[int], int], max_k: int, kv_capacity_tokens: int,
+                 max_num_seqs: int, max_num_batched_tokens: int, time_scale: float, seed: int,
+                 metrics: EngineMetrics, step_log_size: int = 4096) -> None:
+        if time_scale <= 0:
+            raise ValueError(f"time_scale must be > 0 (got {time_scale})")
+        self.twin = twin
+        self.k_at_batch = k_at_batch
+        self.max_k = max_k
+        self.num_gpu_blocks = kv_capacity_tokens // BLOCK_SIZE
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.time_scale = time_scale
+        self.metrics = metrics
+        self.rng = np.random.default_rng(seed)
+        self.step_log: collections.deque[StepRecord] = collections.deque(maxlen=step_log_size)
+        self.waiting: collections.deque[SimRequest] = collections.deque()
+        self.running: list[SimRequest] = []
+        self.used_blocks = 0
+        self._wake = asyncio.Event()
+        acceptance = twin.acceptance
+        self._p = np.asarray(acceptance.per_position[:max_k], dtype=float)
+        self._drafts_per_step = acceptance.drafts_per_step if max_k else 0.0
+        self._step_overhead_s = twin.calibration.step_overhead_s
+
+    # ---- requests --------------------------------------------------------------------------------------
+    @property
+    def load(self) -> int:
+        return len(self.running) + len(self.waiting)
+
+    def add_request(self, request: SimRequest) -> None:
+        self.waiting.append(request)
+        self._wake.set()
+
+    def abort(self, request: SimRequest) -> None:
+        """Drops a request whose client went away; its blocks are freed at the next step boundary."""
+        if request.finished:
+            return
+        request.aborted = True
+        if request in self.waiting:
+            self.waiting.remove(request)
+
+    # ---- the loop --------------------------------------------------------------------------------------
+    async def run(self) -> None:
+        """Steps while there is work, sleeps on an event while there is none."""
+        deadline = time.monotonic()
+        while True:
+            plan = self.schedule_step()
+            if plan is None:
+                self._publish_load()
+                self._wake.clear()
+                await self._wake.wait()
+                deadline = time.monotonic()
+                continue
+            now = time.monotonic()
+            deadline = max(deadline, now - MAX_CATCH_UP_S) + plan.record.duration_s
+            await asyncio.sleep(max(0.0, deadline - now))
+            self.complete_step(plan, time.monotonic())
+
+    def schedule_step(self) -> _Plan | None:
+        """Decides the next step: preemptions, prefill chunks, admissions, K and the step's duration."""
+        self._drop_aborted()
+        if not self.running and not self.waiting:
+            return None
+        free = self.num_gpu_blocks - self.used_blocks
+        # Decode growth first (running requests keep priority over new ones); out of blocks, preempt the last.
+        i = 0
+        while i < len(self.running):
+            request = self.running[i]
+            if request.decoding:
+                need = _blocks_for(request.context_len + 1 + self.max_k) - request.blocks
+                while need > free:
+                    victim = self.running[-1]
+                    free += self._preempt(victim)
+                    if victim is request:
+                        break
+                else:
+                    request.blocks += need
+                    free -= need
+            i += 1
+        decoding = [r for r in self.running if r.decoding]
+        budget = self.max_num_batched_tokens - len(decoding) * (1 + self.max_k)
+        chunks: list[tuple[SimRequest, int]] = []
+        for request in self.running:
+            if not request.decoding and budget > 0:
+                chunk = min(request.prefill_target - request.prefilled, budget)
+                chunks.append((request, chunk))
+                budget -= chunk
+        while self.waiting and len(self.running) < self.max_num_seqs and budget > 0:
+            request = self.waiting[0]
+            need = _blocks_for(request.prefill_target + 1)
+            if need > free:
+                break  # first come, first served: the head of the queue waits for blocks
+            self.waiting.popleft()
+            request.prefilled = 0
+            request.blocks = need
+            free -= need
+            self.running.append(request)
+            chunk = min(request.prefill_target, budget)
+            chunks.append((request, chunk))
+            budget -= chunk
+        self.used_blocks = self.num_gpu_blocks - free
+        self._publish_load()
+        if not decoding and not chunks:
+            return None
+        batch = len(self.running)
+        k = min(self.k_at_batch(batch), self.max_k)
+        mean_context = (sum(r.context_len for r in decoding) / len(decoding)) if decoding else 0.0
+        simulated = self.twin.step_time_s(len(decoding), k, mean_context) if decoding else 0.0
+        prefill_tokens = sum(chunk for _, chunk in chunks)
+        if chunks:
+            simulated += self.twin.prefill_time_s(prefill_tokens / len(chunks), len(chunks))
+            if decoding:
+                simulated -= self._step_overhead_s  # one step, one fixed overhead
+        record = StepRecord(batch_size=batch, decode_batch_size=len(decoding), num_speculative_tokens=k,
+                            prefill_tokens=prefill_tokens, mean_context_len=mean_context, simulated_s=simulated,
+                            duration_s=simulated / self.time_scale)
+        return _Plan(list(self.running), decoding, chunks, record)
+
+    def complete_step(self, plan: _Plan, now_s: float) -> None:
+        """Applies a step's outcome at `now_s`: tokens out, acceptance sampled, counters and histograms."""
+        self.step_log.append(plan.record)
+        metrics = self.metrics
+        k = plan.record.num_speculative_tokens
+        generated = drafts = 0
+        accepted_per_position = [0] * k
+        decoding = plan.decoding
+        if decoding:
+            accepted = np.zeros(len(decoding), dtype=np.int64)
+            if k:
+                drafted = self.rng.random(len(decoding)) < self._drafts_per_step
+                drafts = int(drafted.sum())
+                if drafts:
+                    u = self.rng.random(drafts)
+                    lengths = (u[:, None] < self._p[None, :k]).sum(axis=1)
+                    accepted[drafted] = lengths
+                    counts = np.bincount(lengths, minlength=k + 1)
+                    at_least = np.cumsum(counts[::-1])[::-1]  # at_least[j]: drafts accepting >= j tokens
+                    accepted_per_position = [int(x) for x in at_least[1:k + 1]]
+            for request, extra in zip(decoding, accepted.tolist()):
+                if not request.aborted:
+                    generated += self._emit(request, 1 + extra, now_s)
+        for request, chunk in plan.prefill_chunks:
+            if request.aborted:
+                continue
+            request.prefilled += chunk
+            if request.decoding:
+                first = request.first_token_s is None
+                generated += self._emit(request, 1, now_s)
+                if first:
+                    metrics.record_first_token(now_s - request.arrival_s, request.prompt_tokens)
+        metrics.record_step(generated, drafts, drafts * k, accepted_per_position)
+        self._drop_finished()
+        self._publish_load()
+
+    # ---- helpers ---------------------------------------------------------------------------------------
+    def _emit(self, request: SimRequest, tokens: int, now_s: float) -> int:
+        tokens = min(tokens, request.stop_at_tokens - request.generated)
+        if request.last_token_s is not None:
+            self.metrics.itl.observe(now_s - request.last_token_s, 1)
+        else:
+            request.first_token_s = now_s
+        request.last_token_s = now_s
+        request.generated += tokens
+        if request.generated >= request.stop_at_tokens:
+            request.finish_reason = "length" if request.generated >= request.max_tokens else "stop"
+            e2e = now_s - request.arrival_s
+            tpot = ((now_s - request.first_token_s) / (request.generated - 1)) if request.generated > 1 else None
+            self.metrics.record_finished(e2e, tpot)
+        request.outputs.put_nowait((tokens, request.finish_reason))
+        return tokens
+
+    def _preempt(self, request: SimRequest) -> int:
+        """Frees a running request's blocks and puts it first in line to recompute; returns the blocks freed."""
+        self.running.remove(request)
+        freed, request.blocks = request.blocks, 0
+        request.prefilled = 0
+        request.prefill_target = request.context_len
+        self.waiting.appendleft(request)
+        self.metrics.preemptions += 1
+        return freed
+
+    def _drop_aborted(self) -> None:
+        if any(r.aborted for r in self.running):
+            self._drop_finished()
+
+    def _drop_finished(self) -> None:
+        keep = []
+        for request in self.running:
+            if request.finished:
+                self.used_blocks -= request.blocks
+                request.blocks = 0
+            else:
+                keep.append(request)
+        self.running = keep
+
+    def _publish_load(self) -> None:
+        usage = self.used_blocks / self.num_gpu_blocks if self.num_gpu_blocks else 0.0
+        self.metrics.set_load(running=len(self.running), waiting=len(self.waiting), kv_cache_usage=usage)
+
