@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import copy
 from datetime import UTC, datetime
 
@@ -127,3 +128,25 @@ def speculative_config(deployment_obj: dict) -> dict | None:
         if arg.startswith("--speculative-config="):
             return json.loads(arg.split("=", 1)[1])
     return None
+
+
+async def play_deployment_controller(api: SandboxApiServer, stop: asyncio.Event) -> None:
+    """Play the Deployment controller: every Deployment rolls out at once and all its replicas are ready."""
+    while not stop.is_set():
+        for dep in api.objects("deployments", NAMESPACE):
+            meta, spec = dep["metadata"], dep.get("spec") or {}
+            replicas = int(spec.get("replicas") or 1)
+            wanted = {"observedGeneration": meta.get("generation", 1), "replicas": replicas,
+                      "updatedReplicas": replicas, "readyReplicas": replicas, "availableReplicas": replicas}
+            if {k: (dep.get("status") or {}).get(k) for k in wanted} != wanted:
+                await api.patch("deployments", NAMESPACE, meta["name"], {"status": wanted}, subresource="status")
+        await asyncio.sleep(0.2)
+
+
+def serving_pod(deployment_obj: dict, name: str, ip: str) -> dict:
+    """A Running pod of the Deployment at `ip`, as the kubelet would report it."""
+    labels = deployment_obj["spec"]["template"]["metadata"]["labels"]
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": NAMESPACE, "labels": dict(labels)},
+            "spec": {"containers": [{"name": "engine", "image": "vllm"}]},
+            "status": {"phase": "Running", "podIP": ip}}

@@ -596,7 +596,13 @@ def _speculation_state(ctx: Context, body: dict, spec: SpeculativeDeploymentSpec
         return False
     if decision.strategy != Strategy.RESTART.value or decision.crossover_concurrency is None:
         return True
-    state = RestartState(speculation_enabled=old.speculation_enabled if old.decision else True,
+    if old.decision is not None and old.decision.method == decision.method:
+        enabled = old.speculation_enabled
+    else:
+        # A new method starts on unless the load already seen is past the crossover.
+        seen_load = old.observed.concurrency if old.observed else None
+        enabled = seen_load is None or seen_load < decision.crossover_concurrency
+    state = RestartState(speculation_enabled=enabled,
                          last_toggle_at=old.last_toggle_at, above_since=old.above_threshold_since,
                          below_since=old.below_threshold_since)
     seen = RestartObservation(observation.running_per_replica + observation.waiting_per_replica,
