@@ -303,9 +303,15 @@ def test_config_map_holds_the_operator_config(default_objects: list[dict], non_d
     assert config["prometheusUrl"] == "http://prometheus-operated.monitoring.svc:9090"
     assert config["benchmarkImage"] == "ghcr.io/specpilot/specpilot-bench:0.1.0"
     assert config["defaultEngineImage"] == "vllm/vllm-openai:v0.32.0"
-    assert config["gpuPricesPerHour"]["H100-SXM"] == 2.49
-    assert config["gpuPricesPerHour"]["H200"] == 3.49
+    assert config["gpuPricesPerHour"]["H100-SXM"] == 2.50
+    assert config["gpuPricesPerHour"]["H200"] == 3.50
     assert all(price > 0 for price in config["gpuPricesPerHour"].values())
+    # The operator reads this file, and every priced SKU is one the GPU catalog knows.
+    from specpilot.config import OperatorConfig
+    from specpilot.perf.catalog import DEFAULT_CATALOG
+
+    assert OperatorConfig.model_validate(config).gpu_prices_per_hour == config["gpuPricesPerHour"]
+    assert all(DEFAULT_CATALOG.resolve(sku).sku == sku for sku in config["gpuPricesPerHour"])
     assert config["profilingDefaults"] == {
         "concurrencyLevels": [1, 2, 4, 8, 16, 32, 64, 128],
         "requestsPerLevel": 64,
@@ -315,7 +321,7 @@ def test_config_map_holds_the_operator_config(default_objects: list[dict], non_d
     overridden = yaml.safe_load(only(non_default_objects, "ConfigMap")["data"]["config.yaml"])
     assert overridden["prometheusUrl"] == ""
     assert overridden["gpuPricesPerHour"]["H100-SXM"] == 2.10
-    assert overridden["gpuPricesPerHour"]["H200"] == 3.49  # untouched SKUs keep their default price
+    assert overridden["gpuPricesPerHour"]["H200"] == 3.50  # untouched SKUs keep their default price
     assert overridden["profilingDefaults"]["concurrencyLevels"] == [1, 4, 16, 64]
 
     pod_spec = only(default_objects, "Deployment")["spec"]["template"]["spec"]
