@@ -357,3 +357,19 @@ def test_sigterm_stops_the_process_cleanly(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+async def test_a_client_that_goes_away_frees_its_slot():
+    async with running_engine(engine_args(time_scale=1)) as engine:
+        core = engine.cores[0]
+        async with aiohttp.ClientSession() as session:
+            response = await session.post(f"{engine.base_url}/v1/completions", json={
+                "prompt": "hi", "max_tokens": 5000, "ignore_eos": True, "stream": True})
+            await response.content.readany()
+            assert len(core.running) == 1 and core.used_blocks > 0
+            response.close()
+            for _ in range(200):
+                if not core.running:
+                    break
+                await asyncio.sleep(0.01)
+    assert core.running == [] and core.used_blocks == 0

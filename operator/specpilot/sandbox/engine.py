@@ -478,6 +478,8 @@ class SimulatedEngine:
                 include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
                 return await self._stream(request, sim, request_id, model, chat, include_usage)
             return await self._complete(sim, request_id, model, chat)
+        except ConnectionResetError:  # the client went away mid-stream; its request is dropped below
+            return web.Response(status=499)
         finally:
             core.abort(sim)
 
@@ -505,7 +507,7 @@ class SimulatedEngine:
                                  "serves one prompt per request)")
 
     def _sim_request(self, body: dict[str, Any], prompt_tokens: int, chat: bool) -> SimRequest:
-        if body.get("n", 1) != 1:
+        if body.get("n") not in (None, 1):
             raise _RequestError(400, f"n must be 1 (got {body.get('n')!r}): the simulated engine returns one choice")
         room = self.config.max_model_len - prompt_tokens
         max_tokens = body.get("max_completion_tokens") if chat else None
@@ -519,10 +521,13 @@ class SimulatedEngine:
                 f"This model's maximum context length is {self.config.max_model_len} tokens. However, you "
                 f"requested {prompt_tokens + max_tokens} tokens ({prompt_tokens} in the messages, {max_tokens} "
                 f"in the completion). Please reduce the length of the messages or completion."))
+        min_tokens = body.get("min_tokens") or 0
+        if not isinstance(min_tokens, int) or min_tokens < 0:
+            raise _RequestError(400, f"min_tokens must be an integer >= 0 (got {min_tokens!r})")
         stop_at = max_tokens
         if not body.get("ignore_eos"):
             natural = int(self._lengths.sample(self._length_rng, 1)[0])
-            stop_at = max(min(max_tokens, natural), min(int(body.get("min_tokens") or 0), max_tokens), 1)
+            stop_at = max(min(max_tokens, natural), min(min_tokens, max_tokens), 1)
         return SimRequest(prompt_tokens=prompt_tokens, max_tokens=max_tokens, stop_at_tokens=stop_at)
 
     async def _complete(self, sim: SimRequest, request_id: str, model: str, chat: bool) -> web.Response:
