@@ -1,0 +1,82 @@
+"""`specpilot demo`: run the whole loop on this machine and print what happened."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import tempfile
+from pathlib import Path
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.live import Live
+    from rich.table import Table
+
+    from .report import summary_rows, write_reports
+    from .run import Demo, DemoError
+    from .scenario import default_scenario, fast_scenario
+    from .view import render
+
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=170)
+    scenario = fast_scenario() if args.fast else default_scenario()
+    if args.time_scale:
+        scenario.sim.time_scale = args.time_scale
+    out = Path(args.out)
+    workdir = Path(tempfile.mkdtemp(prefix="specpilot-demo-"))
+    console.print(f"[bold]specpilot demo[/]: a sandbox Kubernetes API, GPU nodes "
+                  f"{', '.join(p for _, p, _ in scenario.nodes)} (later {scenario.joining_node[1]}), simulated "
+                  f"engines at {scenario.sim.time_scale:g}x, and the real operator. Logs: {workdir}")
+    live = Live(console=console, refresh_per_second=4, transient=False) if console.is_terminal and not args.quiet \
+        else None
+
+    def tick(demo: Demo) -> None:
+        if live is not None:
+            live.update(render(demo))
+
+    demo = Demo(scenario, workdir, on_tick=tick)
+    try:
+        if live is not None:
+            with live:
+                result = asyncio.run(demo.run())
+        else:
+            result = asyncio.run(demo.run())
+    except DemoError as exc:
+        console.print(f"[red]demo failed:[/] {exc}")
+        return 1
+
+    rows = summary_rows(result, scenario)
+    table = Table(title="At each phase's load: specpilot vs no SD and always-on SD (max K)")
+    for column in ("phase", "pool (GPU)", "conc./replica", "K", "drafts/token", "ms/token measured*",
+                   "ms/token no SD", "ms/token always SD", "$/Mtok specpilot", "$/Mtok no SD", "$/Mtok always SD"):
+        table.add_column(column, justify="right" if column != "phase" else "left")
+    for r in rows:
+        table.add_row(r.phase, f"{r.pool} ({r.sku})", f"{r.concurrency_per_replica:.1f}", str(r.k_specpilot),
+                      "-" if r.sd_share is None else f"{r.sd_share:.2f}",
+                      "-" if r.ms_per_token_measured is None else f"{r.ms_per_token_measured:.1f}",
+                      f"{r.ms_per_token_no_sd:.1f}", f"{r.ms_per_token_always_sd:.1f}", f"{r.cost_specpilot:.3f}",
+                      f"{r.cost_no_sd:.3f}", f"{r.cost_always_sd:.3f}")
+    console.print(table)
+    console.print(f"* clients' wall ms x {scenario.sim.time_scale:g} (the simulated GPUs' speed-up): the GPU time "
+                  "it stands for. The no-SD and always-SD columns are the twin's prediction at the same load.")
+    for pool in result.status.get("pools") or []:
+        decision = pool.get("decision") or {}
+        console.print(f"  {pool['name']} ({pool.get('sku') or 'no nodes'}): {decision.get('reason', 'no decision')}")
+    written = write_reports(result, scenario, rows, out)
+    console.print(f"New GPU type {scenario.joining_node[1]} profiled after joining: {result.joined_pool_profiled}. "
+                  f"Client errors: {result.errors}. Processes left running: {result.processes_left}. "
+                  f"Wall time: {result.wall_s:.0f} s.")
+    console.print("Wrote " + ", ".join(str(p) for p in written))
+    return 0 if result.processes_left == 0 else 1
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("demo", help="the whole loop on this machine: sandbox API, simulated GPUs, real operator")
+    p.add_argument("--fast", action="store_true", help="a shorter scenario (about 30 s)")
+    p.add_argument("--out", default="out/demo", help="where the report and plots go (default out/demo)")
+    p.add_argument("--time-scale", type=float, help="simulated seconds per wall second of the GPUs")
+    p.add_argument("--quiet", action="store_true", help="no live view (also off when not on a terminal)")
+    p.set_defaults(func=cmd_demo)
+

@@ -1,0 +1,301 @@
+"""Play the demo: sandbox cluster + kubelet + the real operator + load, then summarise.
+
+Everything the operator touches is real except the Kubernetes API (kmock's emulator) and the GPUs
+(simulated engines that take their timing and acceptance from the twin): the operator runs as its own
+process exactly as in a cluster, the benchmark Jobs run `specpilot-bench`, the serving pods' metrics are
+scraped by the operator's pod source.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from ..sandbox.apiserver import SandboxApiServer
+from ..sandbox.kubelet import Kubelet
+from .load import LoadDriver
+from .scenario import NAME, NAMESPACE, DemoScenario, Phase
+
+
+@dataclass
+class PoolPhase:
+    """What one pool did during one phase of the load trace."""
+
+    pool: str
+    requests: int = 0
+    ms_per_token_p50: float | None = None
+    tokens_per_second: float = 0.0
+    concurrency_per_replica: float = 0.0
+    replicas: int = 0
+    drafts_per_generated_token: float | None = None
+    """Drafts proposed per generated token over the phase, from the engines' counters: 0 = SD was off."""
+
+
+@dataclass
+class PhaseResult:
+    phase: Phase
+    started_at: float
+    ended_at: float
+    pools: dict[str, PoolPhase] = field(default_factory=dict)
+
+
+@dataclass
+class DemoResult:
+    profiles: list[dict] = field(default_factory=list)
+    phases: list[PhaseResult] = field(default_factory=list)
+    status: dict = field(default_factory=dict)
+    events: list[dict] = field(default_factory=list)
+    joined_pool: str = ""
+    joined_pool_profiled: bool = False
+    processes_left: int = 0
+    errors: int = 0
+    wall_s: float = 0.0
+    timeline: list[tuple[float, int, dict[str, float]]] = field(default_factory=list)
+    """(seconds since the trace began, requests in flight, pool -> ms/token over the last 5 s)."""
+
+
+class DemoError(RuntimeError):
+    """The demo could not reach a step; the message says which and where the logs are."""
+
+
+def _pool_of(deployment_name: str) -> str:
+    return deployment_name.removeprefix(f"{NAME}-")
+
+
+class Demo:
+    def __init__(self, scenario: DemoScenario, workdir: Path,
+                 on_tick: Callable[[Demo], None] | None = None) -> None:
+        self.scenario = scenario
+        self.workdir = workdir
+        self.on_tick = on_tick
+        self.api: SandboxApiServer | None = None
+        self.kubelet: Kubelet | None = None
+        self.driver: LoadDriver | None = None
+        self.phase: Phase | None = None
+        self.stage = "starting"
+        self.started = time.monotonic()
+        self.operator: subprocess.Popen | None = None
+
+    # ----- what the view reads -----
+
+    def status(self) -> dict:
+        obj = self.api.get("speculativedeployments", NAMESPACE, NAME) if self.api else None
+        return (obj or {}).get("status") or {}
+
+    def profiles(self) -> list[dict]:
+        return self.api.objects("speculationprofiles", NAMESPACE) if self.api else []
+
+    def events(self) -> list[dict]:
+        return self.api.objects("events", NAMESPACE) if self.api else []
+
+    def endpoints(self) -> list[tuple[str, str]]:
+        if self.kubelet is None:
+            return []
+        out = []
+        for (namespace, name), _ in list(self.kubelet.pods.items()):
+            if namespace == NAMESPACE:
+                out += [(_pool_of(name), url) for url in self.kubelet.serving_endpoints(namespace, name)]
+        return out
+
+    # ----- the run -----
+
+    async def run(self) -> DemoResult:
+        result = DemoResult()
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        stop = asyncio.Event()
+        async with SandboxApiServer() as api:
+            self.api = api
+            kubeconfig = api.write_kubeconfig(self.workdir / "kubeconfig", NAMESPACE)
+            await api.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
+            for node in self.scenario.nodes:
+                await api.create(_node(*node))
+            self.kubelet = Kubelet(api, kubeconfig, self.workdir, self.scenario.sim)
+            kubelet_task = asyncio.create_task(self.kubelet.run(stop))
+            ticker = asyncio.create_task(self._tick(stop))
+            try:
+                self.operator = self._start_operator(kubeconfig)
+                await api.create(self.scenario.deployment())
+                await self._run_scenario(result)
+            finally:
+                stop.set()
+                self.stage = "cleaning up"
+                await self._stop_operator()
+                await kubelet_task
+                await self.kubelet.shutdown()
+                ticker.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await ticker
+                result.processes_left = self.kubelet.running_processes() + (
+                    1 if self.operator and self.operator.poll() is None else 0)
+                result.profiles = self.profiles()
+                result.status = self.status()
+                result.events = self.events()
+        result.wall_s = time.monotonic() - self.started
+        return result
+
+    async def _run_scenario(self, result: DemoResult) -> None:
+        initial_pools = sorted({pool for _, _, pool in self.scenario.nodes})
+        self.stage = "profiling"
+        await self._wait(lambda: all(self._decided(p) for p in initial_pools), 600,
+                         "every initial pool profiled and decided")
+        self.stage = "starting serving pods"
+        await self._wait(lambda: {p for p, _ in self.endpoints()} >= set(initial_pools), 300,
+                         "a ready serving pod in every initial pool")
+        model = self.scenario.deployment()["spec"]["model"]["servedName"]
+        async with LoadDriver(self.endpoints, model, self.scenario.output_len) as driver:
+            self.driver = driver
+            trace_start = time.monotonic()
+            sampler = asyncio.create_task(self._sample_timeline(result, trace_start))
+            try:
+                for phase in self.scenario.phases:
+                    self.phase = phase
+                    self.stage = f"load: {phase.name}"
+                    await driver.set_concurrency(phase.concurrency)
+                    before = await self._counters()
+                    started = time.monotonic()
+                    await asyncio.sleep(phase.duration_s)
+                    after = await self._counters()
+                    result.phases.append(self._phase_result(phase, started, time.monotonic(), before, after))
+                node_name, product, pool = self.scenario.joining_node
+                result.joined_pool = pool
+                self.stage = f"new GPU type joins: {product}"
+                self.phase = self.scenario.phases[0]
+                await driver.set_concurrency(self.scenario.phases[0].concurrency)
+                await self.api.create(_node(node_name, product, pool))
+                with contextlib.suppress(DemoError):
+                    await self._wait(lambda: self._decided(pool), self.scenario.after_join_timeout_s,
+                                     f"pool {pool} profiled")
+                result.joined_pool_profiled = self._decided(pool)
+            finally:
+                sampler.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await sampler
+                result.errors = driver.errors
+                self.driver = None
+                self.phase = None
+
+    def _decided(self, pool: str) -> bool:
+        for p in self.status().get("pools") or []:
+            if p["name"] == pool:
+                decision = p.get("decision") or {}
+                return decision.get("source") in ("profile", "live-acceptance") and \
+                    p["profiles"]["ready"] + p["profiles"].get("failed", 0) >= p["profiles"]["total"] > 0
+        return False
+
+    async def _wait(self, predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not predicate():
+            if self.operator is not None and self.operator.poll() is not None:
+                raise DemoError(f"the operator exited ({self.operator.returncode}) while waiting for {what}; "
+                                f"see {self.workdir / 'operator.log'}")
+            if time.monotonic() > deadline:
+                raise DemoError(f"timed out after {timeout_s:.0f} s waiting for {what}; logs in {self.workdir}")
+            await asyncio.sleep(0.25)
+
+    async def _tick(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            if self.on_tick:
+                self.on_tick(self)
+            await asyncio.sleep(0.5)
+
+    async def _sample_timeline(self, result: DemoResult, trace_start: float) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            if self.driver is None:
+                continue
+            per_pool = {}
+            for pool in {s.pool for s in self.driver.recent(5)}:
+                recent = self.driver.recent(5, pool)
+                per_pool[pool] = statistics.median(s.ms_per_token for s in recent)
+            result.timeline.append((time.monotonic() - trace_start, self.driver.concurrency, per_pool))
+
+    async def _counters(self) -> dict[str, tuple[str, float, float]]:
+        """URL -> (pool, drafts, generated tokens) from each ready pod's /metrics."""
+        out = {}
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3)) as session:
+            for pool, url in self.endpoints():
+                try:
+                    async with session.get(f"{url}/metrics") as response:
+                        text = await response.text()
+                except (aiohttp.ClientError, asyncio.TimeoutError):
+                    continue
+                drafts = generated = 0.0
+                for family in text_string_to_metric_families(text):
+                    for sample in family.samples:
+                        if sample.name == "vllm:spec_decode_num_drafts_total":
+                            drafts += sample.value
+                        elif sample.name == "vllm:generation_tokens_total":
+                            generated += sample.value
+                out[url] = (pool, drafts, generated)
+        return out
+
+    def _phase_result(self, phase: Phase, started: float, ended: float, before: dict, after: dict) -> PhaseResult:
+        result = PhaseResult(phase, started - self.started, ended - self.started)
+        samples = [s for s in self.driver.samples if started <= s.finished_at <= ended]
+        pools = sorted({pool for pool, _, _ in after.values()} | {s.pool for s in samples})
+        for pool in pools:
+            mine = [s for s in samples if s.pool == pool]
+            urls = [u for u, (p, _, _) in after.items() if p == pool]
+            drafts = generated = 0.0
+            for url in urls:
+                if url in before and after[url][2] >= before[url][2]:
+                    drafts += after[url][1] - before[url][1]
+                    generated += after[url][2] - before[url][2]
+            duration = max(ended - started, 1e-9)
+            tokens = sum(s.tokens for s in mine)
+            result.pools[pool] = PoolPhase(
+                pool=pool, requests=len(mine),
+                ms_per_token_p50=statistics.median(s.ms_per_token for s in mine) if mine else None,
+                tokens_per_second=tokens / duration,
+                # Little's law: requests in flight = throughput x latency.
+                concurrency_per_replica=(sum(s.latency_s for s in mine) / duration) / max(1, len(urls)),
+                replicas=len(urls),
+                drafts_per_generated_token=drafts / generated if generated else None,
+            )
+        return result
+
+    # ----- the operator process -----
+
+    def _start_operator(self, kubeconfig: Path) -> subprocess.Popen:
+        config = self.workdir / "operator-config.yaml"
+        config.write_text(yaml.safe_dump({"reconcileIntervalSeconds": self.scenario.reconcile_interval_s,
+                                          "benchmarkImage": "specpilot-bench:sandbox"}))
+        log = (self.workdir / "operator.log").open("ab")
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env.pop("KUBERNETES_SERVICE_HOST", None)
+        return subprocess.Popen(
+            [sys.executable, "-m", "specpilot", "run", "--kubeconfig", str(kubeconfig), "--namespace", NAMESPACE,
+             "--standalone", "--liveness-port", "0", "--metrics-port", "0", "--config", str(config)],
+            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+    async def _stop_operator(self) -> None:
+        if self.operator is None or self.operator.poll() is not None:
+            return
+        os.killpg(self.operator.pid, signal.SIGTERM)
+        for _ in range(100):
+            if self.operator.poll() is not None:
+                return
+            await asyncio.sleep(0.1)
+        os.killpg(self.operator.pid, signal.SIGKILL)
+        self.operator.wait()
+
+
+def _node(name: str, product: str, pool: str) -> dict:
+    return {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": {"nvidia.com/gpu.product": product, "nvidia.com/gpu.count": "8",
+                                                  "specpilot.io/demo-pool": pool}},
+            "status": {"capacity": {"nvidia.com/gpu": "8"}, "allocatable": {"nvidia.com/gpu": "8"},
+                       "conditions": [{"type": "Ready", "status": "True"}]}}

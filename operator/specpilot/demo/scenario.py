@@ -1,0 +1,88 @@
+"""What the demo plays: the cluster's GPU nodes, the SpeculativeDeployment, and the load trace."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..sandbox.kubelet import SimSettings
+
+NAMESPACE = "demo"
+NAME = "llama-8b"
+
+
+@dataclass(frozen=True)
+class Phase:
+    """Hold `concurrency` requests in flight (over the whole Service) for `duration_s` wall seconds."""
+
+    name: str
+    concurrency: int
+    duration_s: float
+
+
+@dataclass
+class DemoScenario:
+    nodes: list[tuple[str, str, str]]
+    """(node name, nvidia.com/gpu.product, pool label) present from the start."""
+    joining_node: tuple[str, str, str]
+    """The node of a new GPU type that joins after the load trace."""
+    levels: list[int]
+    requests_per_level: int
+    output_len: int
+    phases: list[Phase]
+    after_join_timeout_s: float
+    sim: SimSettings = field(default_factory=SimSettings)
+    reconcile_interval_s: float = 1.0
+
+    def deployment(self) -> dict:
+        pools = sorted({pool for _, _, pool in [*self.nodes, self.joining_node]})
+        return {
+            "apiVersion": "specpilot.io/v1alpha1",
+            "kind": "SpeculativeDeployment",
+            "metadata": {"name": NAME, "namespace": NAMESPACE},
+            "spec": {
+                "model": {"id": "meta-llama/Llama-3.1-8B-Instruct", "servedName": "llama-8b"},
+                "methods": [
+                    {"method": "ngram", "numSpeculativeTokens": 4, "promptLookupMax": 4},
+                    {"method": "draft_model", "model": "meta-llama/Llama-3.2-1B-Instruct", "numSpeculativeTokens": 4},
+                ],
+                "gpuPools": [{"name": pool, "nodeSelector": {"specpilot.io/demo-pool": pool}} for pool in pools],
+                "profiling": {
+                    "workload": {"name": "sharegpt", "outputLen": self.output_len},
+                    "concurrencyLevels": self.levels,
+                    "requestsPerLevel": self.requests_per_level,
+                    "maxParallelJobsPerPool": 3,
+                    "backoffLimit": 1,
+                },
+                "policy": {"objective": "cost", "minGainPercent": 5},
+                "serving": {"minReplicas": 1, "maxReplicas": 3, "autoscaling": "external"},
+                "metrics": {"source": "pods", "intervalSeconds": 5, "windowSeconds": 30},
+            },
+        }
+
+
+def default_scenario() -> DemoScenario:
+    return DemoScenario(
+        nodes=[("a100-node-1", "NVIDIA-A100-SXM4-80GB", "a100"), ("h100-node-1", "NVIDIA-H100-80GB-HBM3", "h100")],
+        joining_node=("h200-node-1", "NVIDIA-H200", "h200"),
+        levels=[1, 2, 4, 8, 16, 32, 64, 128],
+        requests_per_level=8,
+        output_len=64,
+        phases=[Phase("quiet", 8, 15), Phase("busy", 60, 15), Phase("peak", 240, 20), Phase("busy", 60, 10),
+                Phase("quiet", 8, 15)],
+        after_join_timeout_s=40,
+        sim=SimSettings(time_scale=20, startup_delay_s=60),
+    )
+
+
+def fast_scenario() -> DemoScenario:
+    return DemoScenario(
+        nodes=[("a100-node-1", "NVIDIA-A100-SXM4-80GB", "a100"), ("h100-node-1", "NVIDIA-H100-80GB-HBM3", "h100")],
+        joining_node=("h200-node-1", "NVIDIA-H200", "h200"),
+        levels=[1, 8, 32, 128],
+        requests_per_level=4,
+        output_len=32,
+        phases=[Phase("quiet", 8, 4), Phase("peak", 240, 6), Phase("quiet", 8, 4)],
+        after_join_timeout_s=15,
+        sim=SimSettings(time_scale=50, startup_delay_s=60),
+        reconcile_interval_s=0.5,
+    )

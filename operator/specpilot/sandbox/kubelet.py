@@ -1,0 +1,305 @@
+"""The sandbox's kubelet and workload controllers: run what the operator creates as local processes.
+
+For every benchmark Job it runs the Job's own `specpilot-bench` command line as a process, launching the
+simulated engine (`specpilot.sandbox.engine`) of the GPU type the Job's node selector lands on, and
+reports the outcome in the Job's status with the Job controller's retry-and-give-up behaviour. For every
+serving Deployment it runs one simulated engine per replica with the pod's own engine arguments, each on
+its own loopback address (its "pod IP"), publishes Pod objects the operator scrapes, rolls pods on a
+template change with maxUnavailable 0 (a new pod ready before an old one stops), and keeps the
+Deployment's status as the Deployment controller would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+
+from ..perf.catalog import DEFAULT_CATALOG, UnknownGpuError
+from .apiserver import SandboxApiServer
+
+log = logging.getLogger("specpilot.sandbox.kubelet")
+
+ENGINE_MODULE = "specpilot.sandbox.engine"
+ENGINE_CONFIG_ANNOTATION = "specpilot.io/engine-config"
+
+
+@dataclass
+class SimSettings:
+    """How the simulated GPUs behave."""
+
+    time_scale: float = 20.0
+    """Simulated seconds per wall second."""
+    startup_delay_s: float = 30.0
+    """Simulated model-load time of an engine."""
+    workload: str = "sharegpt"
+    """Acceptance priors of the simulated engines."""
+
+
+@dataclass
+class PodProcess:
+    name: str
+    ip: str
+    port: int
+    template: str
+    process: subprocess.Popen
+    ready: bool = False
+    stopping: bool = False
+
+
+@dataclass
+class JobRun:
+    name: str
+    process: subprocess.Popen | None
+    failures: int = 0
+    retry_at: float = 0.0
+    done: bool = False
+
+
+@dataclass
+class Kubelet:
+    api: SandboxApiServer
+    kubeconfig: Path
+    workdir: Path
+    sim: SimSettings = field(default_factory=SimSettings)
+    pods: dict[str, list[PodProcess]] = field(default_factory=dict)
+    jobs: dict[str, JobRun] = field(default_factory=dict)
+    _ips: itertools.count = field(default_factory=lambda: itertools.count(2))
+
+    def _next_ip(self) -> str:
+        n = next(self._ips)
+        return f"127.0.{n // 250 + 10}.{n % 250 + 2}"
+
+    def _sku_for(self, node_selector: dict[str, str]) -> str:
+        for node in self.api.objects("nodes"):
+            labels = node["metadata"].get("labels") or {}
+            if all(labels.get(k) == v for k, v in node_selector.items()):
+                product = labels.get("nvidia.com/gpu.product") or labels.get("amd.com/gpu.product-name") or ""
+                try:
+                    return DEFAULT_CATALOG.resolve(product).sku
+                except UnknownGpuError:
+                    return product
+        return "H100-SXM"
+
+    def _sim_args(self, sku: str) -> list[str]:
+        return [f"--sku={sku}", f"--time-scale={self.sim.time_scale:g}",
+                f"--startup-delay-s={self.sim.startup_delay_s:g}", f"--workload={self.sim.workload}"]
+
+    def _spawn(self, command: list[str], log_name: str) -> subprocess.Popen:
+        log_file = (self.workdir / log_name).open("ab")
+        # The bench's own load generator: importing vLLM's costs seconds and a GiB per Job, for nothing here.
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "SPECPILOT_BENCH_DISABLE_VLLM": "1"}
+        env.pop("KUBERNETES_SERVICE_HOST", None)
+        return subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, env=env,
+                                cwd=self.workdir, start_new_session=True)
+
+    async def run(self, stop: asyncio.Event, interval_s: float = 0.3) -> None:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as session:
+            while not stop.is_set():
+                await self._sync_jobs()
+                await self._sync_deployments(session)
+                await asyncio.sleep(interval_s)
+
+    # ----- Jobs -----
+
+    def _bench_command(self, job: dict) -> list[str]:
+        pod = job["spec"]["template"]["spec"]
+        bench = pod["containers"][0]
+        sku = self._sku_for(pod.get("nodeSelector") or {})
+        engine_args = [f"--engine-arg={a}" for a in self._sim_args(sku)]
+        return [sys.executable, "-m", "specpilot_bench", *bench.get("args", []),
+                "--kubeconfig", str(self.kubeconfig), "--engine-module", ENGINE_MODULE, "--no-calibration",
+                "--log-dir", str(self.workdir / "bench-logs"), *engine_args]
+
+    async def _sync_jobs(self) -> None:
+        loop = asyncio.get_running_loop()
+        live = {j["metadata"]["name"]: j for j in self.api.objects("jobs")}
+        for name, run in list(self.jobs.items()):
+            if name not in live:
+                _stop(run.process)
+                del self.jobs[name]
+        for name, job in live.items():
+            run = self.jobs.get(name)
+            if run is None and not (job.get("status") or {}).get("conditions"):
+                run = self.jobs[name] = JobRun(name, self._spawn(self._bench_command(job), f"job-{name}.log"))
+                await self._patch_job(job, {"active": 1, "startTime": _now()})
+                continue
+            if run is None or run.done:
+                continue
+            if run.process is None:
+                if loop.time() >= run.retry_at:
+                    run.process = self._spawn(self._bench_command(job), f"job-{name}.log")
+                continue
+            code = run.process.poll()
+            if code is None:
+                continue
+            run.process = None
+            if code == 0:
+                run.done = True
+                await self._patch_job(job, {"active": 0, "succeeded": 1, "completionTime": _now(), "conditions": [
+                    {"type": "Complete", "status": "True", "reason": "Completed"}]})
+                continue
+            run.failures += 1
+            limit = int(job["spec"].get("backoffLimit", 6))
+            if run.failures > limit:
+                run.done = True
+                await self._patch_job(job, {"active": 0, "failed": run.failures, "conditions": [
+                    {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded",
+                     "message": "Job has reached the specified backoff limit"}]})
+            else:
+                # The Job controller's back-off (10 s, doubling), in simulated time.
+                run.retry_at = loop.time() + 10 * 2 ** (run.failures - 1) / self.sim.time_scale
+                await self._patch_job(job, {"active": 0, "failed": run.failures})
+
+    async def _patch_job(self, job: dict, status: dict) -> None:
+        with contextlib.suppress(RuntimeError):
+            await self.api.patch("jobs", job["metadata"].get("namespace"), job["metadata"]["name"],
+                                 {"status": status}, subresource="status")
+
+    # ----- Deployments -----
+
+    def _engine_command(self, deployment: dict, ip: str) -> tuple[list[str], int]:
+        pod = deployment["spec"]["template"]["spec"]
+        engine = pod["containers"][0]
+        args = list(engine.get("args", []))
+        port = int(_flag(args, "--port") or 8000)
+        sku = self._sku_for(pod.get("nodeSelector") or {})
+        return [sys.executable, "-m", ENGINE_MODULE, *args, "--host", ip, *self._sim_args(sku)], port
+
+    async def _sync_deployments(self, session: aiohttp.ClientSession) -> None:
+        live = {(d["metadata"]["namespace"], d["metadata"]["name"]): d for d in self.api.objects("deployments")}
+        for key in list(self.pods):
+            if key not in live:
+                for pod in self.pods.pop(key):
+                    await self._delete_pod(key[0], pod)
+        for key, deployment in live.items():
+            await self._sync_deployment(session, key, deployment)
+
+    async def _sync_deployment(self, session: aiohttp.ClientSession, key: tuple[str, str], deployment: dict) -> None:
+        namespace, name = key
+        pods = self.pods.setdefault(key, [])
+        template = deployment["spec"]["template"]
+        revision = (template["metadata"].get("annotations") or {}).get(ENGINE_CONFIG_ANNOTATION) or \
+            str(hash(str(template)))
+        replicas = int(deployment["spec"].get("replicas", 1) or 0)
+
+        for pod in pods:
+            if not pod.ready and pod.process.poll() is None:
+                pod.ready = await _healthy(session, f"http://{pod.ip}:{pod.port}/health")
+                if pod.ready:
+                    await self._publish_pod(namespace, deployment, pod)
+        for pod in [p for p in pods if p.process.poll() is not None and not p.stopping]:
+            log.warning("pod %s exited with %s; restarting it", pod.name, pod.process.returncode)
+            pods.remove(pod)
+            await self._delete_pod(namespace, pod)
+
+        current = [p for p in pods if p.template == revision]
+        old = [p for p in pods if p.template != revision]
+        # maxSurge 1: new pods up to replicas, one beyond while old pods remain.
+        budget = replicas + (1 if old else 0) - len(pods)
+        for _ in range(max(0, min(replicas - len(current), budget))):
+            ip = self._next_ip()
+            command, port = self._engine_command(deployment, ip)
+            pod_name = f"{name}-{revision[:6]}-{ip.rsplit('.', 2)[-2]}{ip.rsplit('.', 1)[-1]}"
+            pods.append(PodProcess(pod_name, ip, port, revision, self._spawn(command, f"pod-{pod_name}.log")))
+        # maxUnavailable 0: an old pod stops only while ready pods beyond it still cover the replicas.
+        ready_old = [p for p in old if p.ready]
+        doomed = [p for p in old if not p.ready]
+        doomed += ready_old[:max(0, len(ready_old) + sum(p.ready for p in current) - replicas)]
+        doomed += sorted(current, key=lambda p: p.ready)[:max(0, len(current) - replicas)]
+        for pod in doomed:
+            pods.remove(pod)
+            await self._delete_pod(namespace, pod)
+
+        ready = sum(1 for p in pods if p.ready)
+        updated = sum(1 for p in pods if p.template == revision)
+        status = {"observedGeneration": deployment["metadata"].get("generation", 1), "replicas": len(pods),
+                  "updatedReplicas": updated, "readyReplicas": ready, "availableReplicas": ready,
+                  "unavailableReplicas": max(0, replicas - ready)}
+        if {k: (deployment.get("status") or {}).get(k) for k in status} != status:
+            with contextlib.suppress(RuntimeError):
+                await self.api.patch("deployments", namespace, name, {"status": status}, subresource="status")
+
+    async def _publish_pod(self, namespace: str, deployment: dict, pod: PodProcess) -> None:
+        labels = dict(deployment["spec"]["template"]["metadata"].get("labels") or {})
+        with contextlib.suppress(RuntimeError):
+            await self.api.create({"apiVersion": "v1", "kind": "Pod",
+                                   "metadata": {"name": pod.name, "namespace": namespace, "labels": labels},
+                                   "spec": {"containers": [{"name": "engine", "image": "simulated"}]},
+                                   "status": {"phase": "Running", "podIP": pod.ip}})
+
+    async def _delete_pod(self, namespace: str, pod: PodProcess) -> None:
+        pod.stopping = True
+        _stop(pod.process)
+        with contextlib.suppress(RuntimeError):
+            await self.api.delete("pods", namespace, pod.name)
+
+    def serving_endpoints(self, namespace: str, deployment: str) -> list[str]:
+        """Base URLs of the ready pods of a Deployment (what its Service would route to)."""
+        return [f"http://{p.ip}:{p.port}" for p in self.pods.get((namespace, deployment), []) if p.ready]
+
+    async def shutdown(self) -> None:
+        for run in self.jobs.values():
+            _stop(run.process)
+        for pods in self.pods.values():
+            for pod in pods:
+                _stop(pod.process)
+        for run in self.jobs.values():
+            _wait(run.process)
+        for pods in self.pods.values():
+            for pod in pods:
+                _wait(pod.process)
+
+    def running_processes(self) -> int:
+        alive = [r.process for r in self.jobs.values() if r.process is not None and r.process.poll() is None]
+        alive += [p.process for ps in self.pods.values() for p in ps if p.process.poll() is None]
+        return len(alive)
+
+
+def _flag(args: list[str], flag: str) -> str | None:
+    for i, arg in enumerate(args):
+        if arg == flag and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith(flag + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def _now() -> str:
+    from datetime import UTC, datetime
+
+    return datetime.now(tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+async def _healthy(session: aiohttp.ClientSession, url: str) -> bool:
+    try:
+        async with session.get(url) as response:
+            return response.status == 200
+    except (aiohttp.ClientError, asyncio.TimeoutError):
+        return False
+
+
+def _stop(process: subprocess.Popen | None) -> None:
+    if process is not None and process.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
+
+
+def _wait(process: subprocess.Popen | None, timeout_s: float = 10) -> None:
+    if process is None:
+        return
+    try:
+        process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
