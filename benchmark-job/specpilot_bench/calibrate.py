@@ -3,16 +3,22 @@
 On a GPU (CUDA or ROCm) it measures device-to-device copies and dense BF16 matmuls, the two ceilings
 the twin's roofline needs; without one it measures the CPU the same way and labels the result `cpu`,
 so a CPU figure is never mistaken for a GPU's. Sizes are small enough to run beside a loaded engine.
+Where torch is not installed (`specpilot demo` against the simulated engine) nothing is measured, and
+the result says so: backend `not-measured`, no device counted, no figures.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import platform
 import time
 
 from specpilot.api.profile import Hardware
+
+NOT_MEASURED = "not-measured"
+"""`Hardware.backend` when torch is absent and nothing was measured."""
 
 
 def _cpu_sync() -> None:
@@ -41,7 +47,9 @@ def _timed(fn, sync, repeats: int) -> float:
 
 
 def calibrate_hardware(copy_mib: int | None = None, matmul_n: int | None = None, repeats: int = 5) -> Hardware:
-    """Measure the first accelerator torch sees, or the CPU when there is none."""
+    """Measure the first accelerator torch sees, or the CPU when there is none; without torch, nothing."""
+    if importlib.util.find_spec("torch") is None:
+        return Hardware(backend=NOT_MEASURED, device_count=0)
     import torch
 
     if torch.cuda.is_available():

