@@ -79,6 +79,8 @@ class Context:
     prometheus_sources: dict[tuple[str, int, int], PrometheusSource] = field(default_factory=dict)
     last_observed_at: dict[str, float] = field(default_factory=dict)
     replica_states: dict[str, ReplicaState] = field(default_factory=dict)
+    counted_jobs: set[str] = field(default_factory=set)
+    """Uids of benchmark Jobs already counted as succeeded in the metrics."""
 
     def lock(self, uid: str) -> asyncio.Lock:
         return self.locks.setdefault(uid, asyncio.Lock())
@@ -305,9 +307,11 @@ async def _reconcile_profiles(ctx: Context, spec: SpeculativeDeploymentSpec, nam
                                              {"status": {"attempts": failures, "reason": "Retrying",
                                                          "message": f"attempt {failures + 1} after a failure"}},
                                              subresource="status")
-        elif phase == "Succeeded" and (profile.get("status") or {}).get("phase") == "Succeeded":
-            job = jobs.get(f"{namespace}/{names.bench_job_name(need.name)}")
-            if job is not None and not (job.get("metadata") or {}).get("annotations", {}).get("specpilot.io/counted"):
+        elif phase == "Succeeded":
+            job = _current_job(jobs.get(f"{namespace}/{names.bench_job_name(need.name)}"), profile)
+            uid = (job or {}).get("metadata", {}).get("uid")
+            if uid and uid not in ctx.counted_jobs:
+                ctx.counted_jobs.add(uid)
                 ctx.metrics.profiling_jobs.labels(namespace, "succeeded").inc()
         states[need.name] = phase
 

@@ -9,6 +9,12 @@ from ..sandbox.kubelet import SimSettings
 NAMESPACE = "demo"
 NAME = "llama-8b"
 
+METHODS = {
+    "ngram": {"method": "ngram", "numSpeculativeTokens": 4, "promptLookupMax": 4},
+    "draft_model": {"method": "draft_model", "model": "meta-llama/Llama-3.2-1B-Instruct", "numSpeculativeTokens": 4},
+    "eagle3": {"method": "eagle3", "model": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B", "numSpeculativeTokens": 4},
+}
+
 
 @dataclass(frozen=True)
 class Phase:
@@ -26,11 +32,14 @@ class DemoScenario:
     joining_node: tuple[str, str, str]
     """The node of a new GPU type that joins after the load trace."""
     levels: list[int]
+    """Profiled concurrency levels."""
     requests_per_level: int
     output_len: int
     phases: list[Phase]
     after_join_timeout_s: float
     sim: SimSettings = field(default_factory=SimSettings)
+    methods: list[str] = field(default_factory=lambda: ["ngram", "draft_model"])
+    """Candidate methods (from METHODS)."""
     reconcile_interval_s: float = 1.0
 
     def deployment(self) -> dict:
@@ -41,10 +50,7 @@ class DemoScenario:
             "metadata": {"name": NAME, "namespace": NAMESPACE},
             "spec": {
                 "model": {"id": "meta-llama/Llama-3.1-8B-Instruct", "servedName": "llama-8b"},
-                "methods": [
-                    {"method": "ngram", "numSpeculativeTokens": 4, "promptLookupMax": 4},
-                    {"method": "draft_model", "model": "meta-llama/Llama-3.2-1B-Instruct", "numSpeculativeTokens": 4},
-                ],
+                "methods": [METHODS[m] for m in self.methods],
                 "gpuPools": [{"name": pool, "nodeSelector": {"specpilot.io/demo-pool": pool}} for pool in pools],
                 "profiling": {
                     "workload": {"name": "sharegpt", "outputLen": self.output_len},
@@ -69,8 +75,8 @@ def default_scenario() -> DemoScenario:
         output_len=64,
         phases=[Phase("quiet", 8, 15), Phase("busy", 60, 15), Phase("peak", 240, 20), Phase("busy", 60, 10),
                 Phase("quiet", 8, 15)],
-        after_join_timeout_s=40,
-        sim=SimSettings(time_scale=20, startup_delay_s=60),
+        after_join_timeout_s=90,
+        sim=SimSettings(time_scale=10, startup_delay_s=20),
     )
 
 
@@ -78,11 +84,12 @@ def fast_scenario() -> DemoScenario:
     return DemoScenario(
         nodes=[("a100-node-1", "NVIDIA-A100-SXM4-80GB", "a100"), ("h100-node-1", "NVIDIA-H100-80GB-HBM3", "h100")],
         joining_node=("h200-node-1", "NVIDIA-H200", "h200"),
+        methods=["ngram"],
         levels=[1, 8, 32, 128],
         requests_per_level=4,
         output_len=32,
-        phases=[Phase("quiet", 8, 4), Phase("peak", 240, 6), Phase("quiet", 8, 4)],
-        after_join_timeout_s=15,
-        sim=SimSettings(time_scale=50, startup_delay_s=60),
+        phases=[Phase("quiet", 8, 5), Phase("peak", 240, 6), Phase("quiet", 8, 5)],
+        after_join_timeout_s=60,
+        sim=SimSettings(time_scale=10, startup_delay_s=10),
         reconcile_interval_s=0.5,
     )

@@ -1,0 +1,78 @@
+"""The demo's scenario, headless, end to end: the real operator against the sandbox with simulated GPUs.
+
+Asserts the outcome a platform team would check: every pool profiled for every method, speculation off
+above a pool's crossover and on below it, the GPU type that joins later profiled too, nothing left running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from specpilot.api.schedule import ScheduleRange, k_at
+from specpilot.demo.report import summary_rows, write_reports
+from specpilot.demo.run import Demo
+from specpilot.demo.scenario import fast_scenario
+
+pytestmark = pytest.mark.demo
+
+
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory):
+    scenario = fast_scenario()
+    workdir = tmp_path_factory.mktemp("demo")
+    result = asyncio.run(Demo(scenario, workdir).run())
+    return scenario, result, workdir
+
+
+def test_every_pool_is_profiled_for_every_method(demo_run):
+    scenario, result, workdir = demo_run
+    pools = {pool for _, _, pool in [*scenario.nodes, scenario.joining_node]}
+    measured = {(p["spec"]["sku"], (p["spec"].get("method") or {}).get("method", "baseline"))
+                for p in result.profiles if (p.get("status") or {}).get("phase") == "Succeeded"}
+    skus = {p["sku"] for p in result.status["pools"] if p.get("sku")}
+    assert len(skus) == len(pools), f"every pool has a GPU type (logs: {workdir})"
+    assert measured == {(sku, method) for sku in skus for method in ["baseline", *scenario.methods]}
+
+
+def test_the_joining_gpu_type_is_profiled_and_decided(demo_run):
+    _, result, workdir = demo_run
+    assert result.joined_pool_profiled, f"logs: {workdir}"
+    pool = next(p for p in result.status["pools"] if p["name"] == result.joined_pool)
+    assert pool["decision"]["source"] in ("profile", "live-acceptance")
+
+
+def test_speculation_follows_the_schedule_at_each_load(demo_run):
+    """Where the schedule says K=0 at a phase's load the engines proposed no drafts, and where it says K>0
+    they did: speculation off above the crossover, on below it."""
+    _, result, workdir = demo_run
+    decisions = {p["name"]: p.get("decision") or {} for p in result.status["pools"]}
+    checked_on = checked_off = 0
+    for phase in result.phases:
+        for pool, seen in phase.pools.items():
+            decision = decisions.get(pool) or {}
+            schedule = [ScheduleRange.model_validate(r) for r in decision.get("schedule") or []]
+            if not schedule or seen.drafts_per_generated_token is None or seen.concurrency_per_replica <= 0:
+                continue
+            k = k_at(schedule, max(1, round(seen.concurrency_per_replica)))
+            # Stay clear of the boundary: concurrency is measured, the schedule switches at one batch size.
+            near = any(abs(seen.concurrency_per_replica - r.to_batch_size) < 0.25 * r.to_batch_size
+                       for r in schedule[:-1])
+            if near:
+                continue
+            if k == 0:
+                assert seen.drafts_per_generated_token < 0.02, (phase.phase.name, pool, workdir)
+                checked_off += 1
+            else:
+                assert seen.drafts_per_generated_token > 0.05, (phase.phase.name, pool, workdir)
+                checked_on += 1
+    assert checked_on >= 2, f"speculation observed on in at least two pool-phases (logs: {workdir})"
+    assert checked_off >= 1, f"speculation observed off above a crossover (logs: {workdir})"
+
+
+def test_nothing_is_left_running_and_reports_are_written(demo_run, tmp_path):
+    scenario, result, _ = demo_run
+    assert result.processes_left == 0
+    written = write_reports(result, scenario, summary_rows(result, scenario), tmp_path)
+    assert {p.name for p in written} >= {"demo.json", "demo.md", "demo-timeline.png", "demo-cost.png"}
