@@ -40,7 +40,8 @@ def test_min_gain_keeps_speculation_off_where_it_barely_helps(h100_eagle3):
     surface = build_surface(baseline.status.run(0), method.status.runs)
     loose = plan_schedule(surface, min_gain_percent=0)
     strict = plan_schedule(surface, min_gain_percent=20)
-    assert strict.crossover_concurrency < loose.crossover_concurrency
+    # without a margin k=1 may still tie no speculation at 256 (no crossover): count that as 257
+    assert strict.crossover_concurrency < (loose.crossover_concurrency or 257)
     for c in range(1, 257):
         k = strict.k_at(c)
         if k:

@@ -1,4 +1,5 @@
-"""The goodput surface: E_k from counters, step times from throughput, interpolation and live acceptance."""
+"""The goodput surface: E_k from counters, step times from throughput, the roofline fit or interpolation,
+and live acceptance."""
 
 from __future__ import annotations
 
@@ -20,13 +21,15 @@ def _run(k: int, throughput: dict[int, float], **counters) -> Run:
                    **counters) for c, t in throughput.items()])
 
 
+# three levels per run: too few for the roofline fit (it needs four), so step times are interpolated
 BASE = _run(0, {1: 100.0, 8: 700.0, 64: 3200.0})
 K1 = _run(1, {1: 150.0, 8: 1000.0, 64: 3300.0}, num_drafts=1000, accepted_per_position=[800])
 K3 = _run(3, {1: 200.0, 8: 1200.0, 64: 3000.0}, num_drafts=1000, accepted_per_position=[800, 600, 400])
 
 
-def test_tokens_per_step_from_counters_and_step_times_reproduce_measured_throughput():
+def test_tokens_per_step_from_counters_and_interpolated_steps_reproduce_measured_throughput():
     surface = build_surface(BASE, [K1, K3])
+    assert surface.fit is None and any("interpolated" in note for note in surface.notes)
     assert surface.tokens_per_step == pytest.approx((1.0, 1.8, 2.4, 2.8))
     for c, t in {1: 100.0, 8: 700.0, 64: 3200.0}.items():
         assert surface.goodput(0, c) == pytest.approx(t)
@@ -40,6 +43,7 @@ def test_middle_k_interpolates_step_time_between_k1_and_kmax_not_from_k0():
     s1, s3 = surface.step_s(1, 8), surface.step_s(3, 8)
     assert surface.step_s(2, 8) == pytest.approx((s1 + s3) / 2)
     assert surface.goodput(2, 8) == pytest.approx(8 * 2.4 / ((s1 + s3) / 2))
+    assert surface.step_s(0, 8) == pytest.approx(8 / 700.0)
 
 
 def test_between_levels_and_beyond_the_last_level():
@@ -69,7 +73,7 @@ def test_acceptance_falls_back_to_the_aggregate_and_is_made_non_increasing():
 def test_live_acceptance_keeps_step_times_and_reports_drift():
     surface = build_surface(BASE, [K1, K3])
     live = with_live_acceptance(surface, [0.4, 0.3, 0.2], 1.0)
-    assert live.step_s(3, 8) == pytest.approx(surface.step_s(3, 8))
+    assert live.decode_step_s(3, 8) == pytest.approx(surface.decode_step_s(3, 8))
     assert live.tokens_per_step[3] == pytest.approx(1.9)
     assert live.goodput(3, 8) < surface.goodput(3, 8)
     assert acceptance_drift(surface, [0.4, 0.3, 0.2], 1.0) == pytest.approx(1.9 / 2.8 - 1)
@@ -88,3 +92,64 @@ def test_without_a_k1_run_only_measured_k_are_offered():
     surface = build_surface(BASE, [K3])
     assert surface.available_k() == (0, 3)
     assert any("k=1" in note for note in surface.notes)
+
+
+def _roofline_runs(prefill_s: float = 0.0, noise: dict[tuple[int, int], float] | None = None) -> list[Run]:
+    """Runs generated from the surface's own model: d_k(b) = a_k + m_k b + w max(0, q_k b / N - 1), 256 output
+    tokens per request, N = 200 verified tokens, f = 1 (q_k = 1 + k), acceptance 0.8, 0.6, 0.4."""
+    fixed = {0: 7e-3, 1: 8e-3, 3: 10e-3}
+    per_sequence = {0: 4e-5, 1: 6e-5, 3: 1e-4}
+    e = {0: 1.0, 1: 1.8, 3: 2.8}
+    runs = []
+    for k in (0, 1, 3):
+        points = []
+        for c in (1, 2, 4, 8, 16, 32, 64, 128):
+            step = fixed[k] + per_sequence[k] * c + 0.9 * fixed[0] * max(0.0, (1 + k) * c / 200 - 1)
+            step *= (noise or {}).get((k, c), 1.0)
+            request_s = 255 / e[k] * step + c * prefill_s  # b / R: decode steps plus the request's prefill share
+            throughput = 256 * c / request_s
+            extra = {}
+            if k:
+                extra = dict(num_drafts=1000, accepted_per_position=[800, 600, 400][:k])
+            points.append(LevelPoint(concurrency=c, output_throughput=throughput, completed=64,
+                                     generation_tokens=64 * 256,
+                                     ttft_ms=LatencyStats(p50=1e3 * (prefill_s + step / 2)),
+                                     itl_ms=LatencyStats(p50=1e3 * step), **extra))
+        runs.append(Run(num_speculative_tokens=k, points=points))
+    return runs
+
+
+def test_roofline_fit_places_the_knee_for_every_k_and_extrapolates_like_a_roofline():
+    base, k1, k3 = _roofline_runs()
+    surface = build_surface(base, [k1, k3])
+    assert surface.fit is not None and surface.fit.rms_relative_residual < 0.01
+    assert float(surface.fit.weights @ surface.fit.knee_tokens) == pytest.approx(200, rel=0.05)
+
+    def truth(k: int, b: float) -> float:
+        fixed = 8e-3 + (k - 1) * 1e-3
+        return fixed + (6e-5 + (k - 1) * 2e-5) * b + 0.9 * 7e-3 * max(0.0, (1 + k) * b / 200 - 1)
+
+    # k=2 was never run: its knee (b = 200/3) lies between the k=1 and k=3 knees, and beyond the last level
+    # (128) the baseline turns compute-bound at b = 200, as no straight line through the data would say
+    for b in (10, 50, 67, 80, 100, 128, 180, 256):
+        assert surface.decode_step_s(2, b) == pytest.approx(truth(2, b), rel=0.02)
+    assert surface.decode_step_s(0, 256) == pytest.approx(7e-3 + 4e-5 * 256 + 0.9 * 7e-3 * 0.28, rel=0.02)
+
+
+def test_prefill_is_taken_out_of_the_steps_so_a_middle_k_is_not_flattered():
+    base, k1, k3 = _roofline_runs(prefill_s=0.02)
+    surface = build_surface(base, [k1, k3])
+    assert surface.prefill_s == pytest.approx(0.02, rel=0.01)
+    for b in (8, 64, 128):
+        decode = 9e-3 + 8e-5 * b + 0.9 * 7e-3 * max(0.0, 3 * b / 200 - 1)
+        expected = 256 * b / (255 / 2.4 * decode + b * 0.02)  # E_2 = 2.4
+        assert surface.goodput(2, b) == pytest.approx(expected, rel=0.02)
+
+
+def test_a_fit_that_misses_the_data_falls_back_to_interpolation():
+    # one level of each run off by a factor of two: no roofline goes through that
+    runs = _roofline_runs(noise={(0, 16): 2.0, (1, 32): 0.5, (3, 8): 2.0})
+    surface = build_surface(runs[0], runs[1:])
+    assert surface.fit is None
+    assert any("misses the measurements" in note for note in surface.notes)
+    assert surface.goodput(0, 16) == pytest.approx(runs[0].points[4].output_throughput)

@@ -54,7 +54,9 @@ def _documents(path: Path) -> list[dict[str, Any]]:
     except OSError as exc:
         raise PlanInputError(f"{path}: cannot read it ({exc.strerror or exc}): pass an existing, readable file")
     try:
-        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+        # libyaml's loader when PyYAML has it: the pure-Python one dominates `plan` on many profiles
+        loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+        docs = [d for d in yaml.load_all(text, Loader=loader) if d is not None]
     except yaml.YAMLError as exc:
         raise PlanInputError(f"{path}: not valid YAML or JSON ({exc}): pass SpeculationProfile files as written "
                              f"by specpilot-bench or `kubectl get sprof -o yaml`")

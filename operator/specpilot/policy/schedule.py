@@ -77,11 +77,10 @@ def _finite(x: float) -> bool:
     return math.isfinite(x) and x > 0
 
 
-def _best_k(surface: MethodSurface, c: int, ks: Sequence[int], slo_ms: float | None,
+def _best_k(goodput: dict[int, float], tpot: dict[int, float], slo_ms: float | None,
             min_gain: float) -> tuple[int, bool]:
-    """Best k at c and whether the SLO is met there."""
-    goodput = {k: surface.goodput(k, c) for k in ks}
-    tpot = {k: surface.tpot_ms(k, c) for k in ks}
+    """Best k at one concurrency (from each k's goodput and TPOT there) and whether the SLO is met."""
+    ks = sorted(goodput)
     valid = [k for k in ks if _finite(goodput[k]) and _finite(tpot[k])]
     if 0 not in valid:
         return 0, slo_ms is None or (_finite(tpot[0]) and tpot[0] <= slo_ms)
@@ -130,25 +129,29 @@ def plan_schedule(surface: MethodSurface, tpot_slo_ms: float | None = None, min_
     available = surface.available_k()
     candidates = sorted(set(available if ks is None else [k for k in ks if k in available]) | {0})
     min_gain = max(0.0, min_gain_percent) / 100.0
+    batch_sizes = range(1, max_batch_size + 1)
+    raw_goodput = {k: [surface.goodput(k, c) for c in batch_sizes] for k in candidates}
+    raw_tpot = {k: [surface.tpot_ms(k, c) for c in batch_sizes] for k in candidates}
     dense: list[int] = []
     unmet: list[int] = []
-    for c in range(1, max_batch_size + 1):
-        k, met = _best_k(surface, c, candidates, tpot_slo_ms, min_gain)
+    for i, c in enumerate(batch_sizes):
+        k, met = _best_k({k: v[i] for k, v in raw_goodput.items()}, {k: v[i] for k, v in raw_tpot.items()},
+                         tpot_slo_ms, min_gain)
         dense.append(k)
         if not met:
             unmet.append(c)
-    goodput_of = {k: [_safe(surface.goodput(k, c)) for c in range(1, max_batch_size + 1)] for k in candidates}
+    goodput_of = {k: [_safe(g) for g in values] for k, values in raw_goodput.items()}
     if tpot_slo_ms is None:
         dense = _smooth(dense, goodput_of, SMOOTHING_TOLERANCE)
     else:
-        dense = _smooth_within_slo(dense, goodput_of, surface, tpot_slo_ms, set(unmet))
+        dense = _smooth_within_slo(dense, goodput_of, raw_tpot, tpot_slo_ms, set(unmet))
     ranges = compress(dense, max_batch_size)
     problems = schedule_problems(ranges, max_k=max(dense) if max(dense) > 0 else None)
     if problems:  # compress() output is valid by construction; this guards the invariant, not the data
         return SchedulePlan(ok=False, reason="internal schedule error: " + "; ".join(problems), surface=surface)
     crossover = _crossover(dense)
     goodput = tuple(goodput_of[k][i] for i, k in enumerate(dense))
-    tpot = tuple(_safe(surface.tpot_ms(k, i + 1)) for i, k in enumerate(dense))
+    tpot = tuple(_safe(raw_tpot[k][i]) for i, k in enumerate(dense))
     reason = _describe(dense, crossover, unmet, tpot_slo_ms)
     return SchedulePlan(ok=True, reason=reason, k_by_batch_size=tuple(dense), ranges=tuple(ranges),
                         crossover_concurrency=crossover, goodput_tok_s=goodput,
@@ -156,10 +159,10 @@ def plan_schedule(surface: MethodSurface, tpot_slo_ms: float | None = None, min_
                         surface=surface)
 
 
-def _smooth_within_slo(dense: list[int], goodput_of: dict[int, list[float]], surface: MethodSurface,
+def _smooth_within_slo(dense: list[int], goodput_of: dict[int, list[float]], tpot_of: dict[int, list[float]],
                        slo_ms: float, unmet: set[int]) -> list[int]:
     """Smoothing that never trades a batch size meeting the SLO for one that breaks it."""
-    masked = {k: [g if (i + 1) in unmet or surface.tpot_ms(k, i + 1) <= slo_ms else 0.0
+    masked = {k: [g if (i + 1) in unmet or tpot_of[k][i] <= slo_ms else 0.0
                   for i, g in enumerate(values)] for k, values in goodput_of.items()}
     return _smooth(dense, masked, SMOOTHING_TOLERANCE)
 

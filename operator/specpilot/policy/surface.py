@@ -1,29 +1,47 @@
 """The goodput surface of one speculative method on one pool: goodput and TPOT for every k and concurrency.
 
-Built from measured runs exactly as docs/decisions.md and the design's model say: the baseline run (K=0)
-gives T0(c), the method's runs at k=1 and at its maximum K give T1(c) and TK(c), and the K run's counters
-give per-position acceptance p_j and the drafts per request-step f. Then
+Built from measured runs as docs/decisions.md and the design's model say: the baseline run (K=0) gives
+T0(c), the method's runs at k=1 and at its maximum K give T1(c) and TK(c), and the K run's counters give
+per-position acceptance p_j and the drafts per request-step f, so E_k = 1 + f * sum_{j<=k} p_j.
 
-    E_k = 1 + f * sum_{j<=k} p_j
-    s_0(c) = c / T0(c),  s_1(c) = c * E_1 / T1(c),  s_K(c) = c * E_K / TK(c)
-    s_k(c) for 1 < k < K: linear in k between s_1 and s_K (between any measured k, when more were run)
+A closed-loop level at batch size b serves one request per b / R seconds (R requests/s); a request takes
+n_k = (out - 1) / E_k decode steps (its first token comes from its prefill) plus its share of prefill:
+
+    b / R_k(b) = n_k * d_k(b) + b * t_prefill
+
+t_prefill (seconds per request, per engine) comes from TTFT - ITL / 2 at the lowest levels; the decode
+step time d_k(b) of each run is what is left. Separating the prefill matters: folded into a "step time"
+it scales with E_k, which is not linear in k, and a middle k would look several percent faster than it is.
+
+Decode step times are fitted jointly across the runs (least squares on relative error) with a roofline:
+
+    d_k(b) = a_k + m_k * b + w * max(0, q_k * b / N - 1),    q_k = 1 + f * k verified tokens per sequence
+
+a_k and m_k are each run's fixed and per-sequence costs (memory-bound weights, overheads, KV reads,
+drafting), linear in k between the measured k >= 1, never drawn from k = 0 (a drafter costs a fixed amount
+per step as soon as it runs). The last term is the compute-bound regime of the target's GEMMs: past
+N verified tokens per step (a property of the GPU: FLOPS / bandwidth) a step grows by w / N per token,
+with w = theta * a_0 the weight-streaming share of the baseline's fixed step cost (theta in 0.5..1). All
+runs share N and w, so the K run, which turns compute-bound first (at q_K * b = N), places the knee for
+every k, and the fit extrapolates beyond the last level the way a roofline does. Given (N, theta) the
+model is linear; every pair on a grid is solved, and the surface averages the candidates' step times
+weighted by their likelihood (Gaussian relative errors with the best fit's variance). With levels a
+factor of two apart the knee is rarely pinned down by the data, and averaging over the knees the data
+allows is steadier than committing to the best one.
+
+The fit is used when it describes the data (RMS relative residual <= FIT_MAX_RMS); otherwise (too few
+levels, or hardware that does not follow the roofline) decode step times are interpolated linearly in c
+between levels, linearly in k between measured k >= 1, and extended beyond the last level along the last
+two levels' line. In both cases the speedup of any k beyond the last measured level is capped at its value
+there. The surface's notes say which was used.
+
+    s_k(c) = c * E_k / G_k(c) = ((out - 1) * d_k(c) + E_k * c * t_prefill) / out    step time per batch
     G_k(c) = c * E_k / s_k(c),  TPOT_k(c) = s_k(c) / E_k
 
-The line in k starts at k=1, never at k=0: a drafter costs a fixed amount per step as soon as it runs.
-
-Between measured concurrency levels step times are interpolated linearly in c: a decode step is affine in
-the batch size within a regime (memory- or compute-bound), so the line is exact there and slightly
-pessimistic across a regime change; interpolating in log c instead bent every step curve upward between
-levels and under-predicted goodput by 2-5% halfway between powers of two on the twin. Below the first
-level the first step time is held. Beyond the last level a step time grows along the straight line through
-the last two levels (decode steps are affine in batch size once compute-bound), and the speedup of any k
-is capped at its value at the last level, so the planner never speculates more eagerly beyond the data
-than at its edge.
-
-Latency: the per-token time above is a mean over the whole request (it includes the share of prefills
-that run inside decode steps). For the TPOT SLO each run's measured TPOT tail (an estimate of p95 from p90
-and p99, else p90, else p50) is divided by that mean at each level, and the ratio scales the model's
-per-token time: the SLO is checked against a measured tail, the choice between k against the model.
+k = 0 on the method's engine uses the baseline's decode steps with the method engine's prefill (a loaded
+draft model still prefills every prompt). For the TPOT SLO each run's measured TPOT tail (an estimate of
+p95 from p90 and p99, else p90, else p50) is divided by that mean at each level, and the ratio scales the
+model's per-token time: the SLO is checked against a measured tail, the choice between k against the model.
 """
 
 from __future__ import annotations
@@ -37,16 +55,35 @@ import numpy as np
 from ..api.profile import LevelPoint, Run
 
 __all__ = [
+    "FIT_MAX_RMS",
+    "BaselineSurface",
     "MethodSurface",
     "NotEnoughDataError",
+    "RooflineFit",
     "RunCurve",
     "acceptance_drift",
-    "BaselineSurface",
     "acceptance_from_run",
     "build_baseline",
     "build_surface",
+    "fit_roofline",
     "with_live_acceptance",
 ]
+
+FIT_MAX_RMS = 0.10
+"""Largest RMS relative residual of the roofline fit for it to be used (5% measurement noise gives ~4%)."""
+_WEIGHT_SHARE = (0.5, 1.0)
+"""Range of theta, the weight-streaming share of the baseline's fixed step cost."""
+_FIT_MIN_LEVELS = 4
+"""Levels each run needs for the fit: two parameters of its own plus a share of the knee, with room to spare."""
+_KNEE_GRID = np.geomspace(2.0, 65536.0, 301)
+"""Candidate knees N (tokens per step), 3.5% apart; the baseline's first level must be memory-bound."""
+_PREFILL_LEVELS = 3
+"""Lowest levels whose TTFT - ITL/2 estimates a request's prefill (higher levels mix others' prefills in)."""
+_DEFAULT_OUTPUT_TOKENS = 256.0
+_TABLE_BATCH_SIZES = 512
+"""Whole concurrencies at which step times and TPOT are tabulated per k (schedules cover 1..max_num_seqs)."""
+_MAX_CANDIDATES = 64
+"""Most likely (knee, theta) candidates kept in the average; the rest carry negligible weight."""
 
 
 class NotEnoughDataError(ValueError):
@@ -91,7 +128,7 @@ class RunCurve:
     tail_ratio: tuple[float, ...]
     """Measured TPOT tail / (c / T(c)) per level (1.0 where the level has no latency figures)."""
     prefill_s: float | None = None
-    """Median over levels without waiting requests of TTFT - ITL / 2: one request's prefill time."""
+    """One request's prefill time: median of TTFT - ITL / 2 over the lowest levels without waiting requests."""
     output_tokens: float | None = None
     """Median output tokens per request (generation tokens / completed requests)."""
 
@@ -99,7 +136,7 @@ class RunCurve:
     def from_run(cls, run: Run) -> RunCurve | None:
         """The valid levels of a run (positive finite throughput), duplicates averaged; None when none are valid."""
         by_level: dict[int, list[tuple[float, float | None]]] = {}
-        prefills: list[float] = []
+        prefills: list[tuple[int, float]] = []
         outputs: list[float] = []
         for point in run.points:
             throughput = point.output_throughput
@@ -112,7 +149,7 @@ class RunCurve:
             tail = _tail_tpot_ms(point)
             ttft, itl = point.ttft_ms.p50, point.itl_ms.p50
             if (point.mean_waiting or 0) < 1 and _finite_positive(ttft) and _finite_positive(itl) and ttft > itl / 2:
-                prefills.append((ttft - itl / 2) / 1e3)
+                prefills.append((point.concurrency, (ttft - itl / 2) / 1e3))
             if point.generation_tokens and point.completed:
                 outputs.append(point.generation_tokens / point.completed)
             ratio = tail / (per_token_s * 1e3) if tail is not None else None
@@ -128,8 +165,10 @@ class RunCurve:
             seconds.append(float(np.mean([v[0] for v in values])))
             measured = [v[1] for v in values if v[1] is not None]
             ratios.append(float(np.mean(measured)) if measured else 1.0)
+        # at higher levels other requests' prefills run between a request's decode steps and inflate ITL
+        lowest = sorted(prefills)[:_PREFILL_LEVELS]
         return cls(run.num_speculative_tokens, levels, tuple(seconds), tuple(ratios),
-                   float(np.median(prefills)) if prefills else None,
+                   float(np.median([p for _, p in lowest])) if lowest else None,
                    float(np.median(outputs)) if outputs else None)
 
 
@@ -168,13 +207,17 @@ def acceptance_from_run(run: Run, model_drafter: bool) -> tuple[list[float], flo
         return [], 1.0
     if model_drafter or f is None or not _finite_positive(f):
         f = 1.0
+    return _non_increasing(p[: run.num_speculative_tokens or len(p)]), min(1.0, f)
+
+
+def _non_increasing(values: Sequence[float]) -> list[float]:
     clean: list[float] = []
     previous = 1.0
-    for value in p[: run.num_speculative_tokens or len(p)]:
-        value = min(previous, max(0.0, value if math.isfinite(value) else 0.0))
+    for value in values:
+        value = min(previous, max(0.0, float(value) if math.isfinite(value) else 0.0))
         clean.append(value)
         previous = value
-    return clean, min(1.0, f)
+    return clean
 
 
 def _tokens_per_step(per_position: Sequence[float], drafts_per_step: float, max_k: int) -> tuple[float, ...]:
@@ -184,6 +227,114 @@ def _tokens_per_step(per_position: Sequence[float], drafts_per_step: float, max_
         p = per_position[k - 1] if k - 1 < len(per_position) else 0.0
         out.append(out[-1] + drafts_per_step * p)
     return tuple(out)
+
+
+def _k_weights(measured: Sequence[int], k: int) -> tuple[int, int, float]:
+    """Indices (into `measured`, ascending) of the measured k around k and the weight of the upper one.
+
+    k = 0 is only ever itself; k > 0 lies between the nearest measured k >= 1 on each side."""
+    if k in measured:
+        i = measured.index(k)
+        return i, i, 0.0
+    below = max(i for i, kk in enumerate(measured) if 1 <= kk < k)
+    above = min(i for i, kk in enumerate(measured) if kk > k)
+    return below, above, (k - measured[below]) / (measured[above] - measured[below])
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class RooflineFit:
+    """Decode step times of every measured run from the joint fit (see the module), in seconds.
+
+    The knee and theta are uncertain where levels are sparse, so the fit is a weighted average over the
+    candidate (knee, theta) pairs the data allows, each weighted by its likelihood."""
+
+    measured_k: tuple[int, ...]
+    """k of the fitted runs, ascending (k=0 is the baseline)."""
+    verified_tokens: tuple[float, ...]
+    """q_k = 1 + f * k for k = 0..max_k."""
+    weights: np.ndarray
+    """(candidates,) likelihood weights, summing to 1."""
+    fixed_s: np.ndarray
+    """(candidates, runs) a_k per measured run."""
+    per_sequence_s: np.ndarray
+    """(candidates, runs) m_k per measured run."""
+    knee_tokens: np.ndarray
+    """(candidates,) N: verified tokens per step at which the target's GEMMs turn compute-bound (inf: none)."""
+    weight_share: np.ndarray
+    """(candidates,) theta: w = theta * a_0."""
+    rms_relative_residual: float
+    """Of the best candidate."""
+
+    def decode_step_s(self, k: int, batch: float) -> float:
+        return float(self.steps(k, np.asarray([batch], dtype=float))[0])
+
+    def steps(self, k: int, batches: np.ndarray) -> np.ndarray:
+        """d_k at each batch size, computed from the candidates."""
+        lo, hi, w = _k_weights(self.measured_k, k)
+        fixed = (1.0 - w) * self.fixed_s[:, lo] + w * self.fixed_s[:, hi]
+        per_sequence = (1.0 - w) * self.per_sequence_s[:, lo] + w * self.per_sequence_s[:, hi]
+        excess = np.maximum(0.0, self.verified_tokens[k] * batches[None, :] / self.knee_tokens[:, None] - 1.0)
+        return self.weights @ (fixed[:, None] + per_sequence[:, None] * batches[None, :]
+                               + (self.weight_share * self.fixed_s[:, 0])[:, None] * excess)
+
+
+def fit_roofline(levels: Sequence[Sequence[float]], decode_s: Sequence[Sequence[float]],
+                 measured_k: Sequence[int], verified_tokens: Sequence[float]) -> RooflineFit | None:
+    """Joint least-squares fit of the runs' decode step times (index 0 = the baseline); None when it cannot
+    be fitted (a run with fewer than _FIT_MIN_LEVELS levels, or no physical solution)."""
+    runs = len(measured_k)
+    if any(len(set(lv)) < _FIT_MIN_LEVELS for lv in levels):
+        return None
+    b = np.concatenate([np.asarray(lv, dtype=float) for lv in levels])
+    z = np.concatenate([np.asarray(v, dtype=float) for v in decode_s])
+    run_of = np.concatenate([np.full(len(lv), i) for i, lv in enumerate(levels)])
+    n, params = len(z), 2 * runs
+    if not np.all(np.isfinite(z)) or np.any(z <= 0):
+        return None
+    scale = float(b.max())
+    base = np.zeros((n, params))
+    base[np.arange(n), 2 * run_of] = 1.0
+    base[np.arange(n), 2 * run_of + 1] = b / scale
+    q = np.asarray([verified_tokens[k] for k in measured_k])[run_of] * b
+    # every (knee, theta) candidate at once: the compute-bound term scales the baseline's fixed cost a_0
+    knees = np.concatenate([_KNEE_GRID[_KNEE_GRID > b.min()], [np.inf]])
+    thetas = np.linspace(*_WEIGHT_SHARE, 6)
+    excess = np.maximum(0.0, q[None, :] / knees[:, None] - 1.0)  # (knees, n)
+    design = np.repeat(base[None, None], len(knees), axis=0).repeat(len(thetas), axis=1)
+    design[:, :, :, 0] += thetas[None, :, None] * excess[:, None, :]
+    weighted = design / z[:, None]
+    gram = np.swapaxes(weighted, -1, -2) @ weighted
+    gram += np.eye(params) * 1e-12 * np.trace(gram, axis1=-2, axis2=-1)[..., None, None]
+    rhs = weighted.sum(axis=2)  # target z / z = 1: residuals relative to each measurement
+    coef = np.linalg.solve(gram, rhs[..., None])
+    residual = (weighted @ coef)[..., 0] - 1.0
+    coef = coef[..., 0]
+    sse = np.square(residual).sum(axis=-1)
+    fixed, per_sequence = coef[..., 0::2], coef[..., 1::2]
+    feasible = np.all(fixed > 0, axis=-1) & np.all(per_sequence >= 0, axis=-1) & np.isfinite(sse)
+    if not feasible.any():
+        return None
+    sse = np.where(feasible, sse, np.inf).ravel()
+    best = float(sse.min())
+    # likelihood of each candidate under Gaussian relative errors with the best fit's variance
+    variance = max(best / max(n - params - 2, 1), 1e-12)
+    weights = np.exp(-(sse - best) / (2.0 * variance))
+    keep = np.argsort(weights)[::-1][:_MAX_CANDIDATES]
+    keep = keep[weights[keep] > 1e-3 * weights[keep[0]]]
+    weights = weights[keep] / weights[keep].sum()
+    flat = coef.reshape(-1, params)[keep]
+    knee_of = np.repeat(knees, len(thetas))[keep]
+    theta_of = np.tile(thetas, len(knees))[keep]
+    return RooflineFit(
+        measured_k=tuple(measured_k),
+        verified_tokens=tuple(verified_tokens),
+        weights=weights,
+        fixed_s=flat[:, 0::2],
+        per_sequence_s=flat[:, 1::2] / scale,
+        knee_tokens=knee_of,
+        weight_share=theta_of,
+        rms_relative_residual=math.sqrt(best / n),
+    )
 
 
 class _StepCurve:
@@ -202,10 +353,11 @@ class _StepCurve:
             self.slope = self.values[-1] / self.levels[-1]
 
     def __call__(self, c: float) -> float:
-        last = self.levels[-1]
-        if c > last:
-            return float(self.values[-1] + self.slope * (c - last))
-        return float(np.interp(c, self.levels, self.values))
+        return float(self.many(np.asarray([c], dtype=float))[0])
+
+    def many(self, cs: np.ndarray) -> np.ndarray:
+        beyond = self.values[-1] + self.slope * (cs - self.levels[-1])
+        return np.where(cs > self.levels[-1], beyond, np.interp(cs, self.levels, self.values))
 
 
 class _LogCurve:
@@ -220,13 +372,17 @@ class _LogCurve:
     def __call__(self, c: float) -> float:
         return float(np.interp(math.log(c), self.log_levels, self.values))
 
+    def many(self, cs: np.ndarray) -> np.ndarray:
+        return np.interp(np.log(cs), self.log_levels, self.values)
+
 
 @dataclasses.dataclass(frozen=True)
 class MethodSurface:
     """Goodput and TPOT of one method for k = 0..max_k at any concurrency c >= 1.
 
-    `step_s(k, c)` is the time of one engine step per request-batch as the model defines it; goodput is in
-    output tokens per second of the replica; TPOT in milliseconds (the measured tail, see the module).
+    `step_s(k, c)` is the time of one engine step per request-batch as the model defines it (decode step
+    plus the step's share of prefill); goodput is in output tokens per second of the replica; TPOT in
+    milliseconds (the measured tail, see the module).
     """
 
     max_k: int
@@ -240,67 +396,91 @@ class MethodSurface:
     """Concurrency levels measured by the baseline and every method run used."""
     curves: tuple[RunCurve, ...]
     """Baseline first, then the method's runs by k."""
-    drafter_prefill_s: float = 0.0
-    """Prefill time a loaded drafter adds to each request, paid even where the schedule says k=0."""
-    output_tokens: float = 256.0
-    """Output tokens per request of the measurement (spreads the drafter's prefill over decode steps)."""
+    decode_s: tuple[tuple[float, ...], ...]
+    """Measured decode step time d_k(b) per curve and level (prefill taken out), seconds."""
+    fit: RooflineFit | None = None
+    """The joint roofline fit of the decode steps; None when the measured points are interpolated instead."""
+    baseline_prefill_s: float = 0.0
+    """One request's prefill on the baseline engine (0 when unknown: it is then inside the decode steps)."""
+    prefill_s: float = 0.0
+    """One request's prefill on the method's engine, drafter included, paid even where the schedule says k=0."""
+    output_tokens: float = _DEFAULT_OUTPUT_TOKENS
+    """Output tokens per request of the measurement (spreads prefill over decode steps)."""
     notes: tuple[str, ...] = ()
-    """What the surface had to assume (missing runs, extrapolation), in words."""
+    """What the surface had to assume (missing runs, interpolation instead of the fit), in words."""
 
     def __post_init__(self) -> None:
-        step_curves = []
-        tail_curves = []
-        for curve in self.curves:
-            e = self.tokens_per_step[curve.num_speculative_tokens]
-            step_curves.append(_StepCurve(curve.levels, [s * e for s in curve.seconds_per_token]))
-            tail_curves.append(_LogCurve(curve.levels, curve.tail_ratio))
-        object.__setattr__(self, "_step_curves", tuple(step_curves))
-        object.__setattr__(self, "_tail_curves", tuple(tail_curves))
+        object.__setattr__(self, "_decode_curves",
+                           tuple(_StepCurve(curve.levels, d) for curve, d in zip(self.curves, self.decode_s,
+                                                                                    strict=True)))
+        object.__setattr__(self, "_tail_curves", tuple(_LogCurve(c.levels, c.tail_ratio) for c in self.curves))
         object.__setattr__(self, "_cache", {})
+        object.__setattr__(self, "_available", frozenset(self.available_k()))
 
     @property
     def last_level(self) -> int:
         return self.levels[-1]
 
-    def _bracket(self, k: int) -> tuple[int, int, float]:
-        """Indices of the measured curves around k and the weight of the upper one."""
-        ks = [curve.num_speculative_tokens for curve in self.curves]
-        if k in ks:
-            i = ks.index(k)
-            return i, i, 0.0
-        # k > 0 not measured: between the nearest measured k >= 1 on each side (never from k=0)
-        below = max((i for i, kk in enumerate(ks) if 1 <= kk < k), key=lambda i: ks[i])
-        above = min((i for i, kk in enumerate(ks) if kk > k), key=lambda i: ks[i])
-        return below, above, (k - ks[below]) / (ks[above] - ks[below])
+    @property
+    def drafter_prefill_s(self) -> float:
+        """Prefill time the method's engine adds to each request over the baseline engine."""
+        return max(0.0, self.prefill_s - self.baseline_prefill_s)
 
-    def _raw_step_s(self, k: int, c: float) -> float:
-        lo, hi, w = self._bracket(k)
-        s_lo = self._step_curves[lo](c)
-        if k == 0:
-            # the method's engine at k=0 still prefills with its drafter (the baseline engine has none)
-            return s_lo + c * self.drafter_prefill_s / self.output_tokens
-        return s_lo if w == 0.0 else (1.0 - w) * s_lo + w * self._step_curves[hi](c)
+    def decode_step_s(self, k: int, c: float) -> float:
+        """d_k(c): one decode step at batch c with k drafts per sequence, prefill excluded, in seconds."""
+        self._check(k, c)
+        return float(self._decode_many(k, np.asarray([c], dtype=float))[0])
+
+    def _decode_many(self, k: int, cs: np.ndarray) -> np.ndarray:
+        if self.fit is not None:
+            return self.fit.steps(k, cs)
+        lo, hi, w = _k_weights(self.measured_k, k)
+        d_lo = self._decode_curves[lo].many(cs)
+        return d_lo if w == 0.0 else (1.0 - w) * d_lo + w * self._decode_curves[hi].many(cs)
+
+    def _raw_steps(self, k: int, cs: np.ndarray) -> np.ndarray:
+        out = self.output_tokens
+        return ((out - 1.0) * self._decode_many(k, cs) + self.tokens_per_step[k] * cs * self.prefill_s) / out
+
+    def _steps(self, k: int, cs: np.ndarray) -> np.ndarray:
+        """s_k at concurrencies cs, with the speedup of k > 0 capped beyond the last measured level at its
+        value there."""
+        steps = self._raw_steps(k, cs)
+        if k > 0 and cs.max() > self.last_level:
+            edge = np.asarray([float(self.last_level)])
+            edge_speedup = self._raw_steps(0, edge)[0] / self._raw_steps(k, edge)[0]
+            floor = self._raw_steps(0, cs) / edge_speedup
+            steps = np.where(cs > self.last_level, np.maximum(steps, floor), steps)
+        return steps
+
+    def _tail_ratios(self, k: int, cs: np.ndarray) -> np.ndarray:
+        lo, hi, w = _k_weights(self.measured_k, k)
+        ratio = self._tail_curves[lo].many(cs)
+        return ratio if w == 0.0 else (1.0 - w) * ratio + w * self._tail_curves[hi].many(cs)
+
+    def _table(self, k: int) -> tuple[list[float], list[float]]:
+        """(s_k, TPOT_k in ms) at whole concurrencies 1.._TABLE_BATCH_SIZES, computed once per k."""
+        table = self._cache.get(k)
+        if table is None:
+            cs = np.arange(1.0, _TABLE_BATCH_SIZES + 1.0)
+            steps = self._steps(k, cs)
+            tpot = steps / self.tokens_per_step[k] * self._tail_ratios(k, cs) * 1e3
+            table = (steps.tolist(), tpot.tolist())
+            self._cache[k] = table
+        return table
 
     def baseline_goodput(self, c: float) -> float:
         """Goodput of the baseline engine (no drafter loaded) at concurrency c."""
         self._check(0, c)
-        return c / self._step_curves[0](c)
+        out = self.output_tokens
+        return c * out / ((out - 1.0) * self.decode_step_s(0, c) + c * self.baseline_prefill_s)
 
     def step_s(self, k: int, c: float) -> float:
         """s_k(c), with the speedup of k > 0 capped beyond the last measured level at its value there."""
         self._check(k, c)
-        key = (k, c)
-        cached = self._cache.get(key)
-        if cached is not None:
-            return cached
-        step = self._raw_step_s(k, c)
-        if k > 0 and c > self.last_level:
-            edge = self.last_level
-            edge_speedup = self.tokens_per_step[k] * self._raw_step_s(0, edge) / self._raw_step_s(k, edge)
-            floor = self.tokens_per_step[k] * self._raw_step_s(0, c) / edge_speedup
-            step = max(step, floor)
-        self._cache[key] = step
-        return step
+        if c <= _TABLE_BATCH_SIZES and c == int(c):
+            return self._table(k)[0][int(c) - 1]
+        return float(self._steps(k, np.asarray([c], dtype=float))[0])
 
     def goodput(self, k: int, c: float) -> float:
         """G_k(c): output tokens per second of the method's engine at concurrency c with k drafts per step."""
@@ -312,11 +492,11 @@ class MethodSurface:
 
     def tpot_ms(self, k: int, c: float) -> float:
         """TPOT_k(c) = s_k(c) / E_k, scaled to the measured tail (p95 estimate), in milliseconds."""
-        lo, hi, w = self._bracket(k)
-        ratio = self._tail_curves[lo](c)
-        if w:
-            ratio = (1.0 - w) * ratio + w * self._tail_curves[hi](c)
-        return self.step_s(k, c) / self.tokens_per_step[k] * ratio * 1e3
+        self._check(k, c)
+        if c <= _TABLE_BATCH_SIZES and c == int(c):
+            return self._table(k)[1][int(c) - 1]
+        cs = np.asarray([c], dtype=float)
+        return float(self._steps(k, cs)[0] / self.tokens_per_step[k] * self._tail_ratios(k, cs)[0] * 1e3)
 
     def mean_acceptance_length(self) -> float:
         """E_K: tokens per step at the largest k."""
@@ -326,10 +506,10 @@ class MethodSurface:
         """The k the surface can speak for: 0, and 1..max_k when a k=1 run exists, else only measured k."""
         if 1 in self.measured_k:
             return tuple(range(self.max_k + 1))
-        return (0, *self.measured_k)
+        return tuple(self.measured_k)
 
     def _check(self, k: int, c: float) -> None:
-        if k not in self.available_k():
+        if k not in self._available:
             raise ValueError(f"k must be one of {self.available_k()} for this surface (got {k})")
         if not c >= 1:
             raise ValueError(f"concurrency must be >= 1 (got {c})")
@@ -372,60 +552,75 @@ def build_surface(baseline: Run, runs: Sequence[Run], model_drafter: bool = True
                                                                         for c in cv.levels}))
     if not common:
         notes.append("the runs share no concurrency level: compared by interpolation only")
-    measured = tuple(sorted(spec_curves))
-    drafter_prefill_s, output_tokens = _drafter_prefill(base, list(spec_curves.values()), model_drafter, notes)
+    measured = (0, *sorted(spec_curves))
+    curves = (base, *(spec_curves[k] for k in measured[1:]))
+    tokens_per_step = _tokens_per_step(per_position, drafts_per_step, max_k)
+    outputs = [c.output_tokens for c in curves if c.output_tokens and c.output_tokens >= 2]
+    output_tokens = float(np.median(outputs)) if outputs else _DEFAULT_OUTPUT_TOKENS
+    baseline_prefill, prefill = _prefills(base, curves[1:], model_drafter, notes)
+    decode = [_decode_steps(c, tokens_per_step[c.num_speculative_tokens], output_tokens,
+                            baseline_prefill if i == 0 else prefill) for i, c in enumerate(curves)]
+    if any(min(d) <= 0 for d in decode):
+        notes.append("TTFT says prefill takes longer than a whole request: prefill is left inside the steps")
+        baseline_prefill = prefill = 0.0
+        decode = [_decode_steps(c, tokens_per_step[c.num_speculative_tokens], output_tokens, 0.0)
+                  for c in curves]
+    verified = tuple(1.0 + drafts_per_step * k for k in range(max_k + 1))
+    fit = fit_roofline([c.levels for c in curves], decode, measured, verified)
+    if fit is None:
+        notes.append("too few levels for the roofline fit: step times interpolated between measured levels")
+    elif fit.rms_relative_residual > FIT_MAX_RMS:
+        notes.append(f"the roofline fit misses the measurements by {fit.rms_relative_residual:.0%} RMS: step "
+                     f"times interpolated between measured levels")
+        fit = None
     return MethodSurface(
         max_k=max_k,
         per_position=tuple(per_position),
         drafts_per_step=drafts_per_step,
-        tokens_per_step=_tokens_per_step(per_position, drafts_per_step, max_k),
+        tokens_per_step=tokens_per_step,
         measured_k=measured,
         levels=levels,
-        curves=(base, *(spec_curves[k] for k in measured)),
-        drafter_prefill_s=drafter_prefill_s,
+        curves=curves,
+        decode_s=tuple(tuple(d) for d in decode),
+        fit=fit,
+        baseline_prefill_s=baseline_prefill,
+        prefill_s=prefill,
         output_tokens=output_tokens,
         notes=tuple(notes),
     )
 
 
-def _drafter_prefill(base: RunCurve, spec: list[RunCurve], model_drafter: bool,
-                     notes: list[str]) -> tuple[float, float]:
-    """(prefill seconds a drafter adds per request, output tokens per request) from TTFT and ITL.
+def _decode_steps(curve: RunCurve, tokens_per_step: float, output_tokens: float, prefill_s: float) -> list[float]:
+    """d(b) = (out * b / T - b * t_prefill) * E / (out - 1) at each level of a run."""
+    return [(output_tokens * s - b * prefill_s) * tokens_per_step / (output_tokens - 1.0)
+            for b, s in zip(curve.levels, curve.seconds_per_token, strict=True)]
 
-    Only model drafters prefill; n-gram and suffix matching cost nothing there. Without latency figures the
-    drafter's prefill is taken as free and the notes say so.
+
+def _prefills(base: RunCurve, spec: Sequence[RunCurve], model_drafter: bool,
+              notes: list[str]) -> tuple[float, float]:
+    """(baseline engine's, method engine's) prefill seconds per request from TTFT and ITL.
+
+    Both 0 when either is unknown (prefill then stays folded into the step times, which is exact at the
+    measured k and slightly flatters a middle k). n-gram and suffix matching add no prefill.
     """
-    outputs = [c.output_tokens for c in (base, *spec) if c.output_tokens]
-    output_tokens = float(np.median(outputs)) if outputs else 256.0
-    if not model_drafter:
-        return 0.0, output_tokens
     spec_prefills = [c.prefill_s for c in spec if c.prefill_s is not None]
     if base.prefill_s is None or not spec_prefills:
-        notes.append("no TTFT/ITL figures: the drafter's prefill cost at k=0 is taken as zero")
-        return 0.0, output_tokens
-    return max(0.0, float(np.median(spec_prefills)) - base.prefill_s), output_tokens
+        notes.append("no TTFT/ITL figures: prefill is left inside the step times and a drafter's prefill at "
+                     "k=0 is taken as zero")
+        return 0.0, 0.0
+    if not model_drafter:
+        return base.prefill_s, base.prefill_s
+    return base.prefill_s, max(base.prefill_s, float(np.median(spec_prefills)))
 
 
 def with_live_acceptance(surface: MethodSurface, per_position: Sequence[float],
                          drafts_per_step: float) -> MethodSurface:
-    """The same surface with E_k recomputed from live acceptance, keeping the measured step times."""
-    clean: list[float] = []
-    previous = 1.0
-    for value in list(per_position)[: surface.max_k]:
-        value = min(previous, max(0.0, float(value) if math.isfinite(value) else 0.0))
-        clean.append(value)
-        previous = value
+    """The same surface with E_k recomputed from live acceptance, keeping the measured decode step times."""
+    clean = _non_increasing(list(per_position)[: surface.max_k])
     f = drafts_per_step if _finite_positive(drafts_per_step) else surface.drafts_per_step
     f = min(1.0, f)
-    new_e = _tokens_per_step(clean, f, surface.max_k)
-    # keep step times: seconds-per-token of each run scale by E_old / E_new so that c * E / T stays put
-    curves = []
-    for curve in surface.curves:
-        k = curve.num_speculative_tokens
-        scale = surface.tokens_per_step[k] / new_e[k]
-        curves.append(dataclasses.replace(curve, seconds_per_token=tuple(s * scale for s in curve.seconds_per_token)))
-    return dataclasses.replace(surface, per_position=tuple(clean), drafts_per_step=f, tokens_per_step=new_e,
-                               curves=tuple(curves))
+    return dataclasses.replace(surface, per_position=tuple(clean), drafts_per_step=f,
+                               tokens_per_step=_tokens_per_step(clean, f, surface.max_k))
 
 
 def acceptance_drift(surface: MethodSurface, per_position: Sequence[float], drafts_per_step: float) -> float:
@@ -453,7 +648,7 @@ class BaselineSurface:
         return c / self._step(c)
 
     def tpot_ms(self, c: float) -> float:
-        """Per-token time scaled to the measured TPOT tail, in milliseconds."""
+        """Per-token time scaled to the measured tail, in milliseconds."""
         return self._step(c) * self._tail(c) * 1e3
 
 
