@@ -215,8 +215,12 @@ async def fit_prompts(base_url: str, model_id: str, prompts: Sequence[Prompt],
 
 async def _vllm_benchmark(base_url: str, model_id: str, requests: Sequence[CompletionRequest], warmup_requests: int,
                           concurrency: int, slo: Slo, temperature: float, ignore_eos: bool) -> dict[str, Any]:
-    from vllm.benchmarks.datasets import SampleRequest
-    from vllm.benchmarks.serve import TaskType, benchmark
+    try:
+        from vllm.benchmarks.datasets import SampleRequest
+        from vllm.benchmarks.serve import TaskType, benchmark
+    except Exception as exc:  # noqa: BLE001 - a broken install fails in many ways (e.g. a mismatched torchvision)
+        raise RuntimeError(f"vLLM is installed but its load generator does not import ({type(exc).__name__}: "
+                           f"{exc}); fix the install, or set {DISABLE_VLLM_ENV}=1 to use specpilot's") from exc
 
     samples = [SampleRequest(prompt=r.prompt, prompt_len=r.prompt_len, expected_output_len=r.expected_output_len)
                for r in requests]

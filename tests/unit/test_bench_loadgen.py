@@ -292,6 +292,14 @@ def test_disable_switch_selects_our_generator():
     assert use_vllm_generator({DISABLE_VLLM_ENV: "0"}) == use_vllm_generator({})
 
 
+async def test_a_broken_vllm_install_names_the_switch(monkeypatch):
+    from specpilot_bench.sweep import _vllm_benchmark
+
+    monkeypatch.setitem(sys.modules, "vllm", None)  # as a failed import leaves it
+    with pytest.raises(RuntimeError, match=f"{DISABLE_VLLM_ENV}=1"):
+        await _vllm_benchmark("http://127.0.0.1:9", MODEL, requests(1), 0, 1, Slo(), 0.0, True)
+
+
 def test_estimated_prompt_length_and_truncation():
     text = " ".join(f"w{i}" for i in range(100))
     assert estimated_prompt_len(text) == 130
