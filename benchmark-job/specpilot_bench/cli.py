@@ -64,6 +64,8 @@ from .profiles import (
 from .sweep import Slo, fit_prompts, sweep
 from .workloads import WORKLOADS, load_prompts
 
+MIN_WAVES = 2
+"""Requests per level are at least this many times the level's concurrency (see _requests_by_level)."""
 
 ENGINE_MODULE_ENV = "SPECPILOT_BENCH_ENGINE_MODULE"
 """Environment default of --engine-module, so a caller (the demo) can swap the engine without new flags."""
@@ -269,12 +271,17 @@ class Profiler:
     async def _requests_by_level(self, info: EngineInfo, spec: SpeculationProfileSpec) -> dict[int, list]:
         if self.requests is None:
             w = spec.workload
-            n = spec.requests_per_level
-            prompts = load_prompts(w.name, n * len(spec.concurrency_levels), output_len=w.output_len, seed=w.seed,
+            # At least MIN_WAVES * c requests at level c: fewer never hold c in flight, and the level would
+            # measure a lower concurrency than it is named after.
+            counts = {c: max(spec.requests_per_level, MIN_WAVES * c) for c in spec.concurrency_levels}
+            prompts = load_prompts(w.name, sum(counts.values()), output_len=w.output_len, seed=w.seed,
                                    input_len=w.input_len, file=self.args.workload_file)
             fitted = await fit_prompts(info.base_url, info.model_id, prompts, info.max_model_len)
             # Each level gets its own prompts, so the prefix cache does not carry one level into the next.
-            self.requests = {c: fitted[i * n:(i + 1) * n] for i, c in enumerate(spec.concurrency_levels)}
+            self.requests, start = {}, 0
+            for c, n in counts.items():
+                self.requests[c] = fitted[start:start + n]
+                start += n
         return self.requests
 
     async def run(self) -> None:

@@ -313,7 +313,7 @@ def test_config_map_holds_the_operator_config(default_objects: list[dict], non_d
     assert OperatorConfig.model_validate(config).gpu_prices_per_hour == config["gpuPricesPerHour"]
     assert all(DEFAULT_CATALOG.resolve(sku).sku == sku for sku in config["gpuPricesPerHour"])
     assert config["profilingDefaults"] == {
-        "concurrencyLevels": [1, 2, 4, 8, 16, 32, 64, 128],
+        "concurrencyLevels": [1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256],
         "requestsPerLevel": 64,
         "maxParallelJobsPerPool": 1,
         "maxAgeHours": 168,

@@ -13,6 +13,7 @@ import kubernetes_validate
 import pytest
 
 from specpilot.api import ScheduleRange, SpeculationProfileSpec, SpeculativeDeploymentSpec
+from specpilot.api.deployment import DEFAULT_CONCURRENCY_LEVELS
 from specpilot.api.profile import ProfileTarget
 from specpilot.manifests import names
 from specpilot.manifests.benchmark import WORKLOAD_FILE, bench_args, bench_engine_model, benchmark_job
@@ -382,7 +383,7 @@ def test_launch_mode_passes_the_engine_command_line_to_the_bench():
         "--speculative-config", '{"method":"ngram","num_speculative_tokens":4,"prompt_lookup_max":5,'
                                 '"prompt_lookup_min":2}',
         "--tensor-parallel-size", "4", "--max-model-len", "16384",
-        "--levels", "1,2,4,8,16,32,64,128", "--requests-per-level", "64", "--workload", "sharegpt",
+        "--levels", ",".join(map(str, DEFAULT_CONCURRENCY_LEVELS)), "--requests-per-level", "64", "--workload", "sharegpt",
         "--output-len", "256", "--temperature", "0.0", "--seed", "0", "--sku", "H100-SXM",
         "--engine-image", "vllm/vllm-openai:v0.32.0", "--engine-start-timeout", "3600",
     ]

@@ -33,8 +33,9 @@ def _run_all(inputs: PlanningInputs, trace):
 
 @pytest.fixture(scope="module")
 def diurnal():
+    # The planner's capacity already meets the TPOT SLO; 90% keeps a 10% margin for bursts.
     inputs = PlanningInputs(SETUP, (Candidate("eagle3", 4), Candidate("ngram", 4)), replicas=2, max_replicas=4,
-                            slo_tpot_ms=15)
+                            slo_tpot_ms=15, target_utilization_percent=90)
     return inputs, *_run_all(inputs, DiurnalTrace(duration_s=3600, peak_rps=50, trough_rps=10, period_s=3600))
 
 
@@ -78,8 +79,9 @@ def test_specpilot_keeps_goodput_at_saturation_where_fixed_k_loses_it():
     assert results["no-sd"].ttft_p50_ms > 10_000  # saturated: requests queue
     specpilot = results["specpilot"].output_tok_s
     assert specpilot > 1.1 * results["always-on"].output_tok_s
-    # k=1 at the top of the schedule; the loaded drafter's prefill keeps it within 1% of the plain engine
-    assert specpilot >= 0.99 * results["no-sd"].output_tok_s
+    # At the top of the schedule K is 0 or 1, but the drafter stays loaded (its prefill and KV share are paid
+    # under a dynamic schedule): within 2% of the plain engine.
+    assert specpilot >= 0.98 * results["no-sd"].output_tok_s
     assert specpilot >= results["static<32"].output_tok_s
 
 

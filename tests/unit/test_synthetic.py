@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from specpilot.api.deployment import DEFAULT_CONCURRENCY_LEVELS
 from specpilot.api.profile import SpeculationProfile
 from specpilot.policy.surface import build_surface
 from specpilot.sim.synthetic import Scenario, synthetic_profiles, true_curves
@@ -16,7 +17,7 @@ def test_profiles_look_like_benchmark_output_and_round_trip():
     assert baseline.spec.method is None and [r.num_speculative_tokens for r in baseline.status.runs] == [0]
     assert [r.num_speculative_tokens for r in method.status.runs] == [1, 4]
     assert method.status.phase == "Succeeded" and method.status.kv_capacity_tokens < baseline.status.kv_capacity_tokens
-    assert [p.concurrency for p in method.status.runs[1].points] == [1, 2, 4, 8, 16, 32, 64, 128]
+    assert [p.concurrency for p in method.status.runs[1].points] == DEFAULT_CONCURRENCY_LEVELS
     assert len(method.status.runs[1].points[0].accepted_per_position) == 4
     assert SpeculationProfile.model_validate(method.dump()) == method
 
