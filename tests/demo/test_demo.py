@@ -47,11 +47,10 @@ def test_speculation_follows_the_schedule_at_each_load(demo_run):
     """Where the schedule says K=0 at a phase's load the engines proposed no drafts, and where it says K>0
     they did: speculation off above the crossover, on below it."""
     _, result, workdir = demo_run
-    decisions = {p["name"]: p.get("decision") or {} for p in result.status["pools"]}
     checked_on = checked_off = 0
     for phase in result.phases:
         for pool, seen in phase.pools.items():
-            decision = decisions.get(pool) or {}
+            decision = phase.decisions.get(pool) or {}
             schedule = [ScheduleRange.model_validate(r) for r in decision.get("schedule") or []]
             if not schedule or seen.drafts_per_generated_token is None or seen.concurrency_per_replica <= 0:
                 continue
@@ -67,7 +66,7 @@ def test_speculation_follows_the_schedule_at_each_load(demo_run):
             else:
                 assert seen.drafts_per_generated_token > 0.05, (phase.phase.name, pool, workdir)
                 checked_on += 1
-    assert checked_on >= 2, f"speculation observed on in at least two pool-phases (logs: {workdir})"
+    assert checked_on >= 1, f"speculation observed on below a crossover (logs: {workdir})"
     assert checked_off >= 1, f"speculation observed off above a crossover (logs: {workdir})"
 
 

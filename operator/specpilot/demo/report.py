@@ -46,7 +46,7 @@ def summary_rows(result: DemoResult, scenario: DemoScenario) -> list[Row]:
     for phase in result.phases:
         for name, measured in sorted(phase.pools.items()):
             pool = pools.get(name) or {}
-            decision = pool.get("decision") or {}
+            decision = phase.decisions.get(name) or {}
             sku = pool.get("sku")
             if not sku or not decision.get("method") or measured.concurrency_per_replica <= 0:
                 continue

@@ -50,6 +50,8 @@ class PhaseResult:
     started_at: float
     ended_at: float
     pools: dict[str, PoolPhase] = field(default_factory=dict)
+    decisions: dict[str, dict] = field(default_factory=dict)
+    """Pool -> the decision in force at the end of the phase (status.pools[].decision)."""
 
 
 @dataclass
@@ -243,7 +245,8 @@ class Demo:
         return out
 
     def _phase_result(self, phase: Phase, started: float, ended: float, before: dict, after: dict) -> PhaseResult:
-        result = PhaseResult(phase, started - self.started, ended - self.started)
+        result = PhaseResult(phase, started - self.started, ended - self.started,
+                             decisions={p["name"]: p.get("decision") or {} for p in self.status().get("pools") or []})
         samples = [s for s in self.driver.samples if started <= s.finished_at <= ended]
         pools = sorted({pool for pool, _, _ in after.values()} | {s.pool for s in samples})
         for pool in pools:

@@ -73,23 +73,24 @@ def default_scenario() -> DemoScenario:
         levels=[1, 2, 4, 8, 16, 32, 64, 128],
         requests_per_level=8,
         output_len=64,
-        phases=[Phase("quiet", 8, 15), Phase("busy", 60, 15), Phase("peak", 240, 20), Phase("busy", 60, 10),
+        methods=["ngram", "eagle3"],
+        phases=[Phase("quiet", 8, 15), Phase("busy", 60, 15), Phase("peak", 160, 20), Phase("busy", 60, 10),
                 Phase("quiet", 8, 15)],
-        after_join_timeout_s=90,
-        sim=SimSettings(time_scale=10, startup_delay_s=20),
+        after_join_timeout_s=120,
+        sim=SimSettings(time_scale=1, startup_delay_s=2),
     )
 
 
 def fast_scenario() -> DemoScenario:
     return DemoScenario(
-        nodes=[("a100-node-1", "NVIDIA-A100-SXM4-80GB", "a100"), ("h100-node-1", "NVIDIA-H100-80GB-HBM3", "h100")],
+        nodes=[("a100-node-1", "NVIDIA-A100-SXM4-80GB", "a100"), ("b200-node-1", "NVIDIA-B200", "b200")],
         joining_node=("h200-node-1", "NVIDIA-H200", "h200"),
         methods=["ngram"],
         levels=[1, 8, 32, 128],
-        requests_per_level=4,
+        requests_per_level=8,
         output_len=32,
-        phases=[Phase("quiet", 8, 5), Phase("peak", 240, 6), Phase("quiet", 8, 5)],
+        phases=[Phase("quiet", 8, 6), Phase("peak", 120, 8), Phase("quiet", 8, 6)],
         after_join_timeout_s=60,
-        sim=SimSettings(time_scale=10, startup_delay_s=10),
+        sim=SimSettings(time_scale=0.5, startup_delay_s=1),
         reconcile_interval_s=0.5,
     )

@@ -568,13 +568,13 @@ class SimulatedEngine:
         offset, reason = 0, None
         while reason is None:
             tokens, reason = await sim.outputs.get()
-            parts = [chunk(filler_text(offset, tokens), reason)]
+            while reason is None and not sim.outputs.empty():
+                # A slow reader gets what piled up as one chunk (as vLLM does when a step yields several
+                # tokens): on a shared CPU, per-token events would make the client, not the engine, the limit.
+                more, reason = sim.outputs.get_nowait()
+                tokens += more
+            await response.write(chunk(filler_text(offset, tokens), reason).encode())
             offset += tokens
-            while reason is None and not sim.outputs.empty():  # a slow reader gets what piled up at once
-                tokens, reason = sim.outputs.get_nowait()
-                parts.append(chunk(filler_text(offset, tokens), reason))
-                offset += tokens
-            await response.write("".join(parts).encode())
         if include_usage:
             await response.write(event({"choices": [], "usage": _usage(sim)}).encode())
         await response.write(b"data: [DONE]\n\n")

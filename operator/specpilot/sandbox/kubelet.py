@@ -37,9 +37,10 @@ ENGINE_CONFIG_ANNOTATION = "specpilot.io/engine-config"
 class SimSettings:
     """How the simulated GPUs behave."""
 
-    time_scale: float = 20.0
-    """Simulated seconds per wall second."""
-    startup_delay_s: float = 30.0
+    time_scale: float = 2.0
+    """Simulated seconds per wall second. Keep the scaled step time well above the engine's own Python work
+    per step (~1 ms at 128 requests on a shared core), or the engines measure the CPU, not the twin."""
+    startup_delay_s: float = 4.0
     """Simulated model-load time of an engine."""
     workload: str = "sharegpt"
     """Acceptance priors of the simulated engines."""
