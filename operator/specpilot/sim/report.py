@@ -48,6 +48,10 @@ class Comparison:
         return next((r for r in self.results if r.policy == policy), None)
 
 
+MIN_COST_GAIN_PERCENT = 0.5
+"""Cheaper by less than this is a tie, not a win: the simulation's own noise is about that size."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Verdict:
     """Whether specpilot+autoscale costs less per token than every fixed policy at equal or better SLO
@@ -68,7 +72,8 @@ class Verdict:
             span = f"{low:.0f}%" if round(low) == round(high) else f"{low:.0f}-{high:.0f}%"
             return (f"{AUTOSCALE_POLICY} beats every fixed policy: {span} lower $/Mtok at equal or better "
                     f"SLO attainment")
-        return f"{AUTOSCALE_POLICY} does not beat {', '.join(lost)} on $/Mtok at equal or better SLO attainment"
+        return (f"{AUTOSCALE_POLICY} does not beat {', '.join(lost)} by {MIN_COST_GAIN_PERCENT:g}% or more on $/Mtok "
+                f"at equal or better SLO attainment")
 
 
 def verdict(results: list[SimResult]) -> Verdict:
@@ -81,7 +86,7 @@ def verdict(results: list[SimResult]) -> Verdict:
             continue
         cost_change = (ours.cost_per_mtok / r.cost_per_mtok - 1.0) * 100.0
         attainment_change = (ours.slo_attainment - r.slo_attainment) * 100.0
-        beaten = ours.cost_per_mtok < r.cost_per_mtok and attainment_change >= -ATTAINMENT_TOLERANCE_POINTS
+        beaten = cost_change <= -MIN_COST_GAIN_PERCENT and attainment_change >= -ATTAINMENT_TOLERANCE_POINTS
         rows.append((r.policy, cost_change, attainment_change, beaten))
     return Verdict(bool(rows) and all(row[3] for row in rows), tuple(rows))
 
