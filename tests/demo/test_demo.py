@@ -54,7 +54,8 @@ def test_speculation_follows_the_schedule_at_each_load(demo_run):
         for pool, seen in phase.pools.items():
             decision = phase.decisions.get(pool) or {}
             schedule = [ScheduleRange.model_validate(r) for r in decision.get("schedule") or []]
-            if not schedule or seen.drafts_per_generated_token is None or seen.concurrency_per_replica <= 0:
+            if not schedule or not seen.settled or seen.drafts_per_generated_token is None \
+                    or seen.concurrency_per_replica <= 0:
                 continue
             # The batch an engine steps with moves around the phase's mean concurrency: judge only phases where
             # the schedule gives the same answer (off, or on) from half to twice that mean.

@@ -43,11 +43,18 @@ def check_valid(crds: dict, doc: dict) -> None:
     assert validate_custom_resource(crds["SpeculationProfile"], doc) == []
 
 
+def requests_at(concurrency: int) -> int:
+    """--requests-per-level 3, raised to two waves of the level's concurrency (specpilot_bench.cli.MIN_WAVES)."""
+    from specpilot_bench.cli import MIN_WAVES
+
+    return max(3, MIN_WAVES * concurrency)
+
+
 def check_speculative_run(run: dict, k: int) -> None:
     assert run["numSpeculativeTokens"] == k
     assert [p["concurrency"] for p in run["points"]] == [1, 2]
     for point in run["points"]:
-        assert point["completed"] == 3 and point["failed"] == 0
+        assert point["completed"] == requests_at(point["concurrency"]) and point["failed"] == 0
         assert point["numDrafts"] > 0 and point["numDraftTokens"] > 0 and point["numAcceptedTokens"] > 0
         assert point["numAcceptedTokens"] <= point["numDraftTokens"]
         per_position = point["acceptedPerPosition"]
@@ -86,8 +93,8 @@ def test_baseline_profile(ngram_profiles, crds):
     assert run["numSpeculativeTokens"] == 0
     assert [p["concurrency"] for p in run["points"]] == [1, 2]
     for point in run["points"]:
-        assert point["completed"] == 3 and point["outputThroughput"] > 0
-        assert point["generationTokens"] >= 3 * 24
+        assert point["completed"] == requests_at(point["concurrency"]) and point["outputThroughput"] > 0
+        assert point["generationTokens"] >= requests_at(point["concurrency"]) * 24
         assert "numDrafts" not in point and point["acceptedPerPosition"] == []
         assert point["tpotMs"]["p50"] > 0 and point["ttftMs"]["p90"] >= point["ttftMs"]["p50"]
     # The same result went to stdout as JSON.

@@ -25,7 +25,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from ..sandbox.apiserver import SandboxApiServer
-from ..sandbox.kubelet import Kubelet
+from ..sandbox.kubelet import ENGINE_CONFIG_ANNOTATION, Kubelet
 from .load import LoadDriver
 from .scenario import NAME, NAMESPACE, DemoScenario, Phase
 
@@ -42,6 +42,9 @@ class PoolPhase:
     replicas: int = 0
     drafts_per_generated_token: float | None = None
     """Drafts proposed per generated token over the phase, from the engines' counters: 0 = SD was off."""
+    settled: bool = True
+    """The same pods served the whole phase, all started from the Deployment's current engine config (no
+    rollout during the phase, none pending): the engines ran the decision in force."""
 
 
 @dataclass
@@ -166,11 +169,12 @@ class Demo:
                     self.phase = phase
                     self.stage = f"load: {phase.name}"
                     await driver.set_concurrency(phase.concurrency)
-                    before = await self._counters()
+                    before, revisions_before = await self._counters(), self._revisions()
                     started = time.monotonic()
                     await asyncio.sleep(phase.duration_s)
-                    after = await self._counters()
-                    result.phases.append(self._phase_result(phase, started, time.monotonic(), before, after))
+                    after, revisions_after = await self._counters(), self._revisions()
+                    result.phases.append(self._phase_result(phase, started, time.monotonic(), before, after,
+                                                            revisions_before, revisions_after))
                 node_name, product, pool = self.scenario.joining_node
                 result.joined_pool = pool
                 self.stage = f"new GPU type joins: {product}"
@@ -224,6 +228,16 @@ class Demo:
                 per_pool[pool] = statistics.median(s.ms_per_token for s in recent)
             result.timeline.append((time.monotonic() - trace_start, self.driver.concurrency, per_pool))
 
+    def _revisions(self) -> dict[str, tuple[str, bool]]:
+        """URL -> (pool, whether the pod runs its Deployment's current engine config)."""
+        out = {}
+        for dep in self.api.objects("deployments", NAMESPACE):
+            name = dep["metadata"]["name"]
+            current = (dep["spec"]["template"]["metadata"].get("annotations") or {}).get(ENGINE_CONFIG_ANNOTATION)
+            for url, revision in self.kubelet.pod_revisions(NAMESPACE, name).items():
+                out[url] = (_pool_of(name), revision == current)
+        return out
+
     async def _counters(self) -> dict[str, tuple[str, float, float]]:
         """URL -> (pool, drafts, generated tokens) from each ready pod's /metrics."""
         out = {}
@@ -244,7 +258,8 @@ class Demo:
                 out[url] = (pool, drafts, generated)
         return out
 
-    def _phase_result(self, phase: Phase, started: float, ended: float, before: dict, after: dict) -> PhaseResult:
+    def _phase_result(self, phase: Phase, started: float, ended: float, before: dict, after: dict,
+                      revisions_before: dict, revisions_after: dict) -> PhaseResult:
         result = PhaseResult(phase, started - self.started, ended - self.started,
                              decisions={p["name"]: p.get("decision") or {} for p in self.status().get("pools") or []})
         samples = [s for s in self.driver.samples if started <= s.finished_at <= ended]
@@ -267,6 +282,9 @@ class Demo:
                 concurrency_per_replica=(sum(s.latency_s for s in mine) / duration) / max(1, len(urls)),
                 replicas=len(urls),
                 drafts_per_generated_token=drafts / generated if generated else None,
+                settled=({u for u, (p, _) in revisions_before.items() if p == pool}
+                         == {u for u, (p, _) in revisions_after.items() if p == pool})
+                and all(current for p, current in revisions_after.values() if p == pool),
             )
         return result
 

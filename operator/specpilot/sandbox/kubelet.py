@@ -24,13 +24,13 @@ from pathlib import Path
 
 import aiohttp
 
+from ..manifests.names import ANNOTATION_ENGINE_CONFIG as ENGINE_CONFIG_ANNOTATION
 from ..perf.catalog import DEFAULT_CATALOG, UnknownGpuError
 from .apiserver import SandboxApiServer
 
 log = logging.getLogger("specpilot.sandbox.kubelet")
 
 ENGINE_MODULE = "specpilot.sandbox.engine"
-ENGINE_CONFIG_ANNOTATION = "specpilot.io/engine-config"
 
 
 @dataclass
@@ -243,6 +243,10 @@ class Kubelet:
         _stop(pod.process)
         with contextlib.suppress(RuntimeError):
             await self.api.delete("pods", namespace, pod.name)
+
+    def pod_revisions(self, namespace: str, deployment: str) -> dict[str, str]:
+        """Base URL -> engine-config revision of each ready pod of a Deployment."""
+        return {f"http://{p.ip}:{p.port}": p.template for p in self.pods.get((namespace, deployment), []) if p.ready}
 
     def serving_endpoints(self, namespace: str, deployment: str) -> list[str]:
         """Base URLs of the ready pods of a Deployment (what its Service would route to)."""
