@@ -496,7 +496,8 @@ def print_report(result: dict) -> None:
           f"(kopf's start-up may be included); the other {c2p['n']}: created -> status.phase p50 {c2p.get('p50_s')} s, "
           f"p95 {c2p.get('p95_s')} s, max {c2p.get('max_s')} s (created in {client['create_seconds']} s)")
     print(f"             results published -> Serving p50 {p2s.get('p50_s')} s, p95 {p2s.get('p95_s')} s "
-          f"(decisions are taken on the timer: bounded by the {settings['reconcile_interval_s']:g} s interval)")
+          f"(decisions wait for the deployment's next timer tick, every {settings['reconcile_interval_s']:g} s, "
+          f"plus any backlog)")
     print(f"operator: RSS {op['rss_mib']} MiB at the end, peak {op['peak_rss_mib']} MiB; {op['cpu_s']} CPU s in all; "
           f"log ERROR lines {op['log_errors']} (and {op['log_errors_at_shutdown']} while stopping), "
           f"tracebacks {op['log_tracebacks']}; alive: {op['alive_at_end']}; "
