@@ -403,6 +403,13 @@ class Decision(StatusModel):
     basis: str = ""
     """Fingerprint of what the decision rests on (spec generation, profiles, live acceptance); the decision
     is recomputed, and the pods rolled, only when it changes."""
+    live_method: str | None = None
+    """When the decision used live acceptance instead of the profile's: for which candidate."""
+    live_acceptance_per_position: list[float] = Field(default_factory=list)
+    """The live per-position acceptance it used; kept so that turning speculation off (and so observing
+    no acceptance) does not flip the decision back to the profile's numbers."""
+    live_drafts_per_step: float | None = None
+    """The live drafts per step it used."""
 
 
 class ObservedLoad(StatusModel):

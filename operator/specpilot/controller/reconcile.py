@@ -79,6 +79,8 @@ class Context:
     prometheus_sources: dict[tuple[str, int, int], PrometheusSource] = field(default_factory=dict)
     last_observed_at: dict[str, float] = field(default_factory=dict)
     replica_states: dict[str, ReplicaState] = field(default_factory=dict)
+    bench_identity_checked: dict[str, float] = field(default_factory=dict)
+    """Namespace -> when its benchmark identity was last ensured (monotonic seconds)."""
     counted_jobs: set[str] = field(default_factory=set)
     """Uids of benchmark Jobs already counted as succeeded in the metrics."""
 
@@ -208,10 +210,18 @@ async def reconcile(ctx: Context, body: dict, nodes: list[dict], profiles: dict[
     return Result(status.dump(), events)
 
 
+BENCH_IDENTITY_RECHECK_S = 300
+"""How often a namespace's benchmark ServiceAccount/Role/RoleBinding are checked again (someone may delete them)."""
+
+
 async def _ensure_bench_identity(ctx: Context, namespace: str) -> None:
     """The ServiceAccount/Role/RoleBinding benchmark pods use to publish results (one set per namespace)."""
+    if time.monotonic() - ctx.bench_identity_checked.get(namespace, -BENCH_IDENTITY_RECHECK_S) \
+            < BENCH_IDENTITY_RECHECK_S:
+        return
     for obj in bench_rbac(namespace):
         await ctx.kube.ensure(obj)
+    ctx.bench_identity_checked[namespace] = time.monotonic()
 
 
 def _current_job(job: dict | None, profile: dict) -> dict | None:
@@ -509,7 +519,11 @@ def _decide(spec: SpeculativeDeploymentSpec, generation: int | None, view: desir
         price_per_gpu_hour=price, gpus_per_replica=gpus,
         concurrency_histogram=observation.concurrency_histogram if observation else None,
         live_acceptance=live, engine_supports_dynamic=spec.model.data_parallel_size == 1, now=now)
-    decision = plan.decision.model_copy(update={"basis": basis})
+    update: dict = {"basis": basis}
+    for method, (per_position, drafts_per_step) in (live or {}).items():
+        update.update(live_method=method, live_acceptance_per_position=per_position,
+                      live_drafts_per_step=drafts_per_step)
+    decision = plan.decision.model_copy(update=update)
     return decision, plan.capacity_concurrency_per_replica
 
 
@@ -544,13 +558,31 @@ def _acceptance_drift(pool: PoolStatus, method_bodies: dict[str, dict]) -> float
 
 
 def _live_acceptance(pool: PoolStatus, method_bodies: dict[str, dict]) -> dict[str, tuple[list[float], float]] | None:
-    """Live acceptance of the serving method, once it drifted enough from the profile to be worth a new
-    schedule; below that, noise would roll the pods for nothing."""
+    """The acceptance the decision should use instead of the profile's, with hysteresis so that noise and
+    the decision's own effect (speculation off: nothing observed) never flip it back and forth:
+    - fresh live data more than 10% off the profile, and more than 10% off the live data the current
+      decision already used: the new live data;
+    - live data back within 5% of the profile: none (the profile again);
+    - otherwise (no fresh data, or in between): whatever the current decision used."""
+    decision = pool.decision
+    kept = None
+    if decision is not None and decision.live_method and decision.live_acceptance_per_position:
+        kept = {decision.live_method: (list(decision.live_acceptance_per_position),
+                                       decision.live_drafts_per_step or 1.0)}
     drift = _acceptance_drift(pool, method_bodies)
-    if drift is None or drift < LIVE_RESCHEDULE_DRIFT:
+    if drift is None:
+        return kept
+    if drift < LIVE_RESCHEDULE_DRIFT / 2:
         return None
+    if drift < LIVE_RESCHEDULE_DRIFT:
+        return kept
     observed = pool.observed
-    return {pool.decision.method: (list(observed.acceptance_per_position), observed.drafts_per_step or 1.0)}
+    fresh = (list(observed.acceptance_per_position), observed.drafts_per_step or 1.0)
+    if kept and decision.method in kept:
+        old_length = 1 + kept[decision.method][1] * sum(kept[decision.method][0])
+        if abs(observed.mean_acceptance_length - old_length) / old_length < LIVE_RESCHEDULE_DRIFT:
+            return kept
+    return {decision.method: fresh}
 
 
 def _drifted_profile(spec: SpeculativeDeploymentSpec, view: desired.PoolView, needed: list[desired.NeededProfile],

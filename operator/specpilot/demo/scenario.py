@@ -90,7 +90,7 @@ def fast_scenario() -> DemoScenario:
         requests_per_level=8,
         output_len=32,
         phases=[Phase("quiet", 8, 6), Phase("peak", 120, 8), Phase("quiet", 8, 6)],
-        after_join_timeout_s=60,
+        after_join_timeout_s=150,
         sim=SimSettings(time_scale=0.5, startup_delay_s=1),
         reconcile_interval_s=0.5,
     )

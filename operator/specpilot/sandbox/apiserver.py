@@ -51,6 +51,13 @@ _original_parse_path = _parsing.parse_path
 _parsing.parse_path = _parse_path_with_namespaces
 
 
+def _forget(log: list, request: kmock.Request) -> None:
+    for i in range(len(log) - 1, -1, -1):
+        if log[i] is request:
+            del log[i]
+            return
+
+
 def _now() -> str:
     return datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -84,9 +91,29 @@ class SandboxEmulator(kmock.KubernetesEmulator):
         except jsonpatch.JsonPatchTestFailed as exc:
             # A JSON patch whose `test` of resourceVersion fails is a write conflict: 409, as the API says.
             raise KubernetesObjectConflictError(message=f"the object changed: {exc}") from exc
-        if request.action in (kmock.action.DELETE, kmock.action.UPDATE):
+        finally:
+            # kmock keeps every request and finds the reaction for a new one by scanning that log, so a long
+            # run slows down quadratically; nothing here asserts on past requests.
+            _forget(self._requests, request)
+            for payload in self._payloads:
+                _forget(payload._requests, request)
+        if request.action == kmock.action.DELETE or (
+                request.action == kmock.action.UPDATE and self._was_deleted(request)):
             await self._collect_garbage()
         return response
+
+    def _was_deleted(self, request: kmock.Request) -> bool:
+        """Whether this update released the object's last finalizer, so it is gone now."""
+        key = (request.resource, request.namespace, request.name)
+        return key in self.objects and self.objects[key].deleted
+
+    def _KubernetesEmulator__get_objs(self, request: kmock.Request, strict: bool) -> list:
+        # kmock scans every object for a get/patch/delete of one named object; look its key up instead
+        # (lists and watches still scan, as they must). Overrides kmock's name-mangled private method.
+        if strict and request.name is not None and request.resource is not None:
+            key = (request.resource, request.namespace, request.name)
+            return [self.objects[key]] if key in self.objects else []
+        return kmock.KubernetesEmulator._KubernetesEmulator__get_objs(self, request, strict)
 
     async def _collect_garbage(self) -> None:
         """Delete objects whose every owner is gone (background cascading deletion)."""

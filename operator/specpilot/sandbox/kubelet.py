@@ -16,6 +16,7 @@ import contextlib
 import itertools
 import logging
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -74,11 +75,12 @@ class Kubelet:
     sim: SimSettings = field(default_factory=SimSettings)
     pods: dict[str, list[PodProcess]] = field(default_factory=dict)
     jobs: dict[str, JobRun] = field(default_factory=dict)
-    _ips: itertools.count = field(default_factory=lambda: itertools.count(2))
+    # Pod IPs are loopback addresses; start each kubelet at a random one so two sandboxes never collide.
+    _ips: itertools.count = field(default_factory=lambda: itertools.count(random.randrange(1_000_000)))
 
     def _next_ip(self) -> str:
         n = next(self._ips)
-        return f"127.0.{n // 250 + 10}.{n % 250 + 2}"
+        return f"127.{20 + n // 62_500 % 200}.{n // 250 % 250}.{n % 250 + 2}"
 
     def _sku_for(self, node_selector: dict[str, str]) -> str:
         for node in self.api.objects("nodes"):
@@ -210,7 +212,7 @@ class Kubelet:
         for _ in range(max(0, min(replicas - len(current), budget))):
             ip = self._next_ip()
             command, port = self._engine_command(deployment, ip)
-            pod_name = f"{name}-{revision[:6]}-{ip.rsplit('.', 2)[-2]}{ip.rsplit('.', 1)[-1]}"
+            pod_name = f"{name}-{revision[:6]}-" + "-".join(ip.split(".")[1:])
             pods.append(PodProcess(pod_name, ip, port, revision, self._spawn(command, f"pod-{pod_name}.log")))
         # maxUnavailable 0: an old pod stops only while ready pods beyond it still cover the replicas.
         ready_old = [p for p in old if p.ready]
