@@ -41,7 +41,6 @@ from functools import cache
 from pathlib import Path
 
 import aiohttp
-import kmock
 import numpy as np
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
@@ -49,7 +48,7 @@ from prometheus_client.parser import text_string_to_metric_families
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from specpilot.sandbox.apiserver import SandboxApiServer, SandboxEmulator  # noqa: E402
+from specpilot.sandbox.apiserver import SandboxApiServer  # noqa: E402
 from tests.operator.scenario import H100, H200, measured_status, node  # noqa: E402
 
 NAMESPACE = "scale"
@@ -88,55 +87,6 @@ def sdep_body(index: int) -> dict:
 def profile_result(sku: str, method: str | None, max_k: int) -> dict:
     """The status a benchmark Job would publish; identical inputs give identical results, so compute once."""
     return measured_status(sku, method, max_k)
-
-
-def _drop(requests: list, request: object) -> None:
-    for i in range(len(requests) - 1, -1, -1):
-        if requests[i] is request:
-            del requests[i]
-            return
-
-
-def speed_up_emulator() -> None:
-    """Take the emulator's per-request costs that grow with the cluster out of the measurement.
-
-    Three costs of the sandbox grow with what it holds, so at a few thousand objects and requests the
-    emulator, not the operator, is what this benchmark would time (N=200 ran 15 minutes, the emulator
-    using four times the operator's CPU):
-    - kmock logs every request and finds the reaction for a new one by scanning that log
-      (`request in payload._source`): each answered request is dropped from the logs (nothing here
-      asserts on past requests);
-    - kmock finds the object of a get/patch/delete by scanning every object: a named request looks its
-      key up instead (lists and watches still scan, as they must);
-    - the sandbox's garbage collector scans every object after every patch: it runs after deletes
-      only (nothing in this run removes an ownerReference by patching).
-    """
-    handle = SandboxEmulator._handle
-    collect_garbage = SandboxEmulator._collect_garbage
-    scan = kmock.KubernetesEmulator._KubernetesEmulator__get_objs
-
-    async def handle_then_forget(self: SandboxEmulator, request):
-        try:
-            return await handle(self, request)
-        finally:
-            _drop(self._requests, request)
-            for payload in self._payloads:
-                _drop(payload._requests, request)
-            if request.action == kmock.action.DELETE:
-                await collect_garbage(self)
-
-    async def collect_after_deletes_only(self: SandboxEmulator) -> None:
-        return None
-
-    def get_objs(self: kmock.KubernetesEmulator, request, strict: bool) -> list:
-        if strict and request.name is not None and request.resource is not None:
-            key = (request.resource, request.namespace, request.name)
-            return [self._objects[key]] if key in self._objects else []
-        return scan(self, request, strict)
-
-    SandboxEmulator._handle = handle_then_forget
-    SandboxEmulator._collect_garbage = collect_after_deletes_only
-    kmock.KubernetesEmulator._KubernetesEmulator__get_objs = get_objs
 
 
 # --- reading the operator: its /metrics and /proc ----------------------------------------------------------
@@ -520,7 +470,6 @@ def main() -> int:
     if args.count < 1:
         p.error("--count must be >= 1")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    speed_up_emulator()
     # A SIGTERM to the benchmark unwinds through asyncio.run, whose cleanup stops the operator.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     with tempfile.TemporaryDirectory(prefix="specpilot-scale-") as tmp:
