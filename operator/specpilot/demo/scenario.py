@@ -83,9 +83,9 @@ def default_scenario() -> DemoScenario:
 
 def fast_scenario() -> DemoScenario:
     return DemoScenario(
-        nodes=[("a100-node-1", "NVIDIA-A100-SXM4-80GB", "a100"), ("b200-node-1", "NVIDIA-B200", "b200")],
+        nodes=[("a100-node-1", "NVIDIA-A100-SXM4-80GB", "a100"), ("h100-node-1", "NVIDIA-H100-80GB-HBM3", "h100")],
         joining_node=("h200-node-1", "NVIDIA-H200", "h200"),
-        methods=["ngram"],
+        methods=["eagle3"],
         levels=[1, 8, 32, 128],
         requests_per_level=8,
         output_len=32,
