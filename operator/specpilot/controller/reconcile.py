@@ -542,27 +542,37 @@ LIVE_RESCHEDULE_DRIFT = 0.10
 """Relative change of mean acceptance length, live against the profile, that recomputes the schedule."""
 
 
-def _acceptance_drift(pool: PoolStatus, method_bodies: dict[str, dict]) -> float | None:
-    """|live - profiled| / profiled mean acceptance length of the method being served, or None."""
-    observed, decision = pool.observed, pool.decision
-    if observed is None or not observed.mean_acceptance_length or decision is None or not decision.method \
-            or not pool.speculation_enabled or decision.method not in method_bodies:
+def _profiled_acceptance(pool: PoolStatus, method_bodies: dict[str, dict]) -> tuple[list[float], float] | None:
+    """(per-position acceptance, drafts per step) of the served method's largest-K run."""
+    decision = pool.decision
+    if decision is None or not decision.method or decision.method not in method_bodies:
         return None
     runs = (method_bodies[decision.method].get("status") or {}).get("runs") or []
     top = max((r for r in runs if r.get("numSpeculativeTokens")), key=lambda r: r["numSpeculativeTokens"],
               default=None)
-    profiled = ((top or {}).get("acceptance") or {}).get("meanAcceptanceLength")
-    if not profiled:
+    acceptance = (top or {}).get("acceptance") or {}
+    if not acceptance.get("perPosition"):
         return None
-    return abs(observed.mean_acceptance_length - profiled) / profiled
+    return list(acceptance["perPosition"]), float(acceptance.get("draftsPerStep") or 1.0)
+
+
+def _acceptance_drift(pool: PoolStatus, method_bodies: dict[str, dict]) -> float | None:
+    """|live - profiled| / profiled acceptance at the first draft position of the served method, or None.
+
+    Only position 0 compares like with like: under a schedule the engine drafts fewer tokens at higher
+    batch sizes, so later positions and the mean acceptance length mix in steps that never drafted them."""
+    observed, profiled = pool.observed, _profiled_acceptance(pool, method_bodies)
+    if observed is None or not observed.acceptance_per_position or profiled is None or not pool.speculation_enabled:
+        return None
+    return abs(observed.acceptance_per_position[0] - profiled[0][0]) / max(profiled[0][0], 1e-9)
 
 
 def _live_acceptance(pool: PoolStatus, method_bodies: dict[str, dict]) -> dict[str, tuple[list[float], float]] | None:
     """The acceptance the decision should use instead of the profile's, with hysteresis so that noise and
     the decision's own effect (speculation off: nothing observed) never flip it back and forth:
-    - fresh live data more than 10% off the profile, and more than 10% off the live data the current
-      decision already used: the new live data;
-    - live data back within 5% of the profile: none (the profile again);
+    - live first-position acceptance more than 10% off the profile, and more than 10% off what the current
+      decision already used: the profile's per-position curve scaled to the live level;
+    - back within 5% of the profile: none (the profile again);
     - otherwise (no fresh data, or in between): whatever the current decision used."""
     decision = pool.decision
     kept = None
@@ -576,13 +586,14 @@ def _live_acceptance(pool: PoolStatus, method_bodies: dict[str, dict]) -> dict[s
         return None
     if drift < LIVE_RESCHEDULE_DRIFT:
         return kept
-    observed = pool.observed
-    fresh = (list(observed.acceptance_per_position), observed.drafts_per_step or 1.0)
+    live_first = pool.observed.acceptance_per_position[0]
     if kept and decision.method in kept:
-        old_length = 1 + kept[decision.method][1] * sum(kept[decision.method][0])
-        if abs(observed.mean_acceptance_length - old_length) / old_length < LIVE_RESCHEDULE_DRIFT:
+        kept_first = kept[decision.method][0][0]
+        if abs(live_first - kept_first) / max(kept_first, 1e-9) < LIVE_RESCHEDULE_DRIFT:
             return kept
-    return {decision.method: fresh}
+    per_position, drafts_per_step = _profiled_acceptance(pool, method_bodies)
+    scale = live_first / max(per_position[0], 1e-9)
+    return {decision.method: ([min(1.0, p * scale) for p in per_position], drafts_per_step)}
 
 
 def _drifted_profile(spec: SpeculativeDeploymentSpec, view: desired.PoolView, needed: list[desired.NeededProfile],
