@@ -128,7 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sweep_args = p.add_argument_group("sweep")
     sweep_args.add_argument("--warmup-requests", type=int, default=0, help="warm-up requests per level "
-                            "(default: the level's concurrency)")
+                            "(default: the level's concurrency, at most 4)")
     sweep_args.add_argument("--slo-tpot-ms", type=float, help="TPOT SLO for goodput and early stop")
     sweep_args.add_argument("--slo-ttft-ms", type=float, help="TTFT SLO for goodput and early stop")
     sweep_args.add_argument("--no-early-stop", action="store_true", help="measure every level even when saturated")

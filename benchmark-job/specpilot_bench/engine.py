@@ -100,6 +100,8 @@ async def wait_until_ready(base_url: str, timeout_s: float, process: subprocess.
         where = f"\nEngine log {log_path} ends with:\n{tail}" if tail else ""
         return EngineStartError(f"{reason}{where}")
 
+    # Poll fast first (a simulated or cached engine is up in a second), backing off to once a second.
+    interval = 0.1
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
         while True:
             if process is not None and process.poll() is not None:
@@ -118,7 +120,8 @@ async def wait_until_ready(base_url: str, timeout_s: float, process: subprocess.
             if time.monotonic() > deadline:
                 raise failure(f"the engine at {base_url} was not ready within {timeout_s:.0f} s "
                               "(raise --engine-start-timeout if it is still loading)")
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(interval)
+            interval = min(1.0, interval * 1.5)
 
 
 class LaunchedEngine:

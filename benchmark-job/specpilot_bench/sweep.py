@@ -10,6 +10,7 @@ view (spec-decode counters, generation tokens, preemptions) and sample the load 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import importlib.util
 import math
@@ -41,6 +42,16 @@ TOKENS_PER_WORD = 1.3
 """Prompt tokens per whitespace-separated word, for an engine without /tokenize (English text, BPE tokenizers)."""
 RETOKENIZE_MARGIN_TOKENS = 8
 """A truncated prompt keeps this many tokens fewer than the room: re-tokenizing decoded text can merge differently."""
+DEFAULT_WARMUP_REQUESTS = 4
+"""Warm-up requests per level unless --warmup-requests says otherwise (at most the level's concurrency): enough
+to run the level's code paths once. A full wave would not reach steady state either (the warm-up is awaited
+before the measured requests start, which then arrive together); MIN_WAVES of measured requests see to that."""
+TOKENIZE_PARALLELISM = 16
+"""/tokenize calls in flight while the prompts are fitted (one at a time costs a round trip per prompt)."""
+
+
+def default_warmup(concurrency: int) -> int:
+    return min(concurrency, DEFAULT_WARMUP_REQUESTS)
 
 
 def use_vllm_generator(environ: Mapping[str, str] = os.environ) -> bool:
@@ -188,18 +199,28 @@ async def fit_prompts(base_url: str, model_id: str, prompts: Sequence[Prompt],
     gets estimated lengths, `TOKENS_PER_WORD` per word, and word-boundary truncation; the load generator
     replaces each estimate with the engine's `usage.prompt_tokens` once the request has run.
     """
-    out = []
-    exact = True
+    if not prompts:
+        return []
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
-        for prompt in prompts:
+        # The first answer tells whether the engine tokenizes at all; the rest go TOKENIZE_PARALLELISM at a time.
+        first = await _tokenize(session, base_url, model_id, prompts[0].text)
+        if first is None:
+            print(f"[specpilot-bench] {base_url} has no /tokenize: prompt lengths are estimated at "
+                  f"{TOKENS_PER_WORD} tokens per word", file=sys.stderr, flush=True)
+            token_lists: list[list[int] | None] = [None] * len(prompts)
+        else:
+            limit = asyncio.Semaphore(TOKENIZE_PARALLELISM)
+
+            async def tokenize(text: str) -> list[int] | None:
+                async with limit:
+                    return await _tokenize(session, base_url, model_id, text)
+
+            token_lists = [first, *await asyncio.gather(*(tokenize(p.text) for p in prompts[1:]))]
+        out = []
+        for prompt, tokens in zip(prompts, token_lists, strict=True):
             max_tokens = prompt.max_tokens if not max_model_len else min(prompt.max_tokens, max_model_len // 2)
             room = (max_model_len - max_tokens) if max_model_len else None
-            tokens = await _tokenize(session, base_url, model_id, prompt.text) if exact else None
             if tokens is None:
-                if exact:
-                    print(f"[specpilot-bench] {base_url} has no /tokenize: prompt lengths are estimated at "
-                          f"{TOKENS_PER_WORD} tokens per word", file=sys.stderr, flush=True)
-                    exact = False
                 text = truncated_by_estimate(prompt.text, room) if room else prompt.text
                 out.append(CompletionRequest(text, estimated_prompt_len(text), max_tokens))
                 continue
@@ -271,8 +292,9 @@ async def sweep(run: Run, base_url: str, model_id: str, requests_by_level: dict[
           file=sys.stderr, flush=True)
     try:
         for concurrency, requests in requests_by_level.items():
-            point = await measure_level(base_url, model_id, requests, warmup_requests or concurrency, concurrency,
-                                        slo, temperature, ignore_eos)
+            warmup = warmup_requests or default_warmup(concurrency)
+            point = await measure_level(base_url, model_id, requests, warmup, concurrency, slo, temperature,
+                                        ignore_eos)
             run.points.append(point)
             run.acceptance = run_acceptance(run.points)
             print(f"[specpilot-bench] k={run.num_speculative_tokens} c={concurrency}: "

@@ -320,6 +320,15 @@ async def test_fit_prompts_tokenizes_where_the_engine_can_and_estimates_where_it
     assert estimated[1].expected_output_len == 256 and estimated[1].prompt_len <= 256
 
 
+async def test_fit_prompts_tokenizes_in_parallel_and_keeps_the_order():
+    prompts = [Prompt(" ".join(["w"] * n), 8) for n in range(1, 60)]
+    async with serving(FakeEngine(tokenize=True)) as url:
+        fitted = await fit_prompts(url, MODEL, prompts, None)
+    assert [r.prompt_len for r in fitted] == list(range(1, 60))
+    assert [r.prompt for r in fitted] == [p.text for p in prompts]
+    assert await fit_prompts(url, MODEL, [], None) == []
+
+
 def test_cli_imports_neither_vllm_nor_torch_and_helps_without_them():
     loaded = subprocess.run(
         [sys.executable, "-c", "import sys, specpilot_bench.cli; "
