@@ -373,3 +373,36 @@ async def test_a_client_that_goes_away_frees_its_slot():
                     break
                 await asyncio.sleep(0.01)
     assert core.running == [] and core.used_blocks == 0
+
+
+def _closed_loop(concurrency: int, *extra: str, sku: str = "H100-SXM", output_len: int = 32) -> float:
+    from specpilot.sandbox.engine import make_core
+    from specpilot.sandbox.engine_core import closed_loop_ms_per_token
+
+    config = build_config(["--model", MODEL, "--sku", sku, *extra])
+    return closed_loop_ms_per_token(make_core(config), concurrency, 60, output_len)
+
+
+def test_closed_loop_alone_is_prefill_plus_decode_steps():
+    twin = Twin(DEFAULT_CATALOG.resolve("H100-SXM"), resolve_model(MODEL))
+    # One request at a time: its prefill step makes the first token, then 31 decode steps at batch 1.
+    steps = [twin.prefill_time_s(60, 1)] + [twin.step_time_s(1, 0, 60 + i) for i in range(1, 32)]
+    assert _closed_loop(1) == pytest.approx(1000 * sum(steps) / 32, rel=0.02)
+
+
+def test_closed_loop_shows_the_crossover_and_the_schedule_follows_it():
+    alone = {"off": _closed_loop(1), "k3": _closed_loop(1, "--speculative-config", EAGLE3_K3)}
+    crowd = {"off": _closed_loop(192, sku="A100-80GB-SXM"),
+             "k3": _closed_loop(192, "--speculative-config", EAGLE3_K3, sku="A100-80GB-SXM")}
+    assert alone["k3"] < 0.8 * alone["off"]  # speculation pays alone
+    assert crowd["k3"] > crowd["off"]  # and costs in a crowd on the A100
+    scheduled = _closed_loop(192, "--speculative-config", EAGLE3_SCHEDULE, sku="A100-80GB-SXM")
+    assert scheduled < crowd["k3"]  # the schedule turns it off there
+    # Queueing and prefill are in it: a crowd's per-token latency is above the decode step alone.
+    twin = Twin(DEFAULT_CATALOG.resolve("A100-80GB-SXM"), resolve_model(MODEL))
+    assert crowd["off"] > 1000 * twin.step_time_s(192, 0, 76)
+
+
+def test_closed_loop_rejects_nonsense():
+    with pytest.raises(ValueError, match="concurrency"):
+        _closed_loop(0)

@@ -13,7 +13,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from rich.live import Live
     from rich.table import Table
 
-    from .report import summary_rows, write_reports
+    from .report import stage_durations, summary_rows, write_reports
     from .run import Demo, DemoError
     from .scenario import default_scenario, fast_scenario
     from .view import render
@@ -60,10 +60,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
                       f"{r.cost_no_sd:.3f}", f"{r.cost_always_sd:.3f}")
     console.print(table)
     console.print(f"* clients' wall ms x {scenario.sim.time_scale:g} (the simulated GPUs' speed-up): the GPU time "
-                  "it stands for. The no-SD and always-SD columns are the twin's prediction at the same load.")
+                  "it stands for. The no-SD and always-SD columns are what the same simulated engine measures at "
+                  "that load with no speculation or with speculation always on at max K.")
     for pool in result.status.get("pools") or []:
         decision = pool.get("decision") or {}
         console.print(f"  {pool['name']} ({pool.get('sku') or 'no nodes'}): {decision.get('reason', 'no decision')}")
+    console.print("Where the time went: " + "; ".join(f"{stage} {seconds:g} s"
+                                                     for stage, seconds in stage_durations(result)))
     written = write_reports(result, scenario, rows, out)
     console.print(f"New GPU type {scenario.joining_node[1]} profiled after joining: {result.joined_pool_profiled}. "
                   f"Client errors: {result.errors}. Processes left running: {result.processes_left}. "

@@ -1,23 +1,27 @@
 """The demo's summary: per phase and pool, what specpilot's configuration delivered (measured by the
-clients) against no speculation and always-on speculation at the same load (predicted by the twin the
-simulated GPUs run on), plus PNG plots and a JSON/markdown report."""
+clients) against no speculation and always-on speculation at the same load, plus PNG plots and a
+JSON/markdown report.
+
+The baselines are what the same simulated engine (its continuous batching over the twin, prefill and time
+to first token included) measures at that load per client, run in virtual time: like for like with the
+clients' measurement, so the only difference left is the speculative configuration."""
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ..api.methods import method_family
+from ..api.methods import CandidateMethod
 from ..api.schedule import ScheduleRange, k_at
 from ..perf.catalog import DEFAULT_CATALOG
 from ..perf.cost import cost_per_million_tokens
-from ..perf.models import resolve_model
-from ..perf.twin import Twin
+from ..sandbox.engine import build_config, make_core, tokenize
+from ..sandbox.engine_core import closed_loop_ms_per_token
+from .load import PROMPT
 from .run import DemoResult
 from .scenario import DemoScenario
-
-PROMPT_TOKENS = 60
 
 
 @dataclass
@@ -40,8 +44,7 @@ class Row:
 def summary_rows(result: DemoResult, scenario: DemoScenario) -> list[Row]:
     pools = {p["name"]: p for p in result.status.get("pools") or []}
     spec = scenario.deployment()["spec"]
-    model = resolve_model(spec["model"]["id"])
-    context = PROMPT_TOKENS + scenario.output_len / 2
+    prompt_tokens = len(tokenize(PROMPT))
     rows = []
     for phase in result.phases:
         for name, measured in sorted(phase.pools.items()):
@@ -50,32 +53,55 @@ def summary_rows(result: DemoResult, scenario: DemoScenario) -> list[Row]:
             sku = pool.get("sku")
             if not sku or not decision.get("method") or measured.concurrency_per_replica <= 0:
                 continue
-            candidate = next(m for m in spec["methods"]
-                             if (m.get("name") or m["method"].replace("_", "-")) == decision["method"])
-            gpu = DEFAULT_CATALOG.resolve(sku)
-            price = gpu.default_price_per_gpu_hour
-            baseline = Twin(gpu, model, workload="sharegpt")
-            speculative = Twin(gpu, model, method=method_family(candidate["method"]), workload="sharegpt")
-            batch = max(1.0, measured.concurrency_per_replica)
+            candidate = CandidateMethod.model_validate(next(
+                m for m in spec["methods"] if (m.get("name") or m["method"].replace("_", "-")) == decision["method"]))
+            price = DEFAULT_CATALOG.resolve(sku).default_price_per_gpu_hour
+            batch = max(1, round(measured.concurrency_per_replica))
             schedule = [ScheduleRange.model_validate(r) for r in decision.get("schedule") or []]
-            k = k_at(schedule, max(1, round(batch))) if schedule else decision.get("numSpeculativeTokens", 0)
-            big_k = candidate["numSpeculativeTokens"]
-            tpot = {
-                "none": baseline.tpot_s(batch, 0, context),
-                "always": speculative.tpot_s(batch, big_k, context),
-                "specpilot": speculative.tpot_s(batch, k, context) if k else baseline.tpot_s(batch, 0, context),
+            k = k_at(schedule, batch) if schedule else decision.get("numSpeculativeTokens", 0)
+            configs = {
+                "none": None,
+                "always": candidate.speculative_config(),
+                "specpilot": candidate.speculative_config(decision.get("numSpeculativeTokens") or None, schedule)
+                if schedule or k else None,
             }
-            cost = {key: cost_per_million_tokens(price, 1, batch / value) for key, value in tpot.items()}
+            # What the same simulated engine measures at this load under each configuration (virtual time).
+            ms = {key: _ms_per_token(spec["model"]["id"], sku, config, scenario.sim.workload, batch, prompt_tokens,
+                                     scenario.output_len) for key, config in configs.items()}
+            cost = {key: cost_per_million_tokens(price, 1, batch * 1000 / value) for key, value in ms.items()}
             rows.append(Row(
-                phase=phase.phase.name, pool=name, sku=sku, concurrency_per_replica=round(batch, 1),
+                phase=phase.phase.name, pool=name, sku=sku, concurrency_per_replica=round(measured.concurrency_per_replica, 1),
                 k_specpilot=k, sd_share=measured.drafts_per_generated_token,
                 # The simulated GPUs run time_scale times faster than the GPUs they stand for.
                 ms_per_token_measured=None if measured.ms_per_token_p50 is None
                 else measured.ms_per_token_p50 * scenario.sim.time_scale,
-                ms_per_token_no_sd=1000 * tpot["none"], ms_per_token_always_sd=1000 * tpot["always"],
-                ms_per_token_specpilot_twin=1000 * tpot["specpilot"],
+                ms_per_token_no_sd=ms["none"], ms_per_token_always_sd=ms["always"],
+                ms_per_token_specpilot_twin=ms["specpilot"],
                 cost_specpilot=cost["specpilot"], cost_no_sd=cost["none"], cost_always_sd=cost["always"]))
     return rows
+
+
+@functools.lru_cache(maxsize=256)
+def _ms_per_token_cached(model: str, sku: str, config: str, workload: str, concurrency: int, prompt_tokens: int,
+                         output_len: int) -> float:
+    argv = ["--model", model, f"--sku={sku}", f"--workload={workload}"]
+    if config != "null":
+        argv += ["--speculative-config", config]
+    return closed_loop_ms_per_token(make_core(build_config(argv)), concurrency, prompt_tokens, output_len)
+
+
+def _ms_per_token(model: str, sku: str, config: dict | None, workload: str, concurrency: int, prompt_tokens: int,
+                  output_len: int) -> float:
+    """Median end-to-end ms per output token that clients keeping `concurrency` requests in flight see on one
+    simulated engine of `sku` started with `--speculative-config config` (None: no speculation)."""
+    return _ms_per_token_cached(model, sku, json.dumps(config, sort_keys=True), workload, concurrency,
+                                prompt_tokens, max(2, output_len))
+
+
+def stage_durations(result: DemoResult) -> list[tuple[str, float]]:
+    """(stage, wall seconds it lasted), in order: where the demo's wall time went."""
+    ends = [t for _, t in result.stages[1:]] + [result.wall_s]
+    return [(stage, round(end - start, 1)) for (stage, start), end in zip(result.stages, ends, strict=True)]
 
 
 def write_reports(result: DemoResult, scenario: DemoScenario, rows: list[Row], out: Path) -> list[Path]:
@@ -83,6 +109,7 @@ def write_reports(result: DemoResult, scenario: DemoScenario, rows: list[Row], o
     written = []
     report = {
         "wall_s": round(result.wall_s, 1),
+        "stages": [{"stage": stage, "seconds": seconds} for stage, seconds in stage_durations(result)],
         "profiles": [{"name": p["metadata"]["name"], "sku": p["spec"]["sku"],
                       "method": (p["spec"].get("method") or {}).get("method", "baseline"),
                       "phase": (p.get("status") or {}).get("phase")} for p in result.profiles],
@@ -96,6 +123,8 @@ def write_reports(result: DemoResult, scenario: DemoScenario, rows: list[Row], o
     written.append(path)
     lines = ["# specpilot demo", "", f"Wall time: {result.wall_s:.0f} s. New GPU pool `{result.joined_pool}` "
              f"profiled: {result.joined_pool_profiled}.", "",
+             "Where the time went: " + "; ".join(f"{stage} {seconds:g} s" for stage, seconds in stage_durations(result))
+             + ".", "",
              "| phase | pool | GPU | conc./replica | K | drafts/token | ms/token measured | ms/token no SD | "
              "ms/token always SD | $/Mtok specpilot | $/Mtok no SD | $/Mtok always SD |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]

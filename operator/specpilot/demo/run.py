@@ -70,6 +70,8 @@ class DemoResult:
     wall_s: float = 0.0
     timeline: list[tuple[float, int, dict[str, float]]] = field(default_factory=list)
     """(seconds since the trace began, requests in flight, pool -> ms/token over the last 5 s)."""
+    stages: list[tuple[str, float]] = field(default_factory=list)
+    """(stage, wall seconds since the demo started) when each stage began: where the wall time went."""
 
 
 class DemoError(RuntimeError):
@@ -90,9 +92,19 @@ class Demo:
         self.kubelet: Kubelet | None = None
         self.driver: LoadDriver | None = None
         self.phase: Phase | None = None
-        self.stage = "starting"
         self.started = time.monotonic()
+        self.stages: list[tuple[str, float]] = []
+        self.stage = "starting"
         self.operator: subprocess.Popen | None = None
+        self.joined_at = 0.0
+
+    @property
+    def stage(self) -> str:
+        return self.stages[-1][0]
+
+    @stage.setter
+    def stage(self, stage: str) -> None:
+        self.stages.append((stage, round(time.monotonic() - self.started, 2)))
 
     # ----- what the view reads -----
 
@@ -149,6 +161,7 @@ class Demo:
                 result.status = self.status()
                 result.events = self.events()
         result.wall_s = time.monotonic() - self.started
+        result.stages = list(self.stages)
         return result
 
     async def _run_scenario(self, result: DemoResult) -> None:
@@ -165,9 +178,16 @@ class Demo:
             trace_start = time.monotonic()
             sampler = asyncio.create_task(self._sample_timeline(result, trace_start))
             try:
-                for phase in self.scenario.phases:
+                node_name, product, pool = self.scenario.joining_node
+                result.joined_pool = pool
+                for i, phase in enumerate(self.scenario.phases):
                     self.phase = phase
                     self.stage = f"load: {phase.name}"
+                    if i == len(self.scenario.phases) - 1:
+                        # After the ramp up and down, a node of a new GPU type joins: the operator profiles it
+                        # while the cluster keeps serving the last phase's load.
+                        self.joined_at = time.monotonic()
+                        await self.api.create(_node(node_name, product, pool))
                     await driver.set_concurrency(phase.concurrency)
                     before, revisions_before = await self._counters(), self._revisions()
                     started = time.monotonic()
@@ -175,15 +195,12 @@ class Demo:
                     after, revisions_after = await self._counters(), self._revisions()
                     result.phases.append(self._phase_result(phase, started, time.monotonic(), before, after,
                                                             revisions_before, revisions_after))
-                node_name, product, pool = self.scenario.joining_node
-                result.joined_pool = pool
-                self.stage = f"new GPU type joins: {product}"
-                self.phase = self.scenario.phases[0]
-                await driver.set_concurrency(self.scenario.phases[0].concurrency)
-                await self.api.create(_node(node_name, product, pool))
-                with contextlib.suppress(DemoError):
-                    await self._wait(lambda: self._decided(pool), self.scenario.after_join_timeout_s,
-                                     f"pool {pool} profiled")
+                if not self._decided(pool):
+                    self.stage = f"profiling the new GPU type {product}"
+                    with contextlib.suppress(DemoError):
+                        await self._wait(lambda: self._decided(pool),
+                                         self.scenario.after_join_timeout_s - (time.monotonic() - self.joined_at),
+                                         f"pool {pool} profiled")
                 result.joined_pool_profiled = self._decided(pool)
             finally:
                 sampler.cancel()

@@ -30,13 +30,15 @@ class DemoScenario:
     nodes: list[tuple[str, str, str]]
     """(node name, nvidia.com/gpu.product, pool label) present from the start."""
     joining_node: tuple[str, str, str]
-    """The node of a new GPU type that joins after the load trace."""
+    """The node of a new GPU type: it joins as the last phase begins (after the ramp up and down), and the
+    operator profiles it while the cluster serves that phase."""
     levels: list[int]
     """Profiled concurrency levels."""
     requests_per_level: int
     output_len: int
     phases: list[Phase]
     after_join_timeout_s: float
+    """How long after joining the new GPU type may take to be profiled and decided."""
     sim: SimSettings = field(default_factory=SimSettings)
     methods: list[str] = field(default_factory=lambda: ["ngram", "draft_model"])
     """Candidate methods (from METHODS)."""
@@ -86,11 +88,11 @@ def fast_scenario() -> DemoScenario:
         nodes=[("a100-node-1", "NVIDIA-A100-SXM4-80GB", "a100"), ("h100-node-1", "NVIDIA-H100-80GB-HBM3", "h100")],
         joining_node=("h200-node-1", "NVIDIA-H200", "h200"),
         methods=["eagle3"],
-        levels=[1, 8, 32, 128],
-        requests_per_level=8,
+        levels=[1, 16, 128],
+        requests_per_level=2,
         output_len=32,
-        phases=[Phase("quiet", 8, 6), Phase("peak", 120, 8), Phase("quiet", 8, 6)],
+        phases=[Phase("quiet", 8, 2), Phase("peak", 200, 4), Phase("quiet", 8, 3)],
         after_join_timeout_s=150,
-        sim=SimSettings(time_scale=0.5, startup_delay_s=1),
+        sim=SimSettings(time_scale=1, startup_delay_s=0.25),
         reconcile_interval_s=0.5,
     )

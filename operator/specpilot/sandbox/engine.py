@@ -342,23 +342,24 @@ class _MergedCollector(Collector):
         return iter(merged.values())
 
 
+def make_core(config: EngineConfig, rank: int = 0) -> EngineCore:
+    """The engine core of one data-parallel rank of the engine `config` describes."""
+    k = config.num_speculative_tokens
+    return EngineCore(config.twin, k_at_batch=config.k_at_batch, max_k=k,
+                      kv_capacity_tokens=config.kv_capacity_tokens, max_num_seqs=config.max_num_seqs,
+                      max_num_batched_tokens=config.max_num_batched_tokens, time_scale=config.time_scale,
+                      seed=config.seed + rank,
+                      metrics=EngineMetrics(model_name=config.served_model_names[0], engine=str(rank),
+                                            num_gpu_blocks=config.kv_capacity_tokens // BLOCK_SIZE,
+                                            acceptance_per_position=config.twin.acceptance.per_position[:k]))
+
+
 class SimulatedEngine:
     """The HTTP server and its engine cores (one per data-parallel rank). `await start()`, `await stop()`."""
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
-        k = config.num_speculative_tokens
-        prior = config.twin.acceptance.per_position[:k]
-        self.cores = [
-            EngineCore(config.twin, k_at_batch=config.k_at_batch, max_k=k,
-                       kv_capacity_tokens=config.kv_capacity_tokens, max_num_seqs=config.max_num_seqs,
-                       max_num_batched_tokens=config.max_num_batched_tokens, time_scale=config.time_scale,
-                       seed=config.seed + rank,
-                       metrics=EngineMetrics(model_name=config.served_model_names[0], engine=str(rank),
-                                             num_gpu_blocks=config.kv_capacity_tokens // BLOCK_SIZE,
-                                             acceptance_per_position=prior))
-            for rank in range(config.data_parallel_size)
-        ]
+        self.cores = [make_core(config, rank) for rank in range(config.data_parallel_size)]
         self.loaded = asyncio.Event()
         self._lengths = request_lengths(config.workload).output
         self._length_rng = np.random.default_rng(config.seed + 7919)
