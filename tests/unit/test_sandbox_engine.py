@@ -375,6 +375,25 @@ async def test_a_client_that_goes_away_frees_its_slot():
     assert core.running == [] and core.used_blocks == 0
 
 
+async def test_stopping_aborts_requests_in_flight_so_the_server_closes_at_once():
+    async with running_engine(engine_args(time_scale=1)) as engine:
+        async with aiohttp.ClientSession() as session:
+            pending = asyncio.create_task(session.post(f"{engine.base_url}/v1/completions", json={
+                "prompt": "hi", "max_tokens": 5000, "ignore_eos": True}))
+            for _ in range(200):
+                if engine.cores[0].running:
+                    break
+                await asyncio.sleep(0.01)
+            stopping = asyncio.create_task(engine.stop())
+            response = await pending
+            body = await response.json()
+            await stopping
+    # vLLM ends what it was generating with finish_reason "abort" when it shuts down; a handler left waiting
+    # would hold the server open for its whole shutdown timeout.
+    assert body["choices"][0]["finish_reason"] == "abort"
+    assert engine.cores[0].running == [] and engine.cores[0].used_blocks == 0
+
+
 def _closed_loop(concurrency: int, *extra: str, sku: str = "H100-SXM", output_len: int = 32) -> float:
     from specpilot.sandbox.engine import make_core
     from specpilot.sandbox.engine_core import closed_loop_ms_per_token

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import logging
+import signal
 import sys
 from datetime import UTC, datetime
 
@@ -50,6 +52,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from .reconcile import Context
 
     configure_logging(args.log_format, args.verbose)
+    # `kill -USR1 <pid>` prints every thread's stack to stderr: what a stuck operator is waiting on.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     if args.all_namespaces and args.namespace:
         raise SystemExit("give either --all-namespaces or --namespace, not both")
     config = load_config(args.config)

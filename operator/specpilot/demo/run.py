@@ -327,6 +327,9 @@ class Demo:
             if self.operator.poll() is not None:
                 return
             await asyncio.sleep(0.1)
+        # Still running after 10 s: its threads' stacks go to operator.log (what it was stuck on), then kill it.
+        os.kill(self.operator.pid, signal.SIGUSR1)
+        await asyncio.sleep(0.2)
         os.killpg(self.operator.pid, signal.SIGKILL)
         self.operator.wait()
 

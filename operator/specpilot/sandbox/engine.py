@@ -371,7 +371,8 @@ class SimulatedEngine:
     # ---- lifecycle -------------------------------------------------------------------------------------
     async def start(self) -> str:
         """Binds the server, starts the cores, and marks the model loaded after the startup delay."""
-        self._runner = web.AppRunner(self._app(), access_log=None, handle_signals=False)
+        self._runner = web.AppRunner(self._app(), access_log=None, handle_signals=False,
+                                     shutdown_timeout=2.0)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.config.host, self.config.port)
         await site.start()
@@ -398,6 +399,8 @@ class SimulatedEngine:
     async def stop(self) -> None:
         for task in self._tasks:
             task.cancel()
+        for core in self.cores:
+            core.shutdown()
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task

@@ -218,6 +218,17 @@ class EngineCore:
         if request in self.waiting:
             self.waiting.remove(request)
 
+    def shutdown(self) -> None:
+        """Ends every request still in the engine with finish reason "abort" (as vLLM does on shutdown), so
+        their handlers answer and the server can close without waiting on them."""
+        for request in [*self.running, *self.waiting]:
+            if not request.finished:
+                request.aborted = True
+                request.finish_reason = "abort"
+                request.outputs.put_nowait((0, "abort"))
+        self.waiting.clear()
+        self._drop_finished()
+
     # ---- the loop --------------------------------------------------------------------------------------
     async def run(self) -> None:
         """Steps while there is work, sleeps on an event while there is none."""
