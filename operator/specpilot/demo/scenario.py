@@ -72,14 +72,14 @@ def default_scenario() -> DemoScenario:
     return DemoScenario(
         nodes=[("a100-node-1", "NVIDIA-A100-SXM4-80GB", "a100"), ("h100-node-1", "NVIDIA-H100-80GB-HBM3", "h100")],
         joining_node=("h200-node-1", "NVIDIA-H200", "h200"),
-        levels=[1, 2, 4, 8, 16, 32, 64, 128],
-        requests_per_level=8,
-        output_len=64,
+        levels=[1, 4, 16, 64, 128],
+        requests_per_level=4,
+        output_len=48,
         methods=["ngram", "eagle3"],
-        phases=[Phase("quiet", 8, 15), Phase("busy", 60, 15), Phase("peak", 160, 20), Phase("busy", 60, 10),
-                Phase("quiet", 8, 15)],
+        phases=[Phase("quiet", 8, 10), Phase("busy", 60, 10), Phase("peak", 200, 15), Phase("busy", 60, 8),
+                Phase("quiet", 8, 12)],
         after_join_timeout_s=120,
-        sim=SimSettings(time_scale=1, startup_delay_s=2),
+        sim=SimSettings(time_scale=1, startup_delay_s=1),
     )
 
 
