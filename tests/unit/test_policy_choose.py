@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime
 
 import pytest
@@ -9,7 +10,7 @@ import pytest
 from specpilot.api.deployment import Policy
 from specpilot.api.profile import ProfilePhase
 from specpilot.perf import cost_per_million_tokens
-from specpilot.policy.choose import decide_pool
+from specpilot.policy.choose import BASELINE_KEY, CandidatePlan, _pick, decide_pool
 from specpilot.sim.synthetic import Scenario, synthetic_profiles
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
@@ -106,3 +107,17 @@ def test_missing_baseline_or_unready_profiles_hold_speculation_off(pool):
     pending.status.phase = ProfilePhase.RUNNING.value
     plan = decide_pool(Policy(), candidates[:1], baseline, {"eagle3": pending}, 2.5, 1, now=NOW)
     assert plan.decision.method is None and "not ready: eagle3" in plan.decision.reason
+
+
+
+def test_a_method_must_beat_no_speculation_by_the_minimum_gain():
+    """Deploying a method at all (vs the plain engine, where the drafter's own cost is weighed) is the pool's
+    choice: it needs minGainPercent over the expected load, by goodput or by $/Mtok; ties keep the baseline."""
+    base = CandidatePlan(key=BASELINE_KEY, method=None, ready=True, expected_goodput_tok_s=100.0, cost_per_mtok=1.0)
+    method = CandidatePlan(key="eagle3", method="eagle3", ready=True, num_speculative_tokens=3,
+                           expected_goodput_tok_s=101.5, cost_per_mtok=1.0 / 1.015)
+    for objective in ("goodput", "cost"):
+        assert _pick([base, method], objective, 1.0) is method
+        assert _pick([base, method], objective, 2.0) is base
+    tie = dataclasses.replace(method, expected_goodput_tok_s=100.0, cost_per_mtok=1.0)
+    assert _pick([base, tie], "goodput", 0.0) is base and _pick([base, tie], "cost", 0.0) is base

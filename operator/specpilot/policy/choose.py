@@ -4,8 +4,11 @@ Every candidate with a Succeeded profile gets its schedule (policy.schedule) and
 the concurrency the replicas see: the observed histogram, else `policy.expectedConcurrency`, else a uniform
 spread over the profiled levels. Memory counts: a drafter takes KV cache, so a replica holds at most
 kv_capacity_tokens / tokens-per-request requests and goodput saturates there. The baseline (no
-speculation) is a candidate too and wins ties. The objective picks by goodput or by dollars per million
-tokens (price_per_gpu_hour * gpus_per_replica / (3600 * tokens/s per replica)).
+speculation, the plain engine without a drafter) is a candidate too: a method is deployed only when it beats
+it by `policy.minGainPercent` over that load (0.1% at least, so the baseline wins ties). This is where the
+drafter's own cost is weighed; a schedule's noise guard compares against k = 0 on the method's engine. The
+objective picks by goodput or by dollars per million tokens (price_per_gpu_hour * gpus_per_replica / (3600 *
+tokens/s per replica)).
 
 Strategy: dynamic puts the schedule in the engine; restart (policy says so, or auto when the method or
 engine cannot take a schedule) serves one fixed k and lets policy.restart toggle speculation around the
@@ -181,9 +184,9 @@ def decide_pool(policy: Policy, candidates: list[CandidateMethod], baseline: Spe
                                      engine_supports_dynamic, max_batch_size)
         rows.append(row)
         sources[candidate.key] = source
-    chosen = _pick(rows, policy.objective)
+    chosen = _pick(rows, policy.objective, policy.min_gain_percent)
     decision = _decision(chosen, rows, base_expected, load_words, sources.get(chosen.key, "profile"), now,
-                         policy.objective)
+                         policy.objective, policy.min_gain_percent)
     return PoolPlan(decision=decision, candidates=tuple(rows),
                     capacity_concurrency_per_replica=chosen.capacity_concurrency)
 
@@ -254,15 +257,21 @@ def _candidate_row(candidate: CandidateMethod, profile: SpeculationProfile | Non
                          capacity_concurrency=_capacity(plan.tpot_ms_at, policy.tpot_slo_ms, limit)), source
 
 
-def _pick(rows: list[CandidatePlan], objective: str) -> CandidatePlan:
+def _margin(min_gain_percent: float) -> float:
+    """Factor by which a method must beat no speculation: the minimum gain, 0.1% at least (ties stay off)."""
+    return 1.0 + max(1e-3, min_gain_percent / 100.0)
+
+
+def _pick(rows: list[CandidatePlan], objective: str, min_gain_percent: float) -> CandidatePlan:
     baseline = rows[0]
+    margin = _margin(min_gain_percent)
     usable = [r for r in rows[1:] if r.ready and r.num_speculative_tokens > 0 and r.expected_goodput_tok_s]
     if objective == Objective.COST.value and all(r.cost_per_mtok for r in [baseline, *usable]):
         best = min(usable, key=lambda r: r.cost_per_mtok, default=None)
-        better = best is not None and best.cost_per_mtok < baseline.cost_per_mtok * (1 - 1e-3)
+        better = best is not None and best.cost_per_mtok * margin < baseline.cost_per_mtok
     else:
         best = max(usable, key=lambda r: r.expected_goodput_tok_s, default=None)
-        better = best is not None and best.expected_goodput_tok_s > baseline.expected_goodput_tok_s * (1 + 1e-3)
+        better = best is not None and best.expected_goodput_tok_s > baseline.expected_goodput_tok_s * margin
     return best if better else baseline
 
 
@@ -271,7 +280,7 @@ def _pct(a: float, b: float) -> str:
 
 
 def _decision(chosen: CandidatePlan, rows: list[CandidatePlan], base_expected: float, load_words: str,
-              source: str, now: datetime, objective: str) -> Decision:
+              source: str, now: datetime, objective: str, min_gain_percent: float = 0.0) -> Decision:
     baseline = rows[0]
     ranked = sorted((r for r in rows[1:] if r.ready and r.expected_goodput_tok_s),
                     key=lambda r: -r.expected_goodput_tok_s)
@@ -281,7 +290,10 @@ def _decision(chosen: CandidatePlan, rows: list[CandidatePlan], base_expected: f
         if ranked:
             best = ranked[0]
             reason = (f"no speculation: the best candidate, {best.key}, gets "
-                      f"{_pct(best.expected_goodput_tok_s, base_expected)} goodput at the {load_words}{tail}")
+                      f"{_pct(best.expected_goodput_tok_s, base_expected)} goodput at the {load_words}")
+            if min_gain_percent > 0.1 and best.expected_goodput_tok_s > base_expected:
+                reason += f" (a method must beat no speculation by {min_gain_percent:g}%)"
+            reason += tail
         else:
             reason = f"no speculation: no candidate has a usable profile yet{tail}"
         return Decision(method=None, num_speculative_tokens=0, schedule=[], schedule_summary="",
