@@ -48,6 +48,31 @@ def test_min_gain_keeps_speculation_off_where_it_barely_helps(h100_eagle3):
             assert surface.goodput(k, c) >= surface.goodput(0, c) * 1.2
 
 
+def test_min_gain_is_against_k0_on_the_methods_own_engine_not_the_plain_engine():
+    """The alternative to speculating inside a schedule is k=0 with the drafter still loaded (its prefill and
+    KV share stay), not the plain engine: k > 0 is taken where it beats that k=0 by the minimum gain, even
+    where it beats the plain engine by less (or loses to it); whether to deploy the method at all against
+    the plain engine is decide_pool's choice."""
+    baseline, method = synthetic_profiles(
+        Scenario("H100-SXM", "meta-llama/Llama-3.1-8B-Instruct", "draft_model", "sharegpt"),
+        noise=0.0, levels=LEVELS_TO_256)
+    surface = build_surface(baseline.status.run(0), method.status.runs)
+    plan = plan_schedule(surface, min_gain_percent=2)
+    speculated = kept_off = 0
+    for c in range(1, 257):
+        k0, plain = surface.goodput(0, c), surface.baseline_goodput(c)
+        best = max(surface.goodput(k, c) for k in range(1, surface.max_k + 1))
+        if best >= k0 * 1.025 and best < plain * 1.02:
+            assert plan.k_at(c) > 0, c  # beats its own k=0 by the margin, not the plain engine
+            speculated += 1
+        elif k0 < best < k0 * 1.02 and k0 * 1.02 < plain:
+            # within the margin of its own k=0, the noise guard holds speculation off, even though that k=0
+            # is more than the margin below the plain engine
+            assert plan.k_at(c) == 0, c
+            kept_off += 1
+    assert speculated >= 5 and kept_off >= 3  # the profile exercises both sides of the rule
+
+
 def test_slo_limits_k_and_flags_unmeetable_batch_sizes(h100_eagle3):
     baseline, method = h100_eagle3
     surface = build_surface(baseline.status.run(0), method.status.runs)

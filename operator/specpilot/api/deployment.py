@@ -240,7 +240,9 @@ class Policy(ApiModel):
     ttft_slo_ms: float | None = Field(default=None, gt=0)
     """Time-to-first-token SLO (p95) in milliseconds; none when unset."""
     min_gain_percent: float = Field(default=2, ge=0, le=100)
-    """Speculate at a batch size only when it beats no speculation by this much (noise guard)."""
+    """Noise guard, in percent. Per batch size, the schedule speculates only where k > 0 beats k = 0 on the
+    method's own engine (drafter still loaded) by this much; the method is deployed at all only when it beats
+    no speculation (the plain engine) by this much over the expected load."""
     strategy: Strategy = Strategy.AUTO
     """dynamic: one rollout, vLLM switches K per step by the schedule; restart: toggle SD by rollout
     around the crossover; auto: dynamic unless the engine cannot (data parallel > 1, suffix)."""

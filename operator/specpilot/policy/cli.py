@@ -32,7 +32,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="SpeculationProfile files (YAML/JSON; several documents or a List allowed)")
     p.add_argument("--slo-tpot-ms", type=float, default=None, help="p95 TPOT SLO in ms (none by default)")
     p.add_argument("--min-gain", type=float, default=5.0, metavar="PCT",
-                   help="speculate at a batch size only when it beats no speculation by this much (default 5)")
+                   help="noise guard: speculate at a batch size only where k>0 beats k=0 on the method's engine "
+                        "by this much, and deploy a method only when it beats no speculation by this much over "
+                        "the load (default 5)")
     p.add_argument("--price-per-gpu-hour", type=float, default=None,
                    help="USD per GPU-hour (default: the SKU's catalog price)")
     p.add_argument("--gpus-per-replica", type=int, default=None,

@@ -1,8 +1,11 @@
 """The speculation schedule of one method: the best k at every batch size 1..max_batch_size, as vLLM ranges.
 
 At each concurrency c: among the k whose TPOT meets the SLO, the one with the highest goodput G_k(c), taking
-k > 0 only when it beats k = 0 by `min_gain_percent` (the noise guard). When no k meets the SLO the k with
-the lowest TPOT is taken and c is flagged. Single-point flips from measurement noise are then smoothed
+k > 0 only when it beats k = 0 by `min_gain_percent` (the noise guard). k = 0 here is the method's own engine
+with speculation off: the drafter stays loaded (its prefill and KV share stay), because a deployment that
+runs this schedule has no plain engine to fall back to. Whether to deploy the method at all rather than the
+plain engine is the pool-level choice (policy.choose). When no k meets the SLO the k with the lowest TPOT is
+taken and c is flagged. Single-point flips from measurement noise are then smoothed
 away: a range takes a neighbour's k whenever that costs at most 0.5% goodput at each of its batch sizes.
 The crossover concurrency is the largest c that still speculates when speculation is off everywhere above
 it (None when speculation never runs, or still runs at max_batch_size).
@@ -37,6 +40,7 @@ class SchedulePlan:
     crossover_concurrency: int | None = None
     goodput_tok_s: tuple[float, ...] = ()
     baseline_goodput_tok_s: tuple[float, ...] = ()
+    """G_0: k = 0 on the method's engine (drafter loaded), what the noise guard compares against."""
     tpot_ms: tuple[float, ...] = ()
     slo_unmet_at: tuple[int, ...] = ()
     """Batch sizes where no k meets the TPOT SLO (the lowest-TPOT k is used there)."""
@@ -180,7 +184,7 @@ def _crossover(dense: Sequence[int]) -> int | None:
 
 def _describe(dense: Sequence[int], crossover: int | None, unmet: Sequence[int], slo_ms: float | None) -> str:
     if max(dense) == 0:
-        text = "speculation does not beat no speculation at any batch size"
+        text = "no k > 0 beats k = 0 on this engine by the minimum gain at any batch size"
     elif crossover is None:
         text = f"speculation pays at every batch size up to {len(dense)}"
     else:
