@@ -61,7 +61,7 @@ class DemoScenario:
                     "maxParallelJobsPerPool": 3,
                     "backoffLimit": 1,
                 },
-                "policy": {"objective": "cost", "minGainPercent": 5},
+                "policy": {"objective": "cost"},
                 "serving": {"minReplicas": 1, "maxReplicas": 3, "autoscaling": "external"},
                 "metrics": {"source": "pods", "intervalSeconds": 5, "windowSeconds": 30},
             },

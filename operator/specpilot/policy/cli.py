@@ -31,10 +31,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--profile", nargs="+", required=True, metavar="FILE",
                    help="SpeculationProfile files (YAML/JSON; several documents or a List allowed)")
     p.add_argument("--slo-tpot-ms", type=float, default=None, help="p95 TPOT SLO in ms (none by default)")
-    p.add_argument("--min-gain", type=float, default=5.0, metavar="PCT",
+    p.add_argument("--min-gain", type=float, default=None, metavar="PCT",
                    help="noise guard: speculate at a batch size only where k>0 beats k=0 on the method's engine "
                         "by this much, and deploy a method only when it beats no speculation by this much over "
-                        "the load (default 5)")
+                        "the load (default: the API's policy.minGainPercent default, 2)")
     p.add_argument("--price-per-gpu-hour", type=float, default=None,
                    help="USD per GPU-hour (default: the SKU's catalog price)")
     p.add_argument("--gpus-per-replica", type=int, default=None,
@@ -137,8 +137,8 @@ def plan_groups(profiles, args: argparse.Namespace, histogram) -> list[dict[str,
     groups: dict[tuple[str, str, str], list] = {}
     for path, profile in profiles:
         groups.setdefault(_group_key(profile), []).append((path, profile))
-    policy = Policy(objective=args.objective, tpot_slo_ms=args.slo_tpot_ms, min_gain_percent=args.min_gain,
-                    strategy=args.strategy)
+    guard = {} if args.min_gain is None else {"min_gain_percent": args.min_gain}
+    policy = Policy(objective=args.objective, tpot_slo_ms=args.slo_tpot_ms, strategy=args.strategy, **guard)
     results = []
     for (sku, model, _), members in groups.items():
         baseline = next((p for _, p in members if p.spec.method is None), None)
