@@ -68,6 +68,23 @@ def test_suffix_takes_the_restart_strategy_and_so_does_an_engine_without_schedul
     assert plan.decision.strategy == "restart" and "toggled by rollout" in plan.decision.reason
 
 
+def test_restart_keeps_speculation_on_only_while_it_beats_the_plain_engine_by_the_minimum_gain():
+    """Off under the restart strategy is a rollout to the plain engine (no drafter), so the crossover is where
+    speculating stops beating that engine by minGainPercent, not the drafter-loaded engine's own k=0."""
+    from specpilot.policy.surface import build_baseline, build_surface
+
+    baseline, profiles, candidates = _pool(["draft_model"])
+    policy = Policy(strategy="restart", min_gain_percent=2)
+    plan = decide_pool(policy, candidates, baseline, profiles, 2.5, 1, now=NOW)
+    d = plan.decision
+    assert d.strategy == "restart" and d.crossover_concurrency
+    row = next(r for r in plan.candidates if r.key == d.method)
+    plain = build_baseline(baseline.status.run(0))
+    surface = build_surface(baseline.status.run(0), profiles[d.method].status.runs)
+    for c in range(1, row.crossover_concurrency + 1):
+        assert surface.goodput(d.num_speculative_tokens, c) >= 1.02 * plain.goodput(c), c
+
+
 def test_picks_the_baseline_when_every_method_loses(pool):
     baseline, profiles, candidates = pool
     high_load = Policy(expected_concurrency=[{"concurrency": 2000, "weight": 1}], min_gain_percent=50)

@@ -136,7 +136,11 @@ def _restart_plan(surface: MethodSurface, baseline: BaselineSurface, policy: Pol
         if k == 0:
             continue
         plan = plan_schedule(surface, policy.tpot_slo_ms, policy.min_gain_percent, max_batch_size, ks=[0, k])
-        off_at = next((c for c, kk in enumerate(plan.k_by_batch_size, start=1) if kk == 0), None)
+        # Off here means rolling out the plain engine (no drafter): speculation stays on only while it beats
+        # that engine by the minimum gain, not just the method engine's own k=0.
+        margin = _margin(policy.min_gain_percent)
+        off_at = next((c for c, kk in enumerate(plan.k_by_batch_size, start=1)
+                       if kk == 0 or surface.goodput(k, float(c)) < margin * baseline.goodput(float(c))), None)
         crossover = None if off_at is None else off_at - 1
         if crossover == 0:
             continue
