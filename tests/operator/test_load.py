@@ -89,7 +89,10 @@ async def test_restart_strategy_toggles_with_hysteresis_and_replicas_follow_load
         await sandbox.wait_for(lambda: pool_status(sandbox).get("speculationEnabled") is True, timeout_s=90,
                                what="speculation back on below the band")
         assert speculative_config(deployment(sandbox, "h100"))["method"] == "ngram"
-        assert len(events(sandbox, "SpeculationToggled")) == 2
+        # The Event is its own API call next to the status patch: wait for it rather than race it.
+        toggled = await sandbox.wait_for(lambda: len(events(sandbox, "SpeculationToggled")) >= 2 and
+                                         events(sandbox, "SpeculationToggled"), what="the toggle-on Event")
+        assert len(toggled) == 2 and {"speculation on" in e["message"] for e in toggled} == {True, False}
 
         # The pod goes away: metrics are missing, the last decision and replicas hold, and the condition says so.
         await runner.cleanup()
