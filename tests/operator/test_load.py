@@ -84,6 +84,11 @@ async def test_restart_strategy_toggles_with_hysteresis_and_replicas_follow_load
         assert (condition(sandbox, "MetricsAvailable") or {}).get("status") == "True"
         observed = pool_status(sandbox)["observed"]
         assert observed["concurrency"] > crossover
+        # Once load is observed the decision weighs it (and says so), instead of the profiled levels.
+        revisited = await sandbox.wait_for(lambda: (pool_status(sandbox).get("decision") or {}).get("loadConcurrency"),
+                                           what="the decision re-made at the observed load")
+        assert revisited > crossover and "observed load" in pool_status(sandbox)["decision"]["reason"]
+        assert pool_status(sandbox)["decision"]["method"] == "ngram"
 
         state.set_load(running=low, waiting=0)
         await sandbox.wait_for(lambda: pool_status(sandbox).get("speculationEnabled") is True, timeout_s=90,

@@ -138,3 +138,63 @@ def test_a_method_must_beat_no_speculation_by_the_minimum_gain():
         assert _pick([base, method], objective, 2.0) is base
     tie = dataclasses.replace(method, expected_goodput_tok_s=100.0, cost_per_mtok=1.0)
     assert _pick([base, tie], "goodput", 0.0) is base and _pick([base, tie], "cost", 0.0) is base
+
+
+def _row(key, goodput, method="eagle3", k=4):
+    return CandidatePlan(key=key, method=None if key == BASELINE_KEY else method, ready=True,
+                         num_speculative_tokens=0 if key == BASELINE_KEY else k, expected_goodput_tok_s=goodput,
+                         cost_per_mtok=1e6 / goodput)
+
+
+@pytest.mark.parametrize("objective", ["goodput", "cost"])
+def test_the_served_option_stays_unless_another_beats_it_by_the_minimum_gain(objective):
+    rows = [_row(BASELINE_KEY, 1000), _row("eagle3", 1100), _row("ngram", 1120, "ngram")]
+    # No incumbent: the best method, since it beats no speculation by more than 2%.
+    assert _pick(rows, objective, 2).key == "ngram"
+    # eagle3 is served and ngram is only ~2% better: no rollout for that.
+    assert _pick(rows, objective, 2, incumbent="eagle3").key == "eagle3"
+    # A clear win moves it.
+    rows[2] = _row("ngram", 1200, "ngram")
+    assert _pick(rows, objective, 2, incumbent="eagle3").key == "ngram"
+    # Served and still the best, even if by less than the margin over no speculation: it stays.
+    rows = [_row(BASELINE_KEY, 1000), _row("eagle3", 1010)]
+    assert _pick(rows, objective, 2).key == BASELINE_KEY
+    assert _pick(rows, objective, 2, incumbent="eagle3").key == "eagle3"
+    # No speculation is served: a method must beat it by the margin; once it is behind by more, it goes.
+    assert _pick(rows, objective, 2, incumbent=None).key == BASELINE_KEY
+    rows = [_row(BASELINE_KEY, 1000), _row("eagle3", 970)]
+    assert _pick(rows, objective, 2, incumbent="eagle3").key == BASELINE_KEY
+    # An incumbent that is no longer usable (profile gone) does not hold anything.
+    rows = [_row(BASELINE_KEY, 1000), _row("ngram", 1100, "ngram")]
+    assert _pick(rows, objective, 2, incumbent="eagle3").key == "ngram"
+
+
+def test_observed_load_level_is_the_weighted_median():
+    from specpilot.policy.choose import observed_load_level
+
+    assert observed_load_level(None) is None and observed_load_level([]) is None
+    assert observed_load_level([(4, 10), (100, 1)]) == 4
+    assert observed_load_level([(4, 1), (30, 1), (100, 5)]) == 100
+    assert observed_load_level([(float("nan"), 5), (8, 1), (0, 3)]) == 8
+
+
+def test_a_decision_is_revisited_when_load_is_first_seen_and_when_it_moves_a_factor_of_two(pool):
+    from datetime import timedelta
+
+    from specpilot.policy.choose import revisit_for_load
+
+    baseline, profiles, candidates = pool
+    made = decide_pool(Policy(), candidates, baseline, profiles, 2.5, 1, now=NOW).decision
+    assert made.load_concurrency is None and "profiled levels" in made.reason
+    assert not revisit_for_load(made, None, NOW, 600)  # nothing observed: it stands
+    assert revisit_for_load(made, [(8, 1.0)], NOW, 600)  # first observed load: at once
+    seen = decide_pool(Policy(), candidates, baseline, profiles, 2.5, 1, concurrency_histogram=[(8, 1.0)],
+                       incumbent=made.method, now=NOW).decision
+    assert seen.load_concurrency == 8 and "observed load" in seen.reason
+    later = NOW + timedelta(seconds=601)
+    assert not revisit_for_load(seen, [(12, 1.0)], later, 600)  # moved less than 2x
+    assert not revisit_for_load(seen, [(64, 1.0)], NOW + timedelta(seconds=60), 600)  # within the cooldown
+    assert revisit_for_load(seen, [(64, 1.0)], later, 600)
+    assert revisit_for_load(seen, [(3, 1.0)], later, 600)
+    waiting = seen.model_copy(update={"source": "none"})
+    assert not revisit_for_load(waiting, [(64, 1.0)], later, 600)  # not a profile decision

@@ -412,6 +412,11 @@ class Decision(StatusModel):
     no acceptance) does not flip the decision back to the profile's numbers."""
     live_drafts_per_step: float | None = None
     """The live drafts per step it used."""
+    load_concurrency: float | None = None
+    """Per-replica concurrency (weighted median) of the observed load the decision weighed; none when it
+    weighed the expected load or the profiled levels. The method is revisited when the observed load moves
+    a factor of 2 from it (at most once per policy.hysteresis.cooldownSeconds), and changed only when
+    another option beats the served one by policy.minGainPercent."""
 
 
 class ObservedLoad(StatusModel):

@@ -41,7 +41,7 @@ from ..observe.model import MetricsUnavailable, PoolObservation
 from ..observe.pods import PodScrapeSource
 from ..observe.prometheus import PrometheusSource, pool_pod_regex
 from ..perf.catalog import DEFAULT_CATALOG, GpuCatalog
-from ..policy.choose import decide_pool
+from ..policy.choose import decide_pool, revisit_for_load
 from ..policy.replicas import ReplicaState, plan_replicas
 from ..policy.restart import Observation as RestartObservation
 from ..policy.restart import RestartState
@@ -499,12 +499,15 @@ def _decide(spec: SpeculativeDeploymentSpec, generation: int | None, view: desir
             needed: list[desired.NeededProfile], states: dict[str, str], profiles: dict[str, dict],
             old: PoolStatus, observation: PoolObservation | None, price: float, gpus: int,
             now: datetime) -> tuple[Decision, float | None]:
-    """Recompute the pool's decision only when what it rests on changed: the spec, the profiles, or live
-    acceptance that drifted from the profile. Every change of decision means a rollout."""
+    """Recompute the pool's decision only when what it rests on changed: the spec, the profiles, live
+    acceptance that drifted from the profile, or the observed load (first seen, or moved a factor of 2 after
+    the cooldown). A change of method or schedule means a rollout."""
     baseline_body, method_bodies = _pool_profiles(needed, view.pool.name, view.primary_sku, profiles, states)
     live = _live_acceptance(old, method_bodies)
     basis = _basis(generation, baseline_body, method_bodies, live)
-    if old.decision is not None and old.decision.basis == basis:
+    histogram = observation.concurrency_histogram if observation else None
+    if old.decision is not None and old.decision.basis == basis and not revisit_for_load(
+            old.decision, histogram, now, spec.policy.hysteresis.cooldown_seconds):
         return old.decision, None
     pool_needed = [n for n in needed if n.pool == view.pool.name]
     ready = sum(1 for n in pool_needed if states.get(n.name) == "Succeeded")
@@ -517,8 +520,10 @@ def _decide(spec: SpeculativeDeploymentSpec, generation: int | None, view: desir
         baseline=SpeculationProfile.model_validate(baseline_body),
         profiles={k: SpeculationProfile.model_validate(b) for k, b in method_bodies.items()},
         price_per_gpu_hour=price, gpus_per_replica=gpus,
-        concurrency_histogram=observation.concurrency_histogram if observation else None,
-        live_acceptance=live, engine_supports_dynamic=spec.model.data_parallel_size == 1, now=now)
+        concurrency_histogram=histogram, live_acceptance=live,
+        # A change of method rolls the pods: the one served now stays unless another beats it by the margin.
+        incumbent=old.decision.method if old.decision is not None else None,
+        engine_supports_dynamic=spec.model.data_parallel_size == 1, now=now)
     update: dict = {"basis": basis}
     for method, (per_position, drafts_per_step) in (live or {}).items():
         update.update(live_method=method, live_acceptance_per_position=per_position,

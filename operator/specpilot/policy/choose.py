@@ -159,6 +159,7 @@ def decide_pool(policy: Policy, candidates: list[CandidateMethod], baseline: Spe
                 profiles: dict[str, SpeculationProfile], price_per_gpu_hour: float, gpus_per_replica: int,
                 concurrency_histogram: list[tuple[float, float]] | None = None,
                 live_acceptance: dict[str, tuple[list[float], float]] | None = None,
+                incumbent: str | None = None,
                 engine_supports_dynamic: bool = True, max_batch_size: int = 256,
                 now: datetime | None = None) -> PoolPlan:
     """Decide what one pool serves. Never raises on profile data: missing data becomes a reasoned decision."""
@@ -188,9 +189,11 @@ def decide_pool(policy: Policy, candidates: list[CandidateMethod], baseline: Spe
                                      engine_supports_dynamic, max_batch_size)
         rows.append(row)
         sources[candidate.key] = source
-    chosen = _pick(rows, policy.objective, policy.min_gain_percent)
+    chosen = _pick(rows, policy.objective, policy.min_gain_percent, incumbent)
     decision = _decision(chosen, rows, base_expected, load_words, sources.get(chosen.key, "profile"), now,
                          policy.objective, policy.min_gain_percent)
+    if load_words == "observed load":
+        decision.load_concurrency = observed_load_level(concurrency_histogram)
     return PoolPlan(decision=decision, candidates=tuple(rows),
                     capacity_concurrency_per_replica=chosen.capacity_concurrency)
 
@@ -266,17 +269,70 @@ def _margin(min_gain_percent: float) -> float:
     return 1.0 + max(1e-3, min_gain_percent / 100.0)
 
 
-def _pick(rows: list[CandidatePlan], objective: str, min_gain_percent: float) -> CandidatePlan:
+def _pick(rows: list[CandidatePlan], objective: str, min_gain_percent: float,
+          incumbent: str | None = None) -> CandidatePlan:
+    """The row to serve. A change costs a rollout, so the option served now (`incumbent`: a candidate key, or
+    None for no speculation) stays unless another beats it by the minimum gain; with no incumbent, a method
+    must beat no speculation by it."""
     baseline = rows[0]
     margin = _margin(min_gain_percent)
     usable = [r for r in rows[1:] if r.ready and r.num_speculative_tokens > 0 and r.expected_goodput_tok_s]
-    if objective == Objective.COST.value and all(r.cost_per_mtok for r in [baseline, *usable]):
+    by_cost = objective == Objective.COST.value and all(r.cost_per_mtok for r in [baseline, *usable])
+
+    def beats(a: CandidatePlan, b: CandidatePlan) -> bool:
+        if by_cost:
+            return a.cost_per_mtok * margin < b.cost_per_mtok
+        return a.expected_goodput_tok_s > b.expected_goodput_tok_s * margin
+
+    if by_cost:
         best = min(usable, key=lambda r: r.cost_per_mtok, default=None)
-        better = best is not None and best.cost_per_mtok * margin < baseline.cost_per_mtok
+        best_overall = min([baseline, *usable], key=lambda r: r.cost_per_mtok)
     else:
         best = max(usable, key=lambda r: r.expected_goodput_tok_s, default=None)
-        better = best is not None and best.expected_goodput_tok_s > baseline.expected_goodput_tok_s * margin
-    return best if better else baseline
+        best_overall = max([baseline, *usable], key=lambda r: r.expected_goodput_tok_s)
+    current = next((r for r in usable if r.key == incumbent), None) if incumbent else baseline
+    if current is not None and (current is best_overall or not beats(best_overall, current)):
+        return current
+    return best if best is not None and beats(best, baseline) else baseline
+
+
+LOAD_REVISIT_FACTOR = 2.0
+"""The observed load must move this factor from the load a decision weighed before the method is revisited."""
+
+
+def observed_load_level(histogram: Sequence[tuple[float, float]] | None) -> float | None:
+    """The weighted median per-replica concurrency of an observed histogram, or None without one."""
+    points = sorted((float(c), float(w)) for c, w in histogram or []
+                    if math.isfinite(c) and math.isfinite(w) and c > 0 and w > 0)
+    total = sum(w for _, w in points)
+    if not total:
+        return None
+    seen = 0.0
+    for c, w in points:
+        seen += w
+        if seen >= total / 2:
+            return c
+    return points[-1][0]
+
+
+def revisit_for_load(decision: Decision | None, histogram: Sequence[tuple[float, float]] | None,
+                     now: datetime, cooldown_seconds: float) -> bool:
+    """Whether a standing decision should be re-made because the observed load moved.
+
+    Only decisions made from profiles; the first time load is observed (the decision weighed the expected
+    load or the profiled levels), and after that when the weighted median concurrency moved a factor of
+    LOAD_REVISIT_FACTOR from the one the decision weighed and the pool's cooldown has passed since it was
+    made. The re-made decision keeps the served method unless another beats it by the minimum gain, so a
+    revisit rolls the pods only for a clear win.
+    """
+    load = observed_load_level(histogram)
+    if decision is None or load is None or decision.source not in ("profile", "live-acceptance"):
+        return False
+    if decision.load_concurrency is None:
+        return True
+    moved = abs(math.log(load / decision.load_concurrency)) >= math.log(LOAD_REVISIT_FACTOR)
+    waited = decision.decided_at is None or (now - decision.decided_at).total_seconds() >= cooldown_seconds
+    return moved and waited
 
 
 def _pct(a: float, b: float) -> str:
