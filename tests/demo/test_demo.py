@@ -16,7 +16,7 @@ import pytest
 from specpilot.api.schedule import ScheduleRange, k_at
 from specpilot.demo.report import summary_rows, write_reports
 from specpilot.demo.run import Demo
-from specpilot.demo.scenario import fast_scenario
+from specpilot.demo.scenario import METHODS, fast_scenario
 
 pytestmark = pytest.mark.demo
 
@@ -36,7 +36,8 @@ def test_every_pool_is_profiled_for_every_method(demo_run):
                 for p in result.profiles if (p.get("status") or {}).get("phase") == "Succeeded"}
     skus = {p["sku"] for p in result.status["pools"] if p.get("sku")}
     assert len(skus) == len(pools), f"every pool has a GPU type (logs: {workdir})"
-    assert measured == {(sku, method) for sku in skus for method in ["baseline", *scenario.methods]}
+    methods = [METHODS[m]["method"] for m in scenario.methods]
+    assert measured == {(sku, method) for sku in skus for method in ["baseline", *methods]}
 
 
 def test_the_joining_gpu_type_is_profiled_and_decided(demo_run):
@@ -91,12 +92,13 @@ def test_nothing_is_left_running_and_reports_are_written(demo_run, tmp_path):
 
 def test_the_baselines_are_the_same_engine_at_the_same_load(demo_run):
     """The no-SD and always-SD columns come from the simulated engine itself at each phase's load: below the
-    crossover speculation is the faster of the two, and specpilot's configuration is never the slowest."""
+    crossover speculation is the faster of the two, and specpilot's configuration (decided from a small,
+    noisy profile) stays within 5% of the better of them."""
     scenario, result, _ = demo_run
     rows = summary_rows(result, scenario)
     assert rows
     for row in rows:
         assert row.ms_per_token_no_sd > 0 and row.ms_per_token_always_sd > 0
-        assert row.ms_per_token_specpilot_twin <= max(row.ms_per_token_no_sd, row.ms_per_token_always_sd) + 1e-9
+        assert row.ms_per_token_specpilot_twin <= 1.05 * min(row.ms_per_token_no_sd, row.ms_per_token_always_sd), row
         if row.concurrency_per_replica <= 4:
             assert row.ms_per_token_always_sd < row.ms_per_token_no_sd, row

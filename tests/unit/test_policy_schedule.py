@@ -133,3 +133,21 @@ def test_any_data_gives_a_valid_schedule_or_a_clear_no(all_runs, slo, min_gain, 
     assert ranges[-1].to_batch_size == max_batch_size
     utils = pytest.importorskip("vllm.v1.spec_decode.dynamic.utils")
     utils.validate_and_normalize_dynamic_sd_schedule(to_vllm(ranges))
+
+
+def test_a_level_is_placed_at_its_running_batch_only_when_the_kv_cache_held_it_down():
+    """Requests also wait while a short level's first wave is admitted (the token budget takes so many prompts
+    per step), and its mean running count includes ramp-up and drain: that is not a smaller batch. Placing
+    such a level at its mean running count put the baseline's 128 at 60 while the method's stayed at 128, and
+    the planner extrapolated twice the baseline's measured throughput and turned speculation off above 27."""
+    from specpilot.policy.surface import _batch_size
+
+    def point(**kw):
+        return LevelPoint(concurrency=128, output_throughput=6000.0, mean_running=60.0, mean_waiting=11.0, **kw)
+
+    assert _batch_size(point(kv_cache_usage=0.04)) == 128  # transient admission queue
+    assert _batch_size(point(kv_cache_usage=0.97)) == 60  # the cache was full
+    assert _batch_size(point(kv_cache_usage=0.5, preemptions=3)) == 60  # it preempted
+    assert _batch_size(point()) == 60  # no KV figure: trust the waiting requests
+    assert _batch_size(LevelPoint(concurrency=128, output_throughput=6000.0, mean_running=60.0,
+                                  mean_waiting=0.0, kv_cache_usage=0.99)) == 128

@@ -106,11 +106,21 @@ def _tail_tpot_ms(point: LevelPoint) -> float | None:
     return None
 
 
+KV_FULL = 0.9
+"""Peak KV-cache usage from which requests waiting at a level mean the cache held the batch down."""
+
+
 def _batch_size(point: LevelPoint) -> int:
     """The batch the engine ran at a level: the concurrency, or the mean running requests when requests
-    waited (KV cache full), since the step time belongs to the batch that actually ran."""
+    waited because the KV cache was full (peak usage >= KV_FULL, or preemptions), since the step time belongs
+    to the batch that actually ran. Requests also wait briefly while a level's first wave is admitted (the
+    step's token budget takes so many prompts at a time), and a short level's mean running count includes
+    its ramp up and drain: with the cache far from full the level stays at its concurrency, as the other
+    runs' levels do, so that all runs are compared at the same batch sizes."""
     running = point.mean_running
-    if (point.mean_waiting or 0) >= 1 and _finite_positive(running) and running < point.concurrency:
+    waited = (point.mean_waiting or 0) >= 1 and _finite_positive(running) and running < point.concurrency
+    cache_full = point.kv_cache_usage is None or point.kv_cache_usage >= KV_FULL or bool(point.preemptions)
+    if waited and cache_full:
         return max(1, round(running))
     return point.concurrency
 
