@@ -60,9 +60,9 @@ def test_speculation_follows_the_schedule_at_each_load(demo_run):
                     or seen.concurrency_per_replica <= 0:
                 continue
             # The batch an engine steps with moves around the phase's mean concurrency: judge only phases where
-            # the schedule gives the same answer (off, or on) from half to twice that mean.
+            # the schedule gives the same answer (off, or on) from 3/4 to 3/2 of that mean.
             c = seen.concurrency_per_replica
-            ks = {k_at(schedule, b) for b in range(max(1, math.floor(c / 2)), math.ceil(2 * c) + 1)}
+            ks = {k_at(schedule, b) for b in range(max(1, math.floor(0.75 * c)), math.ceil(1.5 * c) + 1)}
             if ks == {0}:
                 assert seen.drafts_per_generated_token < 0.02, (phase.phase.name, pool, workdir)
                 checked_off += 1
@@ -73,8 +73,10 @@ def test_speculation_follows_the_schedule_at_each_load(demo_run):
     # trace (a re-profile or a new decision mid-phase): every judged phase must agree with its schedule.
     # The deterministic check of "off above the crossover, on below" is tests/operator/test_load.py.
     print(f"judged {checked_on} phase(s) on and {checked_off} off")
-    # The quiet phases sit far below every pool's crossover: at least one of them is judged, and speculates.
-    assert checked_on >= 1, f"no quiet phase could be judged (logs: {workdir})"
+    # The quiet phases sit far below every pool's crossover, and the peak (about 100 per replica) above the
+    # A100's (about 45 with K=1): both kinds are judged, and agree with the schedule.
+    assert checked_on >= 1, f"no phase below a crossover could be judged (logs: {workdir})"
+    assert checked_off >= 1, f"no phase above a crossover could be judged (logs: {workdir})"
 
 
 def test_nothing_is_left_running_and_reports_are_written(demo_run, tmp_path):
