@@ -77,7 +77,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="the whole loop on this machine: sandbox API, simulated GPUs, real operator")
-    p.add_argument("--fast", action="store_true", help="a shorter scenario (about 35 s)")
+    p.add_argument("--fast", action="store_true", help="a shorter scenario (under 30 s)")
     p.add_argument("--out", default="out/demo", help="where the report and plots go (default out/demo)")
     p.add_argument("--time-scale", type=float, help="simulated seconds per wall second of the GPUs")
     p.add_argument("--quiet", action="store_true", help="no live view (also off when not on a terminal)")
