@@ -80,8 +80,10 @@ def test_speculation_follows_the_schedule_at_each_load(demo_run):
 
 
 def test_nothing_is_left_running_and_reports_are_written(demo_run, tmp_path):
-    scenario, result, _ = demo_run
+    scenario, result, workdir = demo_run
     assert result.processes_left == 0
+    # Rollouts and scale-downs drain their pods: no client saw a failed request.
+    assert result.errors == 0, f"logs: {workdir}"
     rows = summary_rows(result, scenario)
     written = write_reports(result, scenario, rows, tmp_path)
     assert {p.name for p in written} >= {"demo.json", "demo.md", "demo-timeline.png", "demo-cost.png"}

@@ -394,6 +394,25 @@ async def test_stopping_aborts_requests_in_flight_so_the_server_closes_at_once()
     assert engine.cores[0].running == [] and engine.cores[0].used_blocks == 0
 
 
+async def test_draining_finishes_requests_in_flight_and_takes_no_new_connections():
+    async with running_engine(engine_args(time_scale=10)) as engine:
+        async with aiohttp.ClientSession() as session:
+            pending = asyncio.create_task(session.post(f"{engine.base_url}/v1/completions", json={
+                "prompt": "hi", "max_tokens": 40, "ignore_eos": True}))
+            for _ in range(200):
+                if engine.cores[0].running:
+                    break
+                await asyncio.sleep(0.01)
+            draining = asyncio.create_task(engine.drain(timeout_s=30))
+            response = await pending
+            body = await response.json()
+            await draining
+        async with aiohttp.ClientSession() as fresh:
+            with pytest.raises(aiohttp.ClientConnectionError):
+                await fresh.get(f"{engine.base_url}/health")
+    assert body["choices"][0]["finish_reason"] == "length" and body["usage"]["completion_tokens"] == 40
+
+
 def _closed_loop(concurrency: int, *extra: str, sku: str = "H100-SXM", output_len: int = 32) -> float:
     from specpilot.sandbox.engine import make_core
     from specpilot.sandbox.engine_core import closed_loop_ms_per_token

@@ -154,7 +154,8 @@ def _plots(result: DemoResult, rows: list[Row], out: Path) -> list[Path]:
     if result.timeline:
         fig, ax_load = plt.subplots(figsize=(10, 4.5))
         times = [t for t, _, _ in result.timeline]
-        ax_load.fill_between(times, [c for _, c, _ in result.timeline], step="post", alpha=0.2, color="grey",
+        # Each sample closes the second before it: the load shown over (t - 1, t] is the one sampled at t.
+        ax_load.fill_between(times, [c for _, c, _ in result.timeline], step="pre", alpha=0.2, color="grey",
                              label="requests in flight")
         ax_load.set_xlabel("seconds since the load began")
         ax_load.set_ylabel("requests in flight")
@@ -163,6 +164,9 @@ def _plots(result: DemoResult, rows: list[Row], out: Path) -> list[Path]:
             points = [(t, per[pool]) for t, _, per in result.timeline if pool in per]
             ax_ms.plot([t for t, _ in points], [v for _, v in points], label=f"{pool}: ms/token")
         ax_ms.set_ylabel("ms per output token (clients)")
+        if result.joined_at_s is not None:
+            ax_ms.axvline(result.joined_at_s, color="black", linestyle=":", linewidth=1,
+                          label=f"{result.joined_pool} joins")
         ax_ms.legend(loc="upper left")
         ax_load.set_title("Load and latency per pool during the demo")
         fig.tight_layout()
@@ -180,7 +184,7 @@ def _plots(result: DemoResult, rows: list[Row], out: Path) -> list[Path]:
         ax.bar([i + width for i in x], [r.cost_specpilot for r in rows], width, label="specpilot schedule")
         ax.set_xticks(list(x), labels, fontsize=8)
         ax.set_ylabel("$ per million output tokens")
-        ax.set_title("Cost per token at each phase's load (twin of each GPU type)")
+        ax.set_title("Cost per token at each phase's load (the same simulated engine under each configuration)")
         ax.legend()
         fig.tight_layout()
         path = out / "demo-cost.png"

@@ -64,6 +64,8 @@ class DemoResult:
     status: dict = field(default_factory=dict)
     events: list[dict] = field(default_factory=list)
     joined_pool: str = ""
+    joined_at_s: float | None = None
+    """When the new GPU type's node joined, in seconds since the trace began."""
     joined_pool_profiled: bool = False
     processes_left: int = 0
     errors: int = 0
@@ -187,6 +189,7 @@ class Demo:
                         # After the ramp up and down, a node of a new GPU type joins: the operator profiles it
                         # while the cluster keeps serving the last phase's load.
                         self.joined_at = time.monotonic()
+                        result.joined_at_s = self.joined_at - trace_start
                         await self.api.create(_node(node_name, product, pool))
                     await driver.set_concurrency(phase.concurrency)
                     before, revisions_before = await self._counters(), self._revisions()

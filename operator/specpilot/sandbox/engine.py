@@ -342,6 +342,11 @@ class _MergedCollector(Collector):
         return iter(merged.values())
 
 
+DRAIN_TIMEOUT_S = 5.0
+"""On SIGTERM, how long requests in flight may take to finish before they are aborted (wall seconds; the
+sandbox's kubelet kills a pod 10 s after SIGTERM)."""
+
+
 def make_core(config: EngineConfig, rank: int = 0) -> EngineCore:
     """The engine core of one data-parallel rank of the engine `config` describes."""
     k = config.num_speculative_tokens
@@ -395,6 +400,16 @@ class SimulatedEngine:
         await asyncio.sleep(self.config.startup_delay_s / self.config.time_scale)
         self.loaded.set()
         log.info("model loaded; /health is OK")
+
+    async def drain(self, timeout_s: float) -> None:
+        """Stops taking connections and lets the requests in flight finish, for at most `timeout_s`: a pod
+        that is rolled away or scaled down does not cut off what it is generating."""
+        if self._runner is not None:
+            for site in list(self._runner.sites):
+                await site.stop()
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while any(core.load for core in self.cores) and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.02)
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -633,7 +648,8 @@ async def _serve(config: EngineConfig) -> None:
     await engine.start()
     try:
         await stop.wait()
-        log.info("shutting down")
+        log.info("shutting down: draining the requests in flight (at most %g s)", DRAIN_TIMEOUT_S)
+        await engine.drain(DRAIN_TIMEOUT_S)
     finally:
         await engine.stop()
 
