@@ -28,7 +28,9 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
 @dataclasses.dataclass
-class _Histogram:
+class PromHistogram:
+    """A Prometheus histogram of seconds with fixed bucket bounds (the +Inf bucket last), fed by events."""
+
     bounds_s: tuple[float, ...]
     counts: list[float] = dataclasses.field(init=False)
     sum_s: float = 0.0
@@ -164,7 +166,7 @@ class VllmMetricsState:
             family.add_metric(values, value)
             return family
 
-        def histogram(name: str, doc: str, hist: _Histogram) -> HistogramMetricFamily:
+        def histogram(name: str, doc: str, hist: PromHistogram) -> HistogramMetricFamily:
             family = HistogramMetricFamily(name, doc, labels=labels)
             family.add_metric(values, hist.cumulative(), sum_value=hist.sum_s)
             return family
@@ -202,8 +204,8 @@ class VllmMetricsState:
         self._draft_tokens = 0.0
         self._accepted_tokens = 0.0
         self._accepted_per_position = [0.0] * len(self.acceptance_per_position)
-        self._tpot = _Histogram(vm.TPOT_BUCKETS_S)
-        self._ttft = _Histogram(vm.TTFT_BUCKETS_S)
+        self._tpot = PromHistogram(vm.TPOT_BUCKETS_S)
+        self._ttft = PromHistogram(vm.TTFT_BUCKETS_S)
 
 
 class _StateCollector(Collector):

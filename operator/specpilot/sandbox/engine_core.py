@@ -35,7 +35,7 @@ import numpy as np
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 
 from ..observe import vllm_metrics as vm
-from ..observe.exporter import VllmMetricsState, _Histogram
+from ..observe.exporter import PromHistogram, VllmMetricsState
 from ..perf.twin import Twin
 
 __all__ = ["BLOCK_SIZE", "EngineCore", "EngineMetrics", "SimRequest", "StepRecord"]
@@ -71,8 +71,8 @@ class EngineMetrics(VllmMetricsState):
         self.set_rates(acceptance_per_position=acceptance_per_position)
         self.prompt_tokens = 0
         self.preemptions = 0
-        self.itl = _Histogram(ITL_BUCKETS_S)
-        self.e2e = _Histogram(E2E_BUCKETS_S)
+        self.itl = PromHistogram(ITL_BUCKETS_S)
+        self.e2e = PromHistogram(E2E_BUCKETS_S)
 
     def record_step(self, generated_tokens: int, drafts: int, draft_tokens: int,
                     accepted_per_position: Sequence[int]) -> None:
