@@ -7,6 +7,7 @@ from the engine's own step log and compared with the twin's.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -373,6 +374,28 @@ async def test_a_client_that_goes_away_frees_its_slot():
                     break
                 await asyncio.sleep(0.01)
     assert core.running == [] and core.used_blocks == 0
+
+
+async def test_a_client_that_goes_away_without_streaming_frees_its_slot_too():
+    async with running_engine(engine_args(time_scale=1)) as engine:
+        core = engine.cores[0]
+        async with aiohttp.ClientSession() as session:
+            pending = asyncio.create_task(session.post(f"{engine.base_url}/v1/completions", json={
+                "prompt": "hi", "max_tokens": 5000, "ignore_eos": True}))
+            for _ in range(200):
+                if core.running:
+                    break
+                await asyncio.sleep(0.01)
+            assert len(core.running) == 1
+            pending.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await pending
+        for _ in range(200):
+            if not core.running:
+                break
+            await asyncio.sleep(0.01)
+        # Still serving: the engine dropped the request itself, it did not wait for shutdown to abort it.
+        assert core.running == [] and core.used_blocks == 0
 
 
 async def test_stopping_aborts_requests_in_flight_so_the_server_closes_at_once():

@@ -377,7 +377,9 @@ class SimulatedEngine:
     async def start(self) -> str:
         """Binds the server, starts the cores, and marks the model loaded after the startup delay."""
         self._runner = web.AppRunner(self._app(), access_log=None, handle_signals=False,
-                                     shutdown_timeout=2.0)
+                                     shutdown_timeout=2.0,
+                                     # A client that goes away aborts its request, as vLLM's handlers do.
+                                     handler_cancellation=True)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.config.host, self.config.port)
         await site.start()
