@@ -172,8 +172,8 @@ class Demo:
         await self._wait(lambda: all(self._decided(p) for p in initial_pools), 600,
                          "every initial pool profiled and decided")
         self.stage = "starting serving pods"
-        await self._wait(lambda: {p for p, _ in self.endpoints()} >= set(initial_pools), 300,
-                         "a ready serving pod in every initial pool")
+        await self._wait(lambda: self._serving_decided(initial_pools), 300,
+                         "a ready serving pod running the decided configuration in every initial pool")
         model = self.scenario.deployment()["spec"]["model"]["servedName"]
         async with LoadDriver(self.endpoints, model, self.scenario.output_len) as driver:
             self.driver = driver
@@ -212,6 +212,13 @@ class Demo:
                 result.errors = driver.errors
                 self.driver = None
                 self.phase = None
+
+    def _serving_decided(self, pools: list[str]) -> bool:
+        """Every pool has a ready pod, and every ready pod runs its Deployment's current engine config (pods
+        started before the decision, without speculation, have been rolled away)."""
+        revisions = self._revisions()
+        ready = {pool for pool, _ in revisions.values()}
+        return ready >= set(pools) and all(current for pool, current in revisions.values() if pool in pools)
 
     def _decided(self, pool: str) -> bool:
         for p in self.status().get("pools") or []:
