@@ -34,8 +34,11 @@ class Row:
     sd_share: float | None
     ms_per_token_measured: float | None
     ms_per_token_no_sd: float
+    """What the same simulated engine measures at this load without speculation (virtual time)."""
     ms_per_token_always_sd: float
-    ms_per_token_specpilot_twin: float
+    """... with speculation always on at the method's largest K."""
+    ms_per_token_specpilot_engine: float
+    """... with the decided configuration (the figure the measured column should approach)."""
     cost_specpilot: float
     cost_no_sd: float
     cost_always_sd: float
@@ -76,7 +79,7 @@ def summary_rows(result: DemoResult, scenario: DemoScenario) -> list[Row]:
                 ms_per_token_measured=None if measured.ms_per_token_p50 is None
                 else measured.ms_per_token_p50 * scenario.sim.time_scale,
                 ms_per_token_no_sd=ms["none"], ms_per_token_always_sd=ms["always"],
-                ms_per_token_specpilot_twin=ms["specpilot"],
+                ms_per_token_specpilot_engine=ms["specpilot"],
                 cost_specpilot=cost["specpilot"], cost_no_sd=cost["none"], cost_always_sd=cost["always"]))
     return rows
 
