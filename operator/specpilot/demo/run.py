@@ -24,6 +24,7 @@ import aiohttp
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from ..manifests.names import bench_job_name
 from ..sandbox.apiserver import SandboxApiServer
 from ..sandbox.kubelet import ENGINE_CONFIG_ANNOTATION, Kubelet
 from .load import LoadDriver
@@ -170,7 +171,7 @@ class Demo:
         initial_pools = sorted({pool for _, _, pool in self.scenario.nodes})
         self.stage = "profiling"
         await self._wait(lambda: all(self._decided(p) for p in initial_pools), 600,
-                         "every initial pool profiled and decided")
+                         "every initial pool profiled and decided", fail=self._profiling_failed)
         self.stage = "starting serving pods"
         await self._wait(lambda: self._serving_decided(initial_pools), 300,
                          "a ready serving pod running the decided configuration in every initial pool")
@@ -228,9 +229,26 @@ class Demo:
                     p["profiles"]["ready"] + p["profiles"].get("failed", 0) >= p["profiles"]["total"] > 0
         return False
 
-    async def _wait(self, predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
+    def _profiling_failed(self) -> str | None:
+        """Why profiling failed for good (a profile Failed and its Job out of retries), or None."""
+        jobs = {job["metadata"]["name"]: job for job in self.api.objects("jobs", NAMESPACE)}
+        for profile in self.profiles():
+            status = profile.get("status") or {}
+            job = jobs.get(bench_job_name(profile["metadata"]["name"])) or {}
+            gave_up = any(c.get("type") == "Failed" and c.get("status") == "True"
+                          for c in (job.get("status") or {}).get("conditions") or [])
+            if status.get("phase") == "Failed" and gave_up:
+                message = (status.get("message") or status.get("reason") or "no message").strip().splitlines()[-1]
+                return f"profile {profile['metadata']['name']} failed: {message}"
+        return None
+
+    async def _wait(self, predicate: Callable[[], bool], timeout_s: float, what: str,
+                    fail: Callable[[], str | None] | None = None) -> None:
         deadline = time.monotonic() + timeout_s
         while not predicate():
+            problem = fail() if fail else None
+            if problem:
+                raise DemoError(f"{problem}; while waiting for {what} (logs in {self.workdir})")
             if self.operator is not None and self.operator.poll() is not None:
                 raise DemoError(f"the operator exited ({self.operator.returncode}) while waiting for {what}; "
                                 f"see {self.workdir / 'operator.log'}")
