@@ -35,6 +35,14 @@ EAGLE3_SCHEDULE = json.dumps({"method": "eagle3", "num_speculative_tokens": 3,
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 
 
+async def _eventually(predicate, tries: int = 200) -> None:
+    """Polls `predicate` every 10 ms until it holds or the tries run out (the caller asserts after)."""
+    for _ in range(tries):
+        if predicate():
+            return
+        await asyncio.sleep(0.01)
+
+
 def engine_args(*extra: str, time_scale: float = 10.0) -> list[str]:
     return ["--model", MODEL, "--port", "0", "--sku", "H100-SXM", "--time-scale", str(time_scale), *extra]
 
@@ -369,11 +377,9 @@ async def test_a_client_that_goes_away_frees_its_slot():
             await response.content.readany()
             assert len(core.running) == 1 and core.used_blocks > 0
             response.close()
-            for _ in range(200):
-                if not core.running:
-                    break
-                await asyncio.sleep(0.01)
-    assert core.running == [] and core.used_blocks == 0
+            await _eventually(lambda: not core.running)
+        # Checked while the engine still serves (its shutdown would abort everything anyway).
+        assert core.running == [] and core.used_blocks == 0
 
 
 async def test_a_client_that_goes_away_without_streaming_frees_its_slot_too():
@@ -382,18 +388,12 @@ async def test_a_client_that_goes_away_without_streaming_frees_its_slot_too():
         async with aiohttp.ClientSession() as session:
             pending = asyncio.create_task(session.post(f"{engine.base_url}/v1/completions", json={
                 "prompt": "hi", "max_tokens": 5000, "ignore_eos": True}))
-            for _ in range(200):
-                if core.running:
-                    break
-                await asyncio.sleep(0.01)
+            await _eventually(lambda: core.running)
             assert len(core.running) == 1
             pending.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await pending
-        for _ in range(200):
-            if not core.running:
-                break
-            await asyncio.sleep(0.01)
+        await _eventually(lambda: not core.running)
         # Still serving: the engine dropped the request itself, it did not wait for shutdown to abort it.
         assert core.running == [] and core.used_blocks == 0
 
@@ -403,10 +403,7 @@ async def test_stopping_aborts_requests_in_flight_so_the_server_closes_at_once()
         async with aiohttp.ClientSession() as session:
             pending = asyncio.create_task(session.post(f"{engine.base_url}/v1/completions", json={
                 "prompt": "hi", "max_tokens": 5000, "ignore_eos": True}))
-            for _ in range(200):
-                if engine.cores[0].running:
-                    break
-                await asyncio.sleep(0.01)
+            await _eventually(lambda: engine.cores[0].running)
             stopping = asyncio.create_task(engine.stop())
             response = await pending
             body = await response.json()
@@ -422,10 +419,7 @@ async def test_draining_finishes_requests_in_flight_and_takes_no_new_connections
         async with aiohttp.ClientSession() as session:
             pending = asyncio.create_task(session.post(f"{engine.base_url}/v1/completions", json={
                 "prompt": "hi", "max_tokens": 40, "ignore_eos": True}))
-            for _ in range(200):
-                if engine.cores[0].running:
-                    break
-                await asyncio.sleep(0.01)
+            await _eventually(lambda: engine.cores[0].running)
             draining = asyncio.create_task(engine.drain(timeout_s=30))
             response = await pending
             body = await response.json()
