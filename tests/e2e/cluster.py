@@ -270,15 +270,3 @@ class Cluster:
                 except ApiException as exc:
                     if exc.status != 404:
                         raise
-
-
-def speculative_config(deployment: dict) -> dict | None:
-    """The engine container's --speculative-config, parsed; None when it serves without speculation."""
-    engine = next(c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "engine")
-    args = engine.get("args") or []
-    for i, arg in enumerate(args):
-        if arg == "--speculative-config":
-            return json.loads(args[i + 1])
-        if arg.startswith("--speculative-config="):
-            return json.loads(arg.split("=", 1)[1])
-    return None

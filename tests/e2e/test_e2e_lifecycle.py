@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 from kubernetes.client.rest import ApiException
 
-from tests.e2e.cluster import Cluster, speculative_config
+from tests.e2e.cluster import Cluster
+from tests.operator.scenario import speculative_config
 
 pytestmark = pytest.mark.e2e
 

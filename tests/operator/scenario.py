@@ -115,10 +115,11 @@ def deployment(api: SandboxApiServer, pool: str, name: str = "llama") -> dict | 
 def engine_args(deployment_obj: dict) -> list[str]:
     containers = deployment_obj["spec"]["template"]["spec"]["containers"]
     engine = next(c for c in containers if c["name"] == "engine")
-    return engine["args"]
+    return engine.get("args") or []
 
 
 def speculative_config(deployment_obj: dict) -> dict | None:
+    """The engine container's --speculative-config, parsed; None when it serves without speculation."""
     import json
 
     args = engine_args(deployment_obj)
