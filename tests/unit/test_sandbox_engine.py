@@ -43,6 +43,14 @@ async def _eventually(predicate, tries: int = 200) -> None:
         await asyncio.sleep(0.01)
 
 
+async def _in_flight(session: aiohttp.ClientSession, engine, max_tokens: int) -> asyncio.Task:
+    """A non-streamed completion the engine is generating (the task resolves to its response)."""
+    pending = asyncio.create_task(session.post(f"{engine.base_url}/v1/completions", json={
+        "prompt": "hi", "max_tokens": max_tokens, "ignore_eos": True}))
+    await _eventually(lambda: engine.cores[0].running)
+    return pending
+
+
 def engine_args(*extra: str, time_scale: float = 10.0) -> list[str]:
     return ["--model", MODEL, "--port", "0", "--sku", "H100-SXM", "--time-scale", str(time_scale), *extra]
 
@@ -386,9 +394,7 @@ async def test_a_client_that_goes_away_without_streaming_frees_its_slot_too():
     async with running_engine(engine_args(time_scale=1)) as engine:
         core = engine.cores[0]
         async with aiohttp.ClientSession() as session:
-            pending = asyncio.create_task(session.post(f"{engine.base_url}/v1/completions", json={
-                "prompt": "hi", "max_tokens": 5000, "ignore_eos": True}))
-            await _eventually(lambda: core.running)
+            pending = await _in_flight(session, engine, max_tokens=5000)
             assert len(core.running) == 1
             pending.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -401,9 +407,7 @@ async def test_a_client_that_goes_away_without_streaming_frees_its_slot_too():
 async def test_stopping_aborts_requests_in_flight_so_the_server_closes_at_once():
     async with running_engine(engine_args(time_scale=1)) as engine:
         async with aiohttp.ClientSession() as session:
-            pending = asyncio.create_task(session.post(f"{engine.base_url}/v1/completions", json={
-                "prompt": "hi", "max_tokens": 5000, "ignore_eos": True}))
-            await _eventually(lambda: engine.cores[0].running)
+            pending = await _in_flight(session, engine, max_tokens=5000)
             stopping = asyncio.create_task(engine.stop())
             response = await pending
             body = await response.json()
@@ -417,9 +421,7 @@ async def test_stopping_aborts_requests_in_flight_so_the_server_closes_at_once()
 async def test_draining_finishes_requests_in_flight_and_takes_no_new_connections():
     async with running_engine(engine_args(time_scale=10)) as engine:
         async with aiohttp.ClientSession() as session:
-            pending = asyncio.create_task(session.post(f"{engine.base_url}/v1/completions", json={
-                "prompt": "hi", "max_tokens": 40, "ignore_eos": True}))
-            await _eventually(lambda: engine.cores[0].running)
+            pending = await _in_flight(session, engine, max_tokens=40)
             draining = asyncio.create_task(engine.drain(timeout_s=30))
             response = await pending
             body = await response.json()
