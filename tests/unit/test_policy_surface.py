@@ -153,3 +153,19 @@ def test_a_fit_that_misses_the_data_falls_back_to_interpolation():
     assert surface.fit is None
     assert any("misses the measurements" in note for note in surface.notes)
     assert surface.goodput(0, 16) == pytest.approx(runs[0].points[4].output_throughput)
+
+
+def test_a_level_measured_again_weighs_as_many_measurements_in_the_fit():
+    # the baseline's level 64 reads 8% slow; measuring level 32 three more times (exactly) pins the line down,
+    # so the fit leans less on the stray level than when each level is measured once
+    def fitted_error_at_64(repeats: int) -> float:
+        base, k1, k3 = _roofline_runs(noise={(0, 64): 1.08})
+        extra = [p for p in base.points if p.concurrency in (32, 128)] * repeats
+        base = base.model_copy(update={"points": [*base.points, *extra]})
+        surface = build_surface(base, [k1, k3])
+        assert surface.fit is not None
+        truth = 7e-3 + 4e-5 * 64
+        return abs(surface.decode_step_s(0, 64) / truth - 1.0)
+
+    once, again = fitted_error_at_64(0), fitted_error_at_64(3)
+    assert again < 0.8 * once

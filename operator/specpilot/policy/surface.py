@@ -141,6 +141,8 @@ class RunCurve:
     """One request's prefill time: median of TTFT - ITL / 2 over the lowest levels without waiting requests."""
     output_tokens: float | None = None
     """Median output tokens per request (generation tokens / completed requests)."""
+    counts: tuple[int, ...] = ()
+    """Measurements averaged into each level (a level measured again counts more in the fit); all 1 if empty."""
 
     @classmethod
     def from_run(cls, run: Run) -> RunCurve | None:
@@ -179,7 +181,8 @@ class RunCurve:
         lowest = sorted(prefills)[:_PREFILL_LEVELS]
         return cls(run.num_speculative_tokens, levels, tuple(seconds), tuple(ratios),
                    float(np.median([p for _, p in lowest])) if lowest else None,
-                   float(np.median(outputs)) if outputs else None)
+                   float(np.median(outputs)) if outputs else None,
+                   tuple(len(by_level[level]) for level in levels))
 
 
 def acceptance_from_run(run: Run, model_drafter: bool) -> tuple[list[float], float]:
@@ -289,15 +292,20 @@ class RooflineFit:
 
 
 def fit_roofline(levels: Sequence[Sequence[float]], decode_s: Sequence[Sequence[float]],
-                 measured_k: Sequence[int], verified_tokens: Sequence[float]) -> RooflineFit | None:
+                 measured_k: Sequence[int], verified_tokens: Sequence[float],
+                 counts: Sequence[Sequence[int]] | None = None) -> RooflineFit | None:
     """Joint least-squares fit of the runs' decode step times (index 0 = the baseline); None when it cannot
-    be fitted (a run with fewer than _FIT_MIN_LEVELS levels, or no physical solution)."""
+    be fitted (a run with fewer than _FIT_MIN_LEVELS levels, or no physical solution).
+
+    `counts`: measurements averaged into each value (default 1); a mean of n weighs n times one measurement."""
     runs = len(measured_k)
     if any(len(set(lv)) < _FIT_MIN_LEVELS for lv in levels):
         return None
     b = np.concatenate([np.asarray(lv, dtype=float) for lv in levels])
     z = np.concatenate([np.asarray(v, dtype=float) for v in decode_s])
     run_of = np.concatenate([np.full(len(lv), i) for i, lv in enumerate(levels)])
+    row_weight = (np.sqrt(np.concatenate([np.asarray(c, dtype=float) for c in counts]))
+                  if counts is not None else np.ones(len(z)))
     n, params = len(z), 2 * runs
     if not np.all(np.isfinite(z)) or np.any(z <= 0):
         return None
@@ -312,12 +320,12 @@ def fit_roofline(levels: Sequence[Sequence[float]], decode_s: Sequence[Sequence[
     excess = np.maximum(0.0, q[None, :] / knees[:, None] - 1.0)  # (knees, n)
     design = np.repeat(base[None, None], len(knees), axis=0).repeat(len(thetas), axis=1)
     design[:, :, :, 0] += thetas[None, :, None] * excess[:, None, :]
-    weighted = design / z[:, None]
+    weighted = design * (row_weight / z)[:, None]
     gram = np.swapaxes(weighted, -1, -2) @ weighted
     gram += np.eye(params) * 1e-12 * np.trace(gram, axis1=-2, axis2=-1)[..., None, None]
-    rhs = weighted.sum(axis=2)  # target z / z = 1: residuals relative to each measurement
+    rhs = (weighted * row_weight[:, None]).sum(axis=2)  # target z / z = 1: residuals relative to each value
     coef = np.linalg.solve(gram, rhs[..., None])
-    residual = (weighted @ coef)[..., 0] - 1.0
+    residual = (weighted @ coef)[..., 0] - row_weight
     coef = coef[..., 0]
     sse = np.square(residual).sum(axis=-1)
     fixed, per_sequence = coef[..., 0::2], coef[..., 1::2]
@@ -576,7 +584,8 @@ def build_surface(baseline: Run, runs: Sequence[Run], model_drafter: bool = True
         decode = [_decode_steps(c, tokens_per_step[c.num_speculative_tokens], output_tokens, 0.0)
                   for c in curves]
     verified = tuple(1.0 + drafts_per_step * k for k in range(max_k + 1))
-    fit = fit_roofline([c.levels for c in curves], decode, measured, verified)
+    fit = fit_roofline([c.levels for c in curves], decode, measured, verified,
+                       [c.counts or (1,) * len(c.levels) for c in curves])
     if fit is None:
         notes.append("too few levels for the roofline fit: step times interpolated between measured levels")
     elif fit.rms_relative_residual > FIT_MAX_RMS:
