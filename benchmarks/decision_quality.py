@@ -95,6 +95,8 @@ class Score:
     k=1 over k=0 is within -5..+5%: the precision the decision at the crossover rests on."""
     vs_sd_off: float = 1.0
     """The lowest ratio to speculation off on the same engine (k=0, drafter loaded)."""
+    gain_z: tuple[float, ...] = ()
+    """gain_errors over the planner's stated standard error of each (MethodSurface.speedup_se)."""
     to_oracle: tuple[float, ...] = ()
     """Per concurrency 1..256: the ratio to the oracle, ..."""
     to_sd_off: tuple[float, ...] = ()
@@ -144,12 +146,15 @@ def ideal_ks(scenario: Scenario, truth: TrueCurves, baseline: Run, method_runs: 
 
 def score_ks(ks: Sequence[int], truth: TrueCurves, min_gain_percent: float, plan=None) -> Score:
     """Score a k per concurrency 1..256 on the twin's noise-free goodput (see the module)."""
-    to_oracle, to_off, to_k0, drafter, pairs, errors = [], [], [], [], [], []
+    to_oracle, to_off, to_k0, drafter, pairs, errors, z = [], [], [], [], [], [], []
     for c, planned in enumerate(ks, start=1):
         true_gain = truth.goodput_tok_s[1][c - 1] / truth.goodput_tok_s[0][c - 1]
         if plan is not None and plan.surface is not None and c <= truth.kv_max_concurrency \
                 and abs(true_gain - 1.0) <= 0.05:
             errors.append(math.log(plan.surface.speedup(1, c) / true_gain))
+            se = plan.surface.speedup_se(1, c)
+            if se:
+                z.append(errors[-1] / se)
         got = truth.goodput_tok_s[planned][c - 1]
         oracle = max(curve[c - 1] for curve in truth.goodput_tok_s.values())
         no_sd = truth.baseline_goodput_tok_s[c - 1]
@@ -165,8 +170,8 @@ def score_ks(ks: Sequence[int], truth: TrueCurves, min_gain_percent: float, plan
     margin = (1.0 + min_gain_percent / 100.0) * (1.0 + SMOOTHING_TOLERANCE)
     guarded = pairs[vs_at - 1][0] == 0 and oracle_gain <= margin
     return Score(worst, worst_at, statistics.fmean(to_oracle), min(to_off), min(drafter), pairs[worst_at - 1],
-                 vs_at, pairs[vs_at - 1], guarded, tuple(errors), min(to_k0), tuple(to_oracle), tuple(to_k0),
-                 tuple(to_off))
+                 vs_at, pairs[vs_at - 1], guarded, tuple(errors), min(to_k0), tuple(z), tuple(to_oracle),
+                 tuple(to_k0), tuple(to_off))
 
 
 def score(scenario: Scenario, truth: TrueCurves, noise: float, seed: int, min_gain_percent: float,
@@ -327,6 +332,12 @@ def breakdown(scores: dict[tuple[Scenario, int], Score], levels: tuple[int, ...]
         lines.append(f"  estimated gain of k=1 over k=0 where the true gain is within 5%: RMS error {rms:.1%}, "
                      f"95th percentile {errors[int(0.95 * (len(errors) - 1))]:.1%}, largest {errors[-1]:.1%} "
                      f"({len(errors)} concurrencies)")
+    z = [x for s in scores.values() for x in s.gain_z]
+    if z:
+        lines.append(f"  the planner's stated standard error there (MethodSurface.speedup_se, the decision's "
+                     f"crossoverUncertaintyPercent): RMS of error / s.e. {math.sqrt(statistics.fmean(x * x for x in z)):.2f} "
+                     f"(1 = calibrated), within 1 s.e. {sum(abs(x) <= 1 for x in z) / len(z):.0%}, within 2 s.e. "
+                     f"{sum(abs(x) <= 2 for x in z) / len(z):.0%} ({len(z)} concurrencies)")
     guarded = sum(s.vs_no_sd_guarded for _, s in vs)
     if vs:
         lines.append(f"  vs-plain-engine misses where k=0 was kept and the oracle's true gain over it is within the "

@@ -198,3 +198,24 @@ def test_a_decision_is_revisited_when_load_is_first_seen_and_when_it_moves_a_fac
     assert revisit_for_load(seen, [(3, 1.0)], later, 600)
     waiting = seen.model_copy(update={"source": "none"})
     assert not revisit_for_load(waiting, [(64, 1.0)], later, 600)  # not a profile decision
+
+
+def test_the_decision_says_how_precisely_the_profile_places_the_crossover():
+    profiles, candidates = {}, []
+    for method in ("eagle3", "ngram"):
+        baseline, profile = synthetic_profiles(Scenario("H100-SXM", MODEL, method), noise=0.05, seed=1)
+        profiles[profile.spec.method.key] = profile
+        candidates.append(profile.spec.method)
+    plan = decide_pool(Policy(), candidates, baseline, profiles, 2.5, 1, now=NOW)
+    d = plan.decision
+    assert d.method == "eagle3" and d.crossover_concurrency is not None
+    rows = {r.key: r for r in plan.candidates}
+    assert d.crossover_uncertainty_percent == pytest.approx(rows["eagle3"].crossover_gain_se * 100, abs=0.01)
+    assert 1.0 < d.crossover_uncertainty_percent < 6.0  # 5% noise per level
+    assert f"known to ±{d.crossover_uncertainty_percent:.1f}%" in d.reason
+    assert rows["ngram"].crossover_gain_se is not None
+
+    # noise-free profiles: the crossover is exact
+    baseline, exact = synthetic_profiles(Scenario("H100-SXM", MODEL, "ngram"), noise=0.0)
+    d = decide_pool(Policy(), [exact.spec.method], baseline, {exact.spec.method.key: exact}, 2.5, 1, now=NOW).decision
+    assert d.crossover_concurrency is not None and d.crossover_uncertainty_percent < 0.5

@@ -66,3 +66,25 @@ def test_clear_errors_exit_2(profile_files, tmp_path, capsys):
     broken.write_text("kind: SpeculationProfile\nspec: {sku: H100}\n")
     assert main(["plan", "--profile", str(broken)]) == 2
     assert "broken.yaml" in capsys.readouterr().err
+
+
+def test_the_table_flags_a_crossover_the_profiles_place_less_precisely_than_the_minimum_gain(tmp_path, capsys):
+    docs = []
+    for method in ("eagle3", "ngram"):
+        baseline, profile = synthetic_profiles(Scenario("H100-SXM", MODEL, method), noise=0.05, seed=1)
+        docs.append(profile.dump())
+    docs.append(baseline.dump())
+    path = tmp_path / "noisy.yaml"
+    path.write_text(yaml.safe_dump_all(docs))
+    assert main(["plan", "--profile", str(path), "-o", "json"]) == 0
+    rows = {r["candidate"]: r for r in json.loads(capsys.readouterr().out)[0]["candidates"]}
+    uncertainty = rows["ngram"]["crossoverUncertaintyPercent"]
+    assert rows["ngram"]["crossoverConcurrency"] is not None and 2.0 < uncertainty < 6.0
+    assert rows["baseline"]["crossoverUncertaintyPercent"] is None
+
+    assert main(["plan", "--profile", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert f"{rows['ngram']['crossoverConcurrency']} ±{uncertainty:.1f}%" in out
+    assert "note: the gain at the crossover is known to" in out and "more than the 2% minimum gain" in out
+    assert main(["plan", "--profile", str(path), "--min-gain", "10"]) == 0
+    assert "note: the gain at the crossover" not in capsys.readouterr().out

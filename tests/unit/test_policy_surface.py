@@ -3,6 +3,8 @@ and live acceptance."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from specpilot.api.profile import Acceptance, LatencyStats, LevelPoint, Run
@@ -169,3 +171,33 @@ def test_a_level_measured_again_weighs_as_many_measurements_in_the_fit():
 
     once, again = fitted_error_at_64(0), fitted_error_at_64(3)
     assert again < 0.8 * once
+
+
+def test_the_speedup_carries_a_standard_error_that_matches_its_error_against_the_truth():
+    from specpilot.sim.synthetic import Scenario, synthetic_profiles, true_curves
+
+    scenario = Scenario("H100-SXM", "Qwen/Qwen3-8B", "eagle3")
+    truth = true_curves(scenario, 256)
+    baseline, method = synthetic_profiles(scenario, noise=0.0)
+    exact = build_surface(baseline.status.run(0), method.status.runs)
+    assert exact.speedup_se(1, 128) < 0.005  # noise-free profiles: the fit leaves (almost) nothing unexplained
+    assert exact.speedup_se(0, 128) == 0.0
+
+    z = []
+    for seed in range(8):
+        baseline, method = synthetic_profiles(scenario, noise=0.05, seed=seed)
+        surface = build_surface(baseline.status.run(0), method.status.runs)
+        for c in (16, 48, 96, 128, 160, 192, 256):
+            se = surface.speedup_se(1, c)
+            assert 0.005 < se < 0.1  # 5% noise per level: a few percent
+            true = truth.goodput_tok_s[1][c - 1] / truth.goodput_tok_s[0][c - 1]
+            z.append(math.log(surface.speedup(1, c) / true) / se)
+    # calibrated: the error is within one standard error about two times in three, within two nearly always
+    within_one = sum(abs(x) <= 1 for x in z) / len(z)
+    within_two = sum(abs(x) <= 2 for x in z) / len(z)
+    assert 0.5 <= within_one <= 0.85 and within_two >= 0.88
+
+
+def test_without_the_fit_there_is_no_standard_error():
+    surface = build_surface(BASE, [K1, K3])  # three levels: interpolated
+    assert surface.fit is None and surface.speedup_se(1, 8) is None

@@ -391,6 +391,10 @@ class Decision(StatusModel):
     """dynamic (schedule in the engine) or restart (toggle by rollout)."""
     crossover_concurrency: float | None = None
     """Concurrency above which speculation stops paying for this method on this pool."""
+    crossover_uncertainty_percent: float | None = None
+    """One standard error of the predicted gain of speculation at the crossover, in percent: how precisely
+    the profile places the crossover. Above policy.minGainPercent the crossover may be a profiled level or
+    more off; more profiling.requestsPerLevel narrows it (four times the requests halve it)."""
     cost_per_mtok_with_sd: float | None = None
     """Predicted dollars per million output tokens with the decision, at the expected load."""
     cost_per_mtok_without_sd: float | None = None

@@ -56,6 +56,8 @@ class CandidatePlan:
     num_speculative_tokens: int = 0
     schedule: SchedulePlan | None = None
     crossover_concurrency: int | None = None
+    crossover_gain_se: float | None = None
+    """Relative standard error of the gain at the crossover (see SchedulePlan.crossover_gain_se)."""
     kv_max_concurrency: int | None = None
     expected_goodput_tok_s: float | None = None
     cost_per_mtok: float | None = None
@@ -253,13 +255,15 @@ def _candidate_row(candidate: CandidateMethod, profile: SpeculationProfile | Non
                              else base.tpot_ms(c), policy.tpot_slo_ms, limit)
         return CandidatePlan(key=key, method=candidate.method, ready=True, note=note, strategy=Strategy.RESTART,
                              num_speculative_tokens=k, schedule=plan, crossover_concurrency=crossover,
+                             crossover_gain_se=surface.speedup_se(k, crossover) if crossover else None,
                              kv_max_concurrency=kv_max, expected_goodput_tok_s=expected,
                              cost_per_mtok=_cost(price, gpus, expected), capacity_concurrency=capacity), source
     plan = plan_schedule(surface, policy.tpot_slo_ms, policy.min_gain_percent, max_batch_size)
     expected = _expected(plan.goodput_at, distribution, kv_max)
     return CandidatePlan(key=key, method=candidate.method, ready=True, note=note, strategy=Strategy.DYNAMIC,
                          num_speculative_tokens=plan.num_speculative_tokens, schedule=plan,
-                         crossover_concurrency=plan.crossover_concurrency, kv_max_concurrency=kv_max,
+                         crossover_concurrency=plan.crossover_concurrency,
+                         crossover_gain_se=plan.crossover_gain_se, kv_max_concurrency=kv_max,
                          expected_goodput_tok_s=expected, cost_per_mtok=_cost(price, gpus, expected),
                          capacity_concurrency=_capacity(plan.tpot_ms_at, policy.tpot_slo_ms, limit)), source
 
@@ -372,6 +376,8 @@ def _decision(chosen: CandidatePlan, rows: list[CandidatePlan], base_expected: f
         reason += f", ${chosen.cost_per_mtok:.3g}/Mtok"
     if chosen.crossover_concurrency is not None:
         reason += f"; SD off above {chosen.crossover_concurrency} concurrent requests"
+        if chosen.crossover_gain_se is not None:
+            reason += f" (its gain there known to ±{chosen.crossover_gain_se * 100:.1f}%)"
     if chosen.strategy == Strategy.RESTART:
         reason += f"; restart strategy: k={chosen.num_speculative_tokens}, toggled by rollout around the crossover"
     reason += tail
@@ -380,6 +386,8 @@ def _decision(chosen: CandidatePlan, rows: list[CandidatePlan], base_expected: f
     return Decision(method=chosen.key, num_speculative_tokens=chosen.num_speculative_tokens, schedule=ranges,
                     schedule_summary=summary(ranges) if ranges else "", strategy=chosen.strategy,
                     crossover_concurrency=chosen.crossover_concurrency,
+                    crossover_uncertainty_percent=(round(chosen.crossover_gain_se * 100, 2)
+                                                   if chosen.crossover_gain_se is not None else None),
                     cost_per_mtok_with_sd=chosen.cost_per_mtok, cost_per_mtok_without_sd=baseline.cost_per_mtok,
                     expected_speedup=chosen.expected_goodput_tok_s / base_expected, source=source, reason=reason,
                     decided_at=now)

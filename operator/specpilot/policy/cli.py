@@ -162,7 +162,9 @@ def plan_groups(profiles, args: argparse.Namespace, histogram) -> list[dict[str,
         gpus = args.gpus_per_replica or members[0][1].spec.model.tensor_parallel_size
         plan = decide_pool(policy, candidates, baseline or with_k0, by_key, price, gpus,
                            concurrency_histogram=histogram, max_batch_size=args.max_batch_size)
-        results.append(_group_result(sku, model, members[0][1].spec.workload.name, candidates, plan, price, gpus))
+        result = _group_result(sku, model, members[0][1].spec.workload.name, candidates, plan, price, gpus)
+        result["minGainPercent"] = policy.min_gain_percent
+        results.append(result)
     return results
 
 
@@ -181,7 +183,10 @@ def _group_result(sku, model, workload, candidates, plan, price, gpus) -> dict[s
             "candidate": row.key, "ready": row.ready, "strategy": getattr(row.strategy, "value", row.strategy),
             "numSpeculativeTokens": row.num_speculative_tokens,
             "schedule": summary(schedule.ranges) if schedule and schedule.ok and schedule.ranges else "",
-            "crossoverConcurrency": row.crossover_concurrency, "kvMaxConcurrency": row.kv_max_concurrency,
+            "crossoverConcurrency": row.crossover_concurrency,
+            "crossoverUncertaintyPercent": (round(row.crossover_gain_se * 100, 2)
+                                            if row.crossover_gain_se is not None else None),
+            "kvMaxConcurrency": row.kv_max_concurrency,
             "expectedGoodputTokS": row.expected_goodput_tok_s, "costPerMtok": row.cost_per_mtok,
             "capacityConcurrency": row.capacity_concurrency, "note": row.note,
             "kByConcurrency": {str(c): schedule.k_at(c) for c in _TABLE_LEVELS if c <= schedule.max_batch_size}
@@ -210,15 +215,27 @@ def render_table(results: list[dict[str, Any]]) -> str:
         out.write(f"reason: {d.get('reason')}\n")
         if group["speculativeConfig"]:
             out.write(f"--speculative-config '{json.dumps(group['speculativeConfig'], separators=(',', ':'))}'\n")
-        header = f"{'candidate':<14}{'strategy':<9}{'K':>3} {'crossover':>9} {'goodput tok/s':>14} {'$/Mtok':>8}  schedule"
+        header = (f"{'candidate':<14}{'strategy':<9}{'K':>3} {'crossover':>14} {'goodput tok/s':>14} {'$/Mtok':>8}"
+                  f"  schedule")
         out.write(header + "\n")
+        imprecise = []
         for row in group["candidates"]:
             if not row["ready"]:
-                out.write(f"{row['candidate']:<14}{'-':<9}{'-':>3} {'-':>9} {'-':>14} {'-':>8}  {row['note']}\n")
+                out.write(f"{row['candidate']:<14}{'-':<9}{'-':>3} {'-':>14} {'-':>14} {'-':>8}  {row['note']}\n")
                 continue
+            crossover = _fmt(row["crossoverConcurrency"])
+            uncertainty = row.get("crossoverUncertaintyPercent")
+            if row["crossoverConcurrency"] is not None and uncertainty is not None:
+                crossover += f" ±{uncertainty:.1f}%"
+                if uncertainty > group.get("minGainPercent", 0):
+                    imprecise.append(f"±{uncertainty:.1f}% ({row['candidate']})")
             out.write(f"{row['candidate']:<14}{row['strategy']:<9}{row['numSpeculativeTokens']:>3} "
-                      f"{_fmt(row['crossoverConcurrency']):>9} {_fmt(row['expectedGoodputTokS']):>14} "
+                      f"{crossover:>14} {_fmt(row['expectedGoodputTokS']):>14} "
                       f"{_fmt(row['costPerMtok'], '.3f'):>8}  {row['schedule']}\n")
+        if imprecise:
+            out.write(f"note: the gain at the crossover is known to {', '.join(imprecise)} (one standard error), "
+                      f"more than the {group['minGainPercent']:g}% minimum gain: the crossover may be off by a "
+                      f"profiled level; more requests per level narrow it (four times as many halve it)\n")
         methods = [r for r in group["candidates"] if r["kByConcurrency"]]
         if methods:
             out.write(f"{'concurrency':<12}" + "".join(f"{r['candidate'] + ' k/tok/s':>22}" for r in methods) + "\n")

@@ -45,6 +45,9 @@ class SchedulePlan:
     slo_unmet_at: tuple[int, ...] = ()
     """Batch sizes where no k meets the TPOT SLO (the lowest-TPOT k is used there)."""
     surface: MethodSurface | None = None
+    crossover_gain_se: float | None = None
+    """Relative standard error of the predicted gain of the schedule's k over k = 0 at the crossover: how
+    precisely the profile places it (None without a crossover or without the roofline fit)."""
 
     @property
     def num_speculative_tokens(self) -> int:
@@ -160,7 +163,8 @@ def plan_schedule(surface: MethodSurface, tpot_slo_ms: float | None = None, min_
     return SchedulePlan(ok=True, reason=reason, k_by_batch_size=tuple(dense), ranges=tuple(ranges),
                         crossover_concurrency=crossover, goodput_tok_s=goodput,
                         baseline_goodput_tok_s=tuple(goodput_of[0]), tpot_ms=tpot, slo_unmet_at=tuple(unmet),
-                        surface=surface)
+                        surface=surface,
+                        crossover_gain_se=surface.speedup_se(dense[crossover - 1], crossover) if crossover else None)
 
 
 def _smooth_within_slo(dense: list[int], goodput_of: dict[int, list[float]], tpot_of: dict[int, list[float]],

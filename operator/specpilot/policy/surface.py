@@ -78,6 +78,13 @@ _FIT_MIN_LEVELS = 4
 _KNEE_GRID = np.geomspace(2.0, 65536.0, 301)
 """Candidate knees N (tokens per step), 3.5% apart; the baseline's first level must be memory-bound."""
 _PREFILL_LEVELS = 3
+_MEDIAN_SE_FACTOR = 1.25
+"""Standard error of a median over that of a mean of the same normal samples (sqrt(pi / 2))."""
+SE_CALIBRATION = 1.15
+"""The fit's own standard error of a speedup, scaled to the error actually seen where speculation stops
+paying: against the digital twin's truth (54 scenarios x 24 noise draws, where the true gain is within 5%),
+the RMS error runs 1.16x, 1.15x and 1.05x the fit's standard error at 2%, 5% and 10% noise per level
+(benchmarks/decision_quality.py prints the calibration)."""
 """Lowest levels whose TTFT - ITL/2 estimates a request's prefill (higher levels mix others' prefills in)."""
 _DEFAULT_OUTPUT_TOKENS = 256.0
 _TABLE_BATCH_SIZES = 512
@@ -143,6 +150,8 @@ class RunCurve:
     """Median output tokens per request (generation tokens / completed requests)."""
     counts: tuple[int, ...] = ()
     """Measurements averaged into each level (a level measured again counts more in the fit); all 1 if empty."""
+    prefill_samples: int = 0
+    """Levels `prefill_s` is the median of."""
 
     @classmethod
     def from_run(cls, run: Run) -> RunCurve | None:
@@ -182,7 +191,7 @@ class RunCurve:
         return cls(run.num_speculative_tokens, levels, tuple(seconds), tuple(ratios),
                    float(np.median([p for _, p in lowest])) if lowest else None,
                    float(np.median(outputs)) if outputs else None,
-                   tuple(len(by_level[level]) for level in levels))
+                   tuple(len(by_level[level]) for level in levels), len(lowest))
 
 
 def acceptance_from_run(run: Run, model_drafter: bool) -> tuple[list[float], float]:
@@ -277,6 +286,41 @@ class RooflineFit:
     """(candidates,) theta: w = theta * a_0."""
     rms_relative_residual: float
     """Of the best candidate."""
+    coefficients: np.ndarray | None = None
+    """(candidates, 2 * runs) the fitted (a_k, m_k * batch_scale) pairs, as solved."""
+    covariance: np.ndarray | None = None
+    """(candidates, 2 * runs, 2 * runs) their covariance: the residual variance x (X'WX)^-1."""
+    batch_scale: float = 1.0
+    """The batch sizes' scale in the design (the largest level)."""
+    residual_sd: float = 0.0
+    """Estimated relative noise of one measured step time (from the residuals, per degree of freedom)."""
+
+    def _rows(self, k: int, batch: float) -> np.ndarray:
+        """(candidates, params) the design row of d_k(batch): d_k = row . coefficients per candidate."""
+        lo, hi, w = _k_weights(self.measured_k, k)
+        rows = np.zeros((len(self.weights), len(self.measured_k) * 2))
+        for index, share in ((lo, 1.0 - w), (hi, w)):
+            rows[:, 2 * index] += share
+            rows[:, 2 * index + 1] += share * batch / self.batch_scale
+        rows[:, 0] += self.weight_share * np.maximum(0.0, self.verified_tokens[k] * batch / self.knee_tokens - 1.0)
+        return rows
+
+    def log_ratio_se(self, k: int, batch: float, decode_share: tuple[float, float] = (1.0, 1.0)) -> float | None:
+        """Standard error of log(s_0 / s_k) at `batch` from the fit's uncertainty (delta method per candidate,
+        plus the spread between candidates); `decode_share` = the decode steps' share of s_0 and s_k (prefill
+        is not fitted). None when the fit carries no covariance."""
+        if self.coefficients is None or self.covariance is None:
+            return None
+        x0, xk = self._rows(0, batch), self._rows(k, batch)
+        d0 = np.einsum("cp,cp->c", x0, self.coefficients)
+        dk = np.einsum("cp,cp->c", xk, self.coefficients)
+        if np.any(d0 <= 0) or np.any(dk <= 0):
+            return None
+        u = decode_share[0] * x0 / d0[:, None] - decode_share[1] * xk / dk[:, None]
+        within = np.einsum("cp,cpq,cq->c", u, self.covariance, u)
+        log_ratio = decode_share[0] * np.log(d0) - decode_share[1] * np.log(dk)
+        between = np.square(log_ratio - self.weights @ log_ratio)
+        return float(math.sqrt(max(0.0, float(self.weights @ (within + between)))))
 
     def decode_step_s(self, k: int, batch: float) -> float:
         return float(self.steps(k, np.asarray([batch], dtype=float))[0])
@@ -341,6 +385,7 @@ def fit_roofline(levels: Sequence[Sequence[float]], decode_s: Sequence[Sequence[
     keep = keep[weights[keep] > 1e-3 * weights[keep[0]]]
     weights = weights[keep] / weights[keep].sum()
     flat = coef.reshape(-1, params)[keep]
+    covariance = variance * np.linalg.inv(gram.reshape(-1, params, params)[keep])
     knee_of = np.repeat(knees, len(thetas))[keep]
     theta_of = np.tile(thetas, len(knees))[keep]
     return RooflineFit(
@@ -352,6 +397,10 @@ def fit_roofline(levels: Sequence[Sequence[float]], decode_s: Sequence[Sequence[
         knee_tokens=knee_of,
         weight_share=theta_of,
         rms_relative_residual=math.sqrt(best / n),
+        coefficients=flat,
+        covariance=covariance,
+        batch_scale=scale,
+        residual_sd=math.sqrt(variance),
     )
 
 
@@ -424,6 +473,8 @@ class MethodSurface:
     """One request's prefill on the method's engine, drafter included, paid even where the schedule says k=0."""
     output_tokens: float = _DEFAULT_OUTPUT_TOKENS
     """Output tokens per request of the measurement (spreads prefill over decode steps)."""
+    prefill_samples: int = 0
+    """Levels `prefill_s` is the median of (0: no prefill figure)."""
     notes: tuple[str, ...] = ()
     """What the surface had to assume (missing runs, interpolation instead of the fit), in words."""
 
@@ -508,6 +559,28 @@ class MethodSurface:
         """G_k(c) / G_0(c), both on the method's engine."""
         return self.goodput(k, c) / self.goodput(0, c)
 
+    def speedup_se(self, k: int, c: float) -> float | None:
+        """Relative standard error of speedup(k, c) from the measurement noise the roofline fit sees (its
+        residuals), scaled by SE_CALIBRATION; None without the fit (interpolated steps carry no estimate of
+        their noise)."""
+        self._check(k, c)
+        if self.fit is None or k == 0:
+            return None if self.fit is None else 0.0
+        out = self.output_tokens
+
+        def decode_share(kk: int) -> float:
+            decode = (out - 1.0) * self.decode_step_s(kk, c)
+            return decode / (decode + self.tokens_per_step[kk] * c * self.prefill_s)
+
+        shares = (decode_share(0), decode_share(k))
+        steps = self.fit.log_ratio_se(k, c, shares)
+        if steps is None or not self.prefill_samples:
+            return None if steps is None else SE_CALIBRATION * steps
+        # prefill is a median of a few levels (1.25: a median's efficiency) with the steps' noise; it weighs
+        # on k=0 and k differently (a request of k spends fewer decode steps per prefill)
+        prefill_sd = _MEDIAN_SE_FACTOR * self.fit.residual_sd / math.sqrt(self.prefill_samples)
+        return SE_CALIBRATION * math.sqrt(steps ** 2 + ((shares[1] - shares[0]) * prefill_sd) ** 2)
+
     def tpot_ms(self, k: int, c: float) -> float:
         """TPOT_k(c) = s_k(c) / E_k, scaled to the measured tail (p95 estimate), in milliseconds."""
         self._check(k, c)
@@ -583,6 +656,12 @@ def build_surface(baseline: Run, runs: Sequence[Run], model_drafter: bool = True
         baseline_prefill = prefill = 0.0
         decode = [_decode_steps(c, tokens_per_step[c.num_speculative_tokens], output_tokens, 0.0)
                   for c in curves]
+    if prefill <= 0:
+        prefill_samples = 0
+    elif not model_drafter or prefill == baseline_prefill:
+        prefill_samples = base.prefill_samples
+    else:
+        prefill_samples = sum(c.prefill_samples for c in curves[1:] if c.prefill_s is not None)
     verified = tuple(1.0 + drafts_per_step * k for k in range(max_k + 1))
     fit = fit_roofline([c.levels for c in curves], decode, measured, verified,
                        [c.counts or (1,) * len(c.levels) for c in curves])
@@ -605,6 +684,7 @@ def build_surface(baseline: Run, runs: Sequence[Run], model_drafter: bool = True
         baseline_prefill_s=baseline_prefill,
         prefill_s=prefill,
         output_tokens=output_tokens,
+        prefill_samples=prefill_samples,
         notes=tuple(notes),
     )
 
