@@ -96,11 +96,13 @@ def test_without_a_k1_run_only_measured_k_are_offered():
     assert any("k=1" in note for note in surface.notes)
 
 
-def _roofline_runs(prefill_s: float = 0.0, noise: dict[tuple[int, int], float] | None = None) -> list[Run]:
+def _roofline_runs(prefill_s: float = 0.0, noise: dict[tuple[int, int], float] | None = None,
+                   per_sequence: dict[int, float] | None = None) -> list[Run]:
     """Runs generated from the surface's own model: d_k(b) = a_k + m_k b + w max(0, q_k b / N - 1), 256 output
-    tokens per request, N = 200 verified tokens, f = 1 (q_k = 1 + k), acceptance 0.8, 0.6, 0.4."""
+    tokens per request, N = 200 verified tokens, f = 1 (q_k = 1 + k), acceptance 0.8, 0.6, 0.4; m_k linear
+    in k unless `per_sequence` says otherwise."""
     fixed = {0: 7e-3, 1: 8e-3, 3: 10e-3}
-    per_sequence = {0: 4e-5, 1: 6e-5, 3: 1e-4}
+    per_sequence = per_sequence or {0: 4e-5, 1: 6e-5, 3: 1e-4}
     e = {0: 1.0, 1: 1.8, 3: 2.8}
     runs = []
     for k in (0, 1, 3):
@@ -201,3 +203,45 @@ def test_the_speedup_carries_a_standard_error_that_matches_its_error_against_the
 def test_without_the_fit_there_is_no_standard_error():
     surface = build_surface(BASE, [K1, K3])  # three levels: interpolated
     assert surface.fit is None and surface.speedup_se(1, 8) is None
+
+
+def test_per_sequence_costs_linear_in_k_are_assumed_only_while_the_data_allows():
+    def k3_error(per_sequence: dict[int, float]) -> float:
+        runs = _roofline_runs(per_sequence=per_sequence)
+        surface = build_surface(runs[0], runs[1:])
+        assert surface.fit is not None
+        return max(abs(surface.decode_step_s(3, b) / (10e-3 + per_sequence[3] * b
+                                                       + 0.9 * 7e-3 * max(0.0, 4 * b / 200 - 1)) - 1)
+                   for b in (1, 2, 4, 8, 16, 32, 64, 128))
+
+    # m_3 far above the line through m_0 and m_1 (3e-4 against 1e-4): the tie is refused, the k=3 run fitted
+    assert k3_error({0: 4e-5, 1: 6e-5, 3: 3e-4}) < 0.01
+    # on the line: the tie holds and reproduces the runs as well
+    assert k3_error({0: 4e-5, 1: 6e-5, 3: 1e-4}) < 0.01
+
+
+def test_tying_the_per_sequence_costs_makes_the_step_ratios_more_precise_under_noise():
+    # the step-time ratios between k are what the schedule weighs; 5% noise per level, 60 draws
+    import numpy as np
+
+    import specpilot.policy.surface as module
+
+    def true_step(k: int, b: float) -> float:
+        return 7e-3 + 1e-3 * k + (4e-5 + 2e-5 * k) * b + 0.9 * 7e-3 * max(0.0, (1 + k) * b / 200 - 1)
+
+    rng = np.random.default_rng(7)
+    errors = {"tied": [], "free": []}
+    for _ in range(60):
+        noise = {(k, c): math.exp(rng.normal(0, 0.05)) for k in (0, 1, 3) for c in (1, 2, 4, 8, 16, 32, 64, 128)}
+        runs = _roofline_runs(noise=noise)
+        for label, critical in (("tied", module._TIE_F_CRITICAL), ("free", -1.0)):  # -1: the tie always refused
+            module._TIE_F_CRITICAL, saved = critical, module._TIE_F_CRITICAL
+            try:
+                surface = build_surface(runs[0], runs[1:])
+            finally:
+                module._TIE_F_CRITICAL = saved
+            for k, other, b in ((1, 0, 64), (1, 0, 128), (3, 1, 128)):
+                estimate = surface.decode_step_s(k, b) / surface.decode_step_s(other, b)
+                errors[label].append(math.log(estimate / (true_step(k, b) / true_step(other, b))))
+    rms = {label: math.sqrt(sum(e * e for e in values) / len(values)) for label, values in errors.items()}
+    assert rms["tied"] < 0.9 * rms["free"]

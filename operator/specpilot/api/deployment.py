@@ -20,8 +20,8 @@ DEFAULT_ENGINE_IMAGE = "vllm/vllm-openai:v0.32.0"
 DEFAULT_CONCURRENCY_LEVELS = [1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256]
 """Profiled levels: dense around where speculation usually stops paying (32-128) and up to 256, so the
 planner interpolates rather than extrapolates (benchmarks/decision_quality.py, 5% noise, 12 draws: against
-powers of two to 128, misses of the mean-goodput target fall from 107 to 19 of 648 draws, and in expectation
-the worst-case target is met in all 54 scenarios instead of 46)."""
+powers of two to 128, misses of the mean-goodput target fall from 81 to 10 of 648 draws, and in expectation
+the worst-case target is met in all 54 scenarios instead of 49)."""
 
 
 class ModelSpec(ApiModel):

@@ -1,6 +1,6 @@
 """Synthetic SpeculationProfiles from the digital twin, measured the way the benchmark Job measures them.
 
-Only the profiled levels are "measured" (1, 2, 4, ..., 128 by default): a baseline profile with one K=0
+Only the profiled levels are "measured" (the API default levels, 1..256): a baseline profile with one K=0
 run, and a method profile with runs at k=1 and at the method's maximum K, each level's throughput,
 latencies and speculative-decoding counters taken from `Twin.benchmark_point` with optional log-normal
 noise from a seeded generator. `true_curves` gives the twin's noise-free goodput and TPOT at every
