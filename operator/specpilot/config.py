@@ -46,6 +46,10 @@ class OperatorConfig(ApiModel):
     """Profiling defaults."""
     reconcile_interval_seconds: float = Field(default=15, gt=0)
     """How often each SpeculativeDeployment is reconciled even without changes."""
+    profile_watch_seconds: float = Field(default=2, gt=0)
+    """How often each SpeculativeDeployment checks, in memory, whether its profiles or their benchmark Jobs
+    changed (a profile finished, failed or took a run); it is reconciled at once when they did, instead of
+    at the next reconcileIntervalSeconds."""
 
 
 def load_config(path: str | Path | None) -> OperatorConfig:

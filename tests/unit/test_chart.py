@@ -299,7 +299,8 @@ def test_config_map_holds_the_operator_config(default_objects: list[dict], non_d
     config_map = only(default_objects, "ConfigMap")
     assert config_map["metadata"]["name"] == f"{FULLNAME}-config"
     config = yaml.safe_load(config_map["data"]["config.yaml"])
-    assert set(config) == {"prometheusUrl", "benchmarkImage", "defaultEngineImage", "gpuPricesPerHour", "profilingDefaults"}
+    assert set(config) == {"prometheusUrl", "benchmarkImage", "defaultEngineImage", "gpuPricesPerHour", "profilingDefaults",
+                           "reconcileIntervalSeconds", "profileWatchSeconds"}
     assert config["prometheusUrl"] == "http://prometheus-operated.monitoring.svc:9090"
     assert config["benchmarkImage"] == "ghcr.io/specpilot/specpilot-bench:0.1.0"
     assert config["defaultEngineImage"] == "vllm/vllm-openai:v0.32.0"
@@ -310,7 +311,11 @@ def test_config_map_holds_the_operator_config(default_objects: list[dict], non_d
     from specpilot.config import OperatorConfig
     from specpilot.perf.catalog import DEFAULT_CATALOG
 
-    assert OperatorConfig.model_validate(config).gpu_prices_per_hour == config["gpuPricesPerHour"]
+    parsed = OperatorConfig.model_validate(config)
+    assert parsed.gpu_prices_per_hour == config["gpuPricesPerHour"]
+    # the chart's defaults are the operator's own
+    assert (parsed.reconcile_interval_seconds, parsed.profile_watch_seconds) == (
+        OperatorConfig().reconcile_interval_seconds, OperatorConfig().profile_watch_seconds)
     assert all(DEFAULT_CATALOG.resolve(sku).sku == sku for sku in config["gpuPricesPerHour"])
     assert config["profilingDefaults"] == {
         "concurrencyLevels": [1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256],

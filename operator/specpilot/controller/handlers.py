@@ -13,6 +13,7 @@ from typing import Any
 
 import kopf
 
+from ..manifests.names import LABEL_PROFILE, label_value
 from .reconcile import Context, reconcile
 
 GROUP, VERSION = "specpilot.io", "v1alpha1"
@@ -61,9 +62,10 @@ def register(registry: kopf.OperatorRegistry, ctx: Context, *, peering: bool) ->
         return {f"{namespace}/{name}": {"metadata": dict(body.metadata), "status": dict(body.get("status") or {})}}
 
     async def run(body: kopf.Body, patch: kopf.Patch, logger: logging.Logger, nodes_index: kopf.Index,
-                  profiles_index: kopf.Index, jobs_index: kopf.Index, observe: bool) -> None:
+                  profiles_index: kopf.Index, jobs_index: kopf.Index, observe: bool, memo: Context) -> None:
         raw = dict(body)
         namespace = body.metadata.namespace
+        memo.profiles_seen = profiles_fingerprint(raw, profiles_index, jobs_index)
         started = time.perf_counter()
         async with ctx.lock(body.metadata.uid):
             try:
@@ -88,14 +90,48 @@ def register(registry: kopf.OperatorRegistry, ctx: Context, *, peering: bool) ->
     @kopf.on.create(*SDEP, id="reconcile", backoff=RETRY_S, registry=registry)
     @kopf.on.update(*SDEP, id="reconcile", backoff=RETRY_S, registry=registry)
     async def on_change(body: kopf.Body, patch: kopf.Patch, logger: logging.Logger, nodes_index: kopf.Index,
-                        profiles_index: kopf.Index, jobs_index: kopf.Index, **_: Any) -> None:
-        await run(body, patch, logger, nodes_index, profiles_index, jobs_index, observe=False)
+                        profiles_index: kopf.Index, jobs_index: kopf.Index, memo: Context, **_: Any) -> None:
+        await run(body, patch, logger, nodes_index, profiles_index, jobs_index, observe=False, memo=memo)
 
     @kopf.timer(*SDEP, id="periodic", interval=ctx.config.reconcile_interval_seconds, sharp=False, backoff=RETRY_S,
                 registry=registry)
     async def on_timer(body: kopf.Body, patch: kopf.Patch, logger: logging.Logger, nodes_index: kopf.Index,
-                       profiles_index: kopf.Index, jobs_index: kopf.Index, **_: Any) -> None:
-        await run(body, patch, logger, nodes_index, profiles_index, jobs_index, observe=True)
+                       profiles_index: kopf.Index, jobs_index: kopf.Index, memo: Context, **_: Any) -> None:
+        await run(body, patch, logger, nodes_index, profiles_index, jobs_index, observe=True, memo=memo)
+
+    @kopf.timer(*SDEP, id="profiles-watch", interval=ctx.config.profile_watch_seconds, sharp=False,
+                backoff=RETRY_S, registry=registry)
+    async def on_profiles(body: kopf.Body, patch: kopf.Patch, logger: logging.Logger, nodes_index: kopf.Index,
+                          profiles_index: kopf.Index, jobs_index: kopf.Index, memo: Context, **_: Any) -> None:
+        # in memory only: reconcile at once when a profile or its Job moved since the last reconciliation
+        seen = memo.profiles_seen
+        if seen is not None and seen != profiles_fingerprint(dict(body), profiles_index, jobs_index):
+            await run(body, patch, logger, nodes_index, profiles_index, jobs_index, observe=False, memo=memo)
+
+
+def profiles_fingerprint(body: dict, profiles_index: Any, jobs_index: Any) -> tuple:
+    """What a deployment's profiles and their benchmark Jobs look like in the operator's indexes: per profile
+    its phase, runs and completion, per Job its completions and failures. A change means a reconciliation
+    has something to act on (a decision to make, a Job to retry or report)."""
+    namespace = (body.get("metadata") or {}).get("namespace")
+    names = sorted({name for pool in (body.get("status") or {}).get("pools") or []
+                    for name in ((pool.get("profiles") or {}).get("names") or [])})
+    profiles = []
+    for name in names:
+        entry = next(iter(profiles_index.get(f"{namespace}/{name}", ())), None)
+        status = (entry or {}).get("status") or {}
+        profiles.append((name, status.get("phase"), len(status.get("runs") or []), status.get("completedAt")))
+    wanted = {label_value(name) for name in names}
+    jobs = []
+    for key, values in jobs_index.items():
+        job = next(iter(values), {})
+        labels = (job.get("metadata") or {}).get("labels") or {}
+        if key.startswith(f"{namespace}/") and labels.get(LABEL_PROFILE) in wanted:
+            status = job.get("status") or {}
+            jobs.append((key, status.get("succeeded"), status.get("failed"),
+                         tuple(sorted(c.get("type", "") for c in status.get("conditions") or []
+                                      if c.get("status") == "True"))))
+    return tuple(profiles), tuple(sorted(jobs))
 
 
 def _nulls_for_removed(old: dict, new: dict) -> dict:

@@ -83,6 +83,9 @@ class Context:
     """Namespace -> when its benchmark identity was last ensured (monotonic seconds)."""
     counted_jobs: set[str] = field(default_factory=set)
     """Uids of benchmark Jobs already counted as succeeded in the metrics."""
+    profiles_seen: tuple | None = None
+    """Per object (kopf gives each object a shallow copy of this memo): the fingerprint of its profiles and
+    benchmark Jobs its last reconciliation saw (handlers.profiles_fingerprint)."""
 
     def lock(self, uid: str) -> asyncio.Lock:
         return self.locks.setdefault(uid, asyncio.Lock())
