@@ -6,8 +6,9 @@ nodes (H100 and H200), and `python -m specpilot run` as a subprocess with its me
 1. creates one SpeculativeDeployment alone (kopf's watches may still be coming up), then N-1 more at
    --create-rate per second, varied: 1-2 pools, 1-3 candidate methods, each with its own model revision
    so no two share a profile (the most objects per deployment);
-2. once each has a status.phase, plays the benchmark Jobs: writes a synthetic Succeeded result (the
-   twin, noise-free) into every profile's status, and waits for phase Serving;
+2. once each has a status.phase, plays the benchmark Jobs as the operator starts them (at most
+   maxParallelJobsPerPool at once): writes a synthetic Succeeded result (the twin, noise-free) into each
+   Job's profile, until every deployment reaches phase Serving;
 3. lets the operator's timers reconcile every deployment for --duration seconds (steady state).
 
 Reports, per stage: reconciles and reconcile latency p50/p95/p99 from the operator's own histogram
@@ -199,7 +200,9 @@ class Tracker:
     created_at: dict[str, float] = field(default_factory=dict)
     phase_at: dict[str, float] = field(default_factory=dict)
     published_at: dict[str, float] = field(default_factory=dict)
+    """When the last of a deployment's profiles got its result (profiles are shared between deployments)."""
     serving_at: dict[str, float] = field(default_factory=dict)
+    publishing: bool = False
 
     def observe(self, obj: dict) -> None:
         now = time.monotonic()
@@ -207,7 +210,7 @@ class Tracker:
         phase = (obj.get("status") or {}).get("phase")
         if phase and name not in self.phase_at and name in self.created_at:
             self.phase_at[name] = now
-        if phase == "Serving" and name not in self.serving_at and name in self.published_at:
+        if phase == "Serving" and name not in self.serving_at and self.publishing:
             self.serving_at[name] = now
 
 
@@ -222,6 +225,13 @@ async def watch_deployments(url: str, tracker: Tracker, watching: asyncio.Event)
                 event = json.loads(line)
                 if isinstance(event.get("object"), dict) and event["object"].get("kind") != "Status":
                     tracker.observe(event["object"])
+
+
+def _phase_words(api: SandboxApiServer, name: str) -> str:
+    status = (api.get("speculativedeployments", NAMESPACE, name) or {}).get("status") or {}
+    pools = "; ".join(f"{p.get('name')}: profiles {(p.get('profiles') or {}).get('ready')}/"
+                      f"{(p.get('profiles') or {}).get('total')}" for p in status.get("pools") or [])
+    return f"{status.get('phase')}, {pools}"
 
 
 def percentiles(values: list[float]) -> dict:
@@ -252,25 +262,30 @@ async def wait_until(predicate, timeout_s: float) -> bool:
     return False
 
 
-async def publish_results(api: SandboxApiServer, tracker: Tracker) -> int:
-    """Play the benchmark Jobs: write a Succeeded result into every profile, deployment by deployment."""
-    deployments = {o["metadata"]["name"]: o for o in api.objects("speculativedeployments", NAMESPACE)}
-    profiles = {o["metadata"]["name"]: o for o in api.objects("speculationprofiles", NAMESPACE)}
-    published = 0
-    for name in sorted(tracker.created_at):
-        for pool in (deployments[name].get("status") or {}).get("pools") or []:
-            for profile_name in (pool.get("profiles") or {}).get("names") or []:
-                profile = profiles.get(profile_name)
-                if profile is None or (profile.get("status") or {}).get("phase") == "Succeeded":
-                    continue
-                method = profile["spec"].get("method") or {}
-                result = profile_result(profile["spec"]["sku"], method.get("method"),
-                                        method.get("numSpeculativeTokens", 4))
-                await api.patch("speculationprofiles", NAMESPACE, profile_name, {"status": result},
-                                subresource="status")
-                published += 1
-        tracker.published_at[name] = time.monotonic()
-    return published
+async def play_jobs(api: SandboxApiServer, tracker: Tracker, count: int, timeout_s: float) -> tuple[int, bool]:
+    """Play the benchmark Jobs as the operator starts them: each Job's profile gets a Succeeded result
+    (as the Job writes it) until every deployment serves or `timeout_s` passes. A deployment's
+    published_at is when the last of its profiles got its result. Returns (profiles published, all serving)."""
+    published: dict[str, float] = {}
+    tracker.publishing = True
+    start = time.monotonic()
+    while len(tracker.serving_at) < count and time.monotonic() - start < timeout_s:
+        for profile in api.objects("speculationprofiles", NAMESPACE):
+            name, status = profile["metadata"]["name"], profile.get("status") or {}
+            # a Job writes its result after the operator has recorded the Job in the profile's status
+            if name in published or not status.get("jobName") or status.get("phase") == "Succeeded":
+                continue
+            method = profile["spec"].get("method") or {}
+            result = profile_result(profile["spec"]["sku"], method.get("method"), method.get("numSpeculativeTokens", 4))
+            await api.patch("speculationprofiles", NAMESPACE, name, {"status": result}, subresource="status")
+            published[name] = time.monotonic()
+        await asyncio.sleep(0.2)
+    for name in tracker.created_at:
+        status = (api.get("speculativedeployments", NAMESPACE, name) or {}).get("status") or {}
+        times = [published[p] for pool in status.get("pools") or []
+                 for p in (pool.get("profiles") or {}).get("names") or [] if p in published]
+        tracker.published_at[name] = max(times, default=start)
+    return len(published), len(tracker.serving_at) >= count
 
 
 def _die_with_parent() -> None:
@@ -364,11 +379,9 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict:
             all_phased = await wait_until(lambda: len(tracker.phase_at) == args.count, args.timeout)
             snapshot = mark(f"create {args.count - 1} ({args.create_rate:g}/s)", t0, snapshot)
 
-            # 3. The benchmark Jobs' results arrive; every deployment decides (on its next timer tick).
+            # 3. The benchmark Jobs' results arrive; every deployment decides (its profile watch sees them).
             t0 = time.monotonic()
-            profiles_published = await publish_results(api, tracker)
-            all_serving = await wait_until(lambda: len(tracker.serving_at) == args.count,
-                                           args.timeout + 2 * args.interval)
+            profiles_published, all_serving = await play_jobs(api, tracker, args.count, args.timeout)
             snapshot = mark("results published -> Serving", t0, snapshot)
 
             # 4. Steady state: timers only.
@@ -384,6 +397,8 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict:
             objects = {plural: len(api.objects(plural, NAMESPACE)) for plural in
                        ("speculativedeployments", "speculationprofiles", "jobs", "deployments", "services",
                         "events", "serviceaccounts", "roles", "rolebindings")}
+            not_serving = {name: _phase_words(api, name)
+                           for name in sorted(set(tracker.created_at) - set(tracker.serving_at))}
             alive = operator.poll() is None
             watcher.cancel()
         finally:
@@ -391,7 +406,8 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict:
 
     running_log, _, shutdown_log = log_path.read_text(errors="replace").partition("Signal SIGTERM is received")
     phase_latency = [tracker.phase_at[n] - tracker.created_at[n] for n in tracker.phase_at if n != "model-0000"]
-    serving_latency = [tracker.serving_at[n] - tracker.published_at[n] for n in tracker.serving_at]
+    serving_latency = [tracker.serving_at[n] - tracker.published_at[n] for n in tracker.serving_at
+                       if n in tracker.published_at]
     return {
         "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]},
         "settings": {"count": args.count, "duration_s": args.duration, "reconcile_interval_s": args.interval,
@@ -404,6 +420,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict:
             "create_seconds": round(created_s, 2),
             "all_got_a_phase": all_phased,
             "published_to_serving": percentiles(serving_latency),
+            "not_serving": not_serving,
             "all_serving": all_serving,
         },
         "operator": {"rss_mib": round(usage.rss_bytes / 2**20, 1),
@@ -446,8 +463,9 @@ def print_report(result: dict) -> None:
           f"(kopf's start-up may be included); the other {c2p['n']}: created -> status.phase p50 {c2p.get('p50_s')} s, "
           f"p95 {c2p.get('p95_s')} s, max {c2p.get('max_s')} s (created in {client['create_seconds']} s)")
     print(f"             results published -> Serving p50 {p2s.get('p50_s')} s, p95 {p2s.get('p95_s')} s "
-          f"(decisions wait for the deployment's next timer tick, every {settings['reconcile_interval_s']:g} s, "
-          f"plus any backlog)")
+          f"(a finished profile is acted on within profileWatchSeconds, 2 s)"
+          + (f"; never Serving: {', '.join(f'{n} ({w})' for n, w in client['not_serving'].items())}"
+             if client["not_serving"] else ""))
     print(f"operator: RSS {op['rss_mib']} MiB at the end, peak {op['peak_rss_mib']} MiB; {op['cpu_s']} CPU s in all; "
           f"log ERROR lines {op['log_errors']} (and {op['log_errors_at_shutdown']} while stopping), "
           f"tracebacks {op['log_tracebacks']}; alive: {op['alive_at_end']}; "

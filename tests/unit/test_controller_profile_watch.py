@@ -1,56 +1,50 @@
-"""The in-memory fingerprint the profile watch compares (controller.handlers.profiles_fingerprint)."""
+"""The profile watch's bookkeeping (controller.handlers): watch events of profiles and their benchmark Jobs
+counted per profile, and a deployment's fingerprint over its own profiles only."""
 
 from __future__ import annotations
 
-import copy
+import logging
+from types import SimpleNamespace
 
-from specpilot.controller.handlers import profiles_fingerprint
+from specpilot.controller.handlers import PROFILE_WATCH_ID, _profile_moved, _QuietProfileWatch, profiles_fingerprint
 
 BODY = {"metadata": {"namespace": "team", "name": "llama"},
-        "status": {"pools": [{"name": "h100", "profiles": {"names": ["h100-base", "h100-eagle3"]}}]}}
+        "status": {"pools": [{"name": "h100", "profiles": {"names": ["h100-base", "h100-eagle3"]}},
+                             {"name": "h200", "profiles": {"names": ["h200-base"]}}]}}
 
 
-def _indexes():
-    profiles = {
-        "team/h100-base": [{"status": {"phase": "Running", "runs": []}}],
-        "team/h100-eagle3": [{"status": {"phase": "Pending"}}],
-        "team/other-profile": [{"status": {"phase": "Running"}}],
-        "elsewhere/h100-base": [{"status": {"phase": "Failed"}}],
-    }
-    jobs = {
-        "team/h100-base-job": [{"metadata": {"labels": {"specpilot.io/profile": "h100-base"}},
-                                "status": {"active": 1}}],
-        "team/unrelated": [{"metadata": {"labels": {"specpilot.io/profile": "other-profile"}}, "status": {}}],
-    }
-    return profiles, jobs
+def _ctx():
+    return SimpleNamespace(profile_events={})
 
 
-def test_a_profile_or_job_of_the_deployment_changing_changes_the_fingerprint():
-    profiles, jobs = _indexes()
-    before = profiles_fingerprint(BODY, profiles, jobs)
-
-    finished = copy.deepcopy(profiles)
-    finished["team/h100-base"][0]["status"] = {"phase": "Succeeded", "runs": [{}], "completedAt": "2026-01-01"}
-    assert profiles_fingerprint(BODY, finished, jobs) != before
-
-    one_run = copy.deepcopy(profiles)
-    one_run["team/h100-base"][0]["status"]["runs"] = [{}]
-    assert profiles_fingerprint(BODY, one_run, jobs) != before
-
-    failed = copy.deepcopy(jobs)
-    failed["team/h100-base-job"][0]["status"] = {"failed": 1, "conditions": [{"type": "Failed", "status": "True"}]}
-    assert profiles_fingerprint(BODY, profiles, failed) != before
+def test_an_event_of_one_of_the_deployments_profiles_changes_its_fingerprint():
+    ctx = _ctx()
+    before = profiles_fingerprint(ctx, BODY)
+    _profile_moved(ctx, "team", "h100-eagle3")  # the profile's status changed, or its Job's
+    after = profiles_fingerprint(ctx, BODY)
+    assert after != before
+    _profile_moved(ctx, "team", "h200-base")
+    assert profiles_fingerprint(ctx, BODY) not in (before, after)
 
 
-def test_other_deployments_profiles_and_jobs_do_not_count():
-    profiles, jobs = _indexes()
-    before = profiles_fingerprint(BODY, profiles, jobs)
-    profiles["team/other-profile"][0]["status"] = {"phase": "Succeeded"}
-    profiles["elsewhere/h100-base"][0]["status"] = {"phase": "Succeeded"}
-    jobs["team/unrelated"][0]["status"] = {"succeeded": 1}
-    assert profiles_fingerprint(BODY, profiles, jobs) == before
+def test_other_profiles_and_other_namespaces_do_not_count():
+    ctx = _ctx()
+    before = profiles_fingerprint(ctx, BODY)
+    _profile_moved(ctx, "team", "other-profile")
+    _profile_moved(ctx, "elsewhere", "h100-base")
+    assert profiles_fingerprint(ctx, BODY) == before
 
 
 def test_a_deployment_without_status_has_an_empty_fingerprint():
-    profiles, jobs = _indexes()
-    assert profiles_fingerprint({"metadata": {"namespace": "team"}}, profiles, jobs) == ((), ())
+    assert profiles_fingerprint(_ctx(), {"metadata": {"namespace": "team"}}) == ()
+
+
+def test_the_watch_timer_does_not_log_each_quiet_run():
+    quiet = _QuietProfileWatch()
+
+    def record(message: str) -> logging.LogRecord:
+        return logging.LogRecord("kopf.objects", logging.INFO, __file__, 1, message, None, None)
+
+    assert not quiet.filter(record(f"Timer '{PROFILE_WATCH_ID}' succeeded."))
+    assert quiet.filter(record("Timer 'periodic' succeeded."))
+    assert quiet.filter(record(f"Timer '{PROFILE_WATCH_ID}' failed with an exception. Will retry."))

@@ -20,11 +20,13 @@ GROUP, VERSION = "specpilot.io", "v1alpha1"
 SDEP = (GROUP, VERSION, "speculativedeployments")
 SPROF = (GROUP, VERSION, "speculationprofiles")
 RETRY_S = 10
+PROFILE_WATCH_ID = "profiles-watch"
 """Seconds before a failed reconciliation is retried (kopf's default is 60)."""
 
 
 def register(registry: kopf.OperatorRegistry, ctx: Context, *, peering: bool) -> None:
     """Attach every handler to `registry`; intervals come from the operator config."""
+    logging.getLogger("kopf.objects").addFilter(_QuietProfileWatch())
 
     @kopf.on.startup(registry=registry)
     async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
@@ -53,19 +55,23 @@ def register(registry: kopf.OperatorRegistry, ctx: Context, *, peering: bool) ->
 
     @kopf.index(*SPROF, id="profiles_index", registry=registry)
     def profiles_index(body: kopf.Body, namespace: str, name: str, **_: Any) -> dict[str, dict]:
+        _profile_moved(ctx, namespace, label_value(name))
         return {f"{namespace}/{name}": {"metadata": dict(body.metadata), "spec": dict(body.spec),
                                         "status": dict(body.get("status") or {})}}
 
     @kopf.index("batch", "v1", "jobs", labels={"app.kubernetes.io/managed-by": "specpilot"},
                 id="jobs_index", registry=registry)
     def jobs_index(body: kopf.Body, namespace: str, name: str, **_: Any) -> dict[str, dict]:
+        profile = body.metadata.labels.get(LABEL_PROFILE)
+        if profile:
+            _profile_moved(ctx, namespace, profile)
         return {f"{namespace}/{name}": {"metadata": dict(body.metadata), "status": dict(body.get("status") or {})}}
 
     async def run(body: kopf.Body, patch: kopf.Patch, logger: logging.Logger, nodes_index: kopf.Index,
                   profiles_index: kopf.Index, jobs_index: kopf.Index, observe: bool, memo: Context) -> None:
         raw = dict(body)
         namespace = body.metadata.namespace
-        memo.profiles_seen = profiles_fingerprint(raw, profiles_index, jobs_index)
+        memo.profiles_seen = profiles_fingerprint(ctx, raw)
         started = time.perf_counter()
         async with ctx.lock(body.metadata.uid):
             try:
@@ -99,39 +105,37 @@ def register(registry: kopf.OperatorRegistry, ctx: Context, *, peering: bool) ->
                        profiles_index: kopf.Index, jobs_index: kopf.Index, memo: Context, **_: Any) -> None:
         await run(body, patch, logger, nodes_index, profiles_index, jobs_index, observe=True, memo=memo)
 
-    @kopf.timer(*SDEP, id="profiles-watch", interval=ctx.config.profile_watch_seconds, sharp=False,
+    @kopf.timer(*SDEP, id=PROFILE_WATCH_ID, interval=ctx.config.profile_watch_seconds, sharp=False,
                 backoff=RETRY_S, registry=registry)
     async def on_profiles(body: kopf.Body, patch: kopf.Patch, logger: logging.Logger, nodes_index: kopf.Index,
                           profiles_index: kopf.Index, jobs_index: kopf.Index, memo: Context, **_: Any) -> None:
         # in memory only: reconcile at once when a profile or its Job moved since the last reconciliation
         seen = memo.profiles_seen
-        if seen is not None and seen != profiles_fingerprint(dict(body), profiles_index, jobs_index):
+        if seen is not None and seen != profiles_fingerprint(ctx, body):
             await run(body, patch, logger, nodes_index, profiles_index, jobs_index, observe=False, memo=memo)
 
 
-def profiles_fingerprint(body: dict, profiles_index: Any, jobs_index: Any) -> tuple:
-    """What a deployment's profiles and their benchmark Jobs look like in the operator's indexes: per profile
-    its phase, runs and completion, per Job its completions and failures. A change means a reconciliation
-    has something to act on (a decision to make, a Job to retry or report)."""
+def _profile_moved(ctx: Context, namespace: str, profile_label: str) -> None:
+    """Count a watch event of a profile or of its benchmark Job (the index handlers see every one)."""
+    key = f"{namespace}/{profile_label}"
+    ctx.profile_events[key] = ctx.profile_events.get(key, 0) + 1
+
+
+def profiles_fingerprint(ctx: Context, body: Any) -> tuple[int, ...]:
+    """How many watch events the deployment's profiles and their benchmark Jobs have had: it changes when
+    one finished, failed or took a run, and a reconciliation then has something to act on. O(its profiles)."""
     namespace = (body.get("metadata") or {}).get("namespace")
     names = sorted({name for pool in (body.get("status") or {}).get("pools") or []
                     for name in ((pool.get("profiles") or {}).get("names") or [])})
-    profiles = []
-    for name in names:
-        entry = next(iter(profiles_index.get(f"{namespace}/{name}", ())), None)
-        status = (entry or {}).get("status") or {}
-        profiles.append((name, status.get("phase"), len(status.get("runs") or []), status.get("completedAt")))
-    wanted = {label_value(name) for name in names}
-    jobs = []
-    for key, values in jobs_index.items():
-        job = next(iter(values), {})
-        labels = (job.get("metadata") or {}).get("labels") or {}
-        if key.startswith(f"{namespace}/") and labels.get(LABEL_PROFILE) in wanted:
-            status = job.get("status") or {}
-            jobs.append((key, status.get("succeeded"), status.get("failed"),
-                         tuple(sorted(c.get("type", "") for c in status.get("conditions") or []
-                                      if c.get("status") == "True"))))
-    return tuple(profiles), tuple(sorted(jobs))
+    return tuple(ctx.profile_events.get(f"{namespace}/{label_value(name)}", 0) for name in names)
+
+
+class _QuietProfileWatch(logging.Filter):
+    """kopf logs every timer run at INFO; the profile watch runs every few seconds per deployment and
+    mostly finds nothing, so its successes are not logged (what it triggers logs as any reconciliation)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(f"Timer '{PROFILE_WATCH_ID}' succeeded")
 
 
 def _nulls_for_removed(old: dict, new: dict) -> dict:

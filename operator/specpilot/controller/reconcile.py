@@ -83,6 +83,8 @@ class Context:
     """Namespace -> when its benchmark identity was last ensured (monotonic seconds)."""
     counted_jobs: set[str] = field(default_factory=set)
     """Uids of benchmark Jobs already counted as succeeded in the metrics."""
+    profile_events: dict[str, int] = field(default_factory=dict)
+    """"namespace/profile" -> watch events of the profile and its benchmark Jobs seen by the index handlers."""
     profiles_seen: tuple | None = None
     """Per object (kopf gives each object a shallow copy of this memo): the fingerprint of its profiles and
     benchmark Jobs its last reconciliation saw (handlers.profiles_fingerprint)."""
