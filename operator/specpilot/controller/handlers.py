@@ -20,8 +20,9 @@ GROUP, VERSION = "specpilot.io", "v1alpha1"
 SDEP = (GROUP, VERSION, "speculativedeployments")
 SPROF = (GROUP, VERSION, "speculationprofiles")
 RETRY_S = 10
-PROFILE_WATCH_ID = "profiles-watch"
 """Seconds before a failed reconciliation is retried (kopf's default is 60)."""
+PROFILE_WATCH_ID = "profiles-watch"
+"""The timer that reconciles a deployment once one of its profiles or benchmark Jobs changed."""
 
 
 def register(registry: kopf.OperatorRegistry, ctx: Context, *, peering: bool) -> None:

@@ -78,6 +78,7 @@ _FIT_MIN_LEVELS = 4
 _KNEE_GRID = np.geomspace(2.0, 65536.0, 301)
 """Candidate knees N (tokens per step), 3.5% apart; the baseline's first level must be memory-bound."""
 _PREFILL_LEVELS = 3
+"""Lowest levels whose TTFT - ITL/2 estimates a request's prefill (higher levels mix others' prefills in)."""
 _MEDIAN_SE_FACTOR = 1.25
 """Standard error of a median over that of a mean of the same normal samples (sqrt(pi / 2))."""
 SE_CALIBRATION = 1.3
@@ -86,7 +87,6 @@ paying: against the digital twin's truth (54 scenarios x 24 noise draws, where t
 the RMS error runs 1.36x, 1.29x and 1.28x the fit's standard error at 2%, 5% and 10% noise per level (the
 fit's own figure does not count choosing between the tied and free per-sequence costs, nor the bias of the
 tie where it is kept within the noise; benchmarks/decision_quality.py prints the calibration)."""
-"""Lowest levels whose TTFT - ITL/2 estimates a request's prefill (higher levels mix others' prefills in)."""
 _DEFAULT_OUTPUT_TOKENS = 256.0
 _TABLE_BATCH_SIZES = 512
 """Whole concurrencies at which step times and TPOT are tabulated per k (schedules cover 1..max_num_seqs)."""
@@ -384,6 +384,7 @@ def fit_roofline(levels: Sequence[Sequence[float]], decode_s: Sequence[Sequence[
     excess = np.maximum(0.0, q[None, :] / knees[:, None] - 1.0)  # (knees, n)
     design = np.repeat(base[None, None], len(knees), axis=0).repeat(len(thetas), axis=1)
     design[:, :, :, 0] += thetas[None, :, None] * excess[:, None, :]
+
     def solve(tie: np.ndarray):
         """Least squares in the parameters `tie` maps to (a_0, m_0, a_1, m_1, ...), every candidate at once."""
         weighted = (design @ tie) * (row_weight / z)[:, None]
