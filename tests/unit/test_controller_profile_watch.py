@@ -6,7 +6,13 @@ from __future__ import annotations
 import logging
 from types import SimpleNamespace
 
-from specpilot.controller.handlers import PROFILE_WATCH_ID, _profile_moved, _QuietProfileWatch, profiles_fingerprint
+from specpilot.controller.handlers import (
+    PERIODIC_ID,
+    PROFILE_WATCH_ID,
+    _profile_moved,
+    _QuietTimers,
+    profiles_fingerprint,
+)
 
 BODY = {"metadata": {"namespace": "team", "name": "llama"},
         "status": {"pools": [{"name": "h100", "profiles": {"names": ["h100-base", "h100-eagle3"]}},
@@ -39,12 +45,14 @@ def test_a_deployment_without_status_has_an_empty_fingerprint():
     assert profiles_fingerprint(_ctx(), {"metadata": {"namespace": "team"}}) == ()
 
 
-def test_the_watch_timer_does_not_log_each_quiet_run():
-    quiet = _QuietProfileWatch()
+def test_timer_runs_that_succeed_are_not_logged_and_failures_are():
+    quiet = _QuietTimers()
 
     def record(message: str) -> logging.LogRecord:
         return logging.LogRecord("kopf.objects", logging.INFO, __file__, 1, message, None, None)
 
     assert not quiet.filter(record(f"Timer '{PROFILE_WATCH_ID}' succeeded."))
-    assert quiet.filter(record("Timer 'periodic' succeeded."))
+    assert not quiet.filter(record(f"Timer '{PERIODIC_ID}' succeeded."))
     assert quiet.filter(record(f"Timer '{PROFILE_WATCH_ID}' failed with an exception. Will retry."))
+    assert quiet.filter(record("Handler 'reconcile' succeeded."))
+    assert quiet.filter(record("DecisionChanged: pool h100: off -> eagle3[1-16:4,17+:0]"))

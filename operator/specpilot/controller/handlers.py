@@ -21,13 +21,15 @@ SDEP = (GROUP, VERSION, "speculativedeployments")
 SPROF = (GROUP, VERSION, "speculationprofiles")
 RETRY_S = 10
 """Seconds before a failed reconciliation is retried (kopf's default is 60)."""
+PERIODIC_ID = "periodic"
+"""The timer that reconciles every deployment each reconcileIntervalSeconds (and observes its load)."""
 PROFILE_WATCH_ID = "profiles-watch"
 """The timer that reconciles a deployment once one of its profiles or benchmark Jobs changed."""
 
 
 def register(registry: kopf.OperatorRegistry, ctx: Context, *, peering: bool) -> None:
     """Attach every handler to `registry`; intervals come from the operator config."""
-    logging.getLogger("kopf.objects").addFilter(_QuietProfileWatch())
+    logging.getLogger("kopf.objects").addFilter(_QuietTimers())
 
     @kopf.on.startup(registry=registry)
     async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
@@ -100,7 +102,7 @@ def register(registry: kopf.OperatorRegistry, ctx: Context, *, peering: bool) ->
                         profiles_index: kopf.Index, jobs_index: kopf.Index, memo: Context, **_: Any) -> None:
         await run(body, patch, logger, nodes_index, profiles_index, jobs_index, observe=False, memo=memo)
 
-    @kopf.timer(*SDEP, id="periodic", interval=ctx.config.reconcile_interval_seconds, sharp=False, backoff=RETRY_S,
+    @kopf.timer(*SDEP, id=PERIODIC_ID, interval=ctx.config.reconcile_interval_seconds, sharp=False, backoff=RETRY_S,
                 registry=registry)
     async def on_timer(body: kopf.Body, patch: kopf.Patch, logger: logging.Logger, nodes_index: kopf.Index,
                        profiles_index: kopf.Index, jobs_index: kopf.Index, memo: Context, **_: Any) -> None:
@@ -131,12 +133,15 @@ def profiles_fingerprint(ctx: Context, body: Any) -> tuple[int, ...]:
     return tuple(ctx.profile_events.get(f"{namespace}/{label_value(name)}", 0) for name in names)
 
 
-class _QuietProfileWatch(logging.Filter):
-    """kopf logs every timer run at INFO; the profile watch runs every few seconds per deployment and
-    mostly finds nothing, so its successes are not logged (what it triggers logs as any reconciliation)."""
+class _QuietTimers(logging.Filter):
+    """kopf logs every successful timer run at INFO: a line per deployment every reconcileIntervalSeconds,
+    and every profileWatchSeconds from the profile watch, which mostly finds nothing. Those lines are
+    dropped; what a run changes still logs (Events, patches at debug), and failures are kept."""
+
+    QUIET = tuple(f"Timer '{timer}' succeeded" for timer in (PERIODIC_ID, PROFILE_WATCH_ID))
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not record.getMessage().startswith(f"Timer '{PROFILE_WATCH_ID}' succeeded")
+        return not record.getMessage().startswith(self.QUIET)
 
 
 def _nulls_for_removed(old: dict, new: dict) -> dict:
