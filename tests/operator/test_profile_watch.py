@@ -23,16 +23,13 @@ pytestmark = pytest.mark.operator
 
 
 @pytest.fixture
-def operator_config(tmp_path: Path) -> Path:
-    # the periodic reconciliation never comes within the test: only the profile watch can react
-    path = tmp_path / "config.yaml"
-    path.write_text(yaml.safe_dump({
-        "benchmarkImage": "ghcr.io/specpilot/specpilot-bench:test",
-        "gpuPricesPerHour": {"H100-SXM": 2.5},
-        "reconcileIntervalSeconds": 3600,
-        "profileWatchSeconds": 0.5,
-    }))
-    return path
+def operator_config(operator_config: Path) -> Path:
+    # the suite's config, except that the periodic reconciliation never comes within the test: only the
+    # profile watch can react
+    config = yaml.safe_load(operator_config.read_text())
+    config.update({"reconcileIntervalSeconds": 3600, "profileWatchSeconds": 0.5})
+    operator_config.write_text(yaml.safe_dump(config))
+    return operator_config
 
 
 async def test_finished_profiles_are_decided_without_waiting_for_the_timer(sandbox, operator):
