@@ -33,7 +33,7 @@ powers of two to 128, 19 denser levels; minimum gain 1, 2 and 5%) are summarised
 `specpilot plan` on 20 profiles is timed at the end (target < 1 s).
 
 Run: python benchmarks/decision_quality.py [--noise 0.05] [--seeds 12] [--min-gain 2] [--levels 1,2,...]
-     [--no-alternatives]    (about 2 min; 45 s without the alternatives)
+     [--no-alternatives]    (about 2 min; about 1 min without the alternatives)
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ import argparse
 import collections
 import contextlib
 import dataclasses
+import functools
 import io
 import itertools
 import math
@@ -93,8 +94,6 @@ class Score:
     gain_errors: tuple[float, ...] = ()
     """log(estimated / true) of G_1 / G_0 at the concurrencies (within the KV capacity) where the true gain of
     k=1 over k=0 is within -5..+5%: the precision the decision at the crossover rests on."""
-    vs_sd_off: float = 1.0
-    """The lowest ratio to speculation off on the same engine (k=0, drafter loaded)."""
     gain_z: tuple[float, ...] = ()
     """gain_errors over the planner's stated standard error of each (MethodSurface.speedup_se)."""
     to_oracle: tuple[float, ...] = ()
@@ -104,8 +103,20 @@ class Score:
     to_no_sd: tuple[float, ...] = ()
     """... and to min(no-SD, oracle)."""
 
+    @property
+    def vs_sd_off(self) -> float:
+        """The lowest ratio to speculation off on the same engine (k=0, drafter loaded)."""
+        return min(self.to_sd_off, default=1.0)
+
     def misses(self) -> dict[str, bool]:
         return {name: getattr(self, name) < bar for name, bar in TARGETS.items()}
+
+
+@functools.lru_cache(maxsize=4096)
+def _profiles(scenario: Scenario, noise: float, seed: int, levels: tuple[int, ...]):
+    """A scenario-draw's (baseline, method) profiles, synthesised once for the planner, the ideal planner
+    and the method choice (deterministic per seed; nobody modifies them)."""
+    return synthetic_profiles(scenario, noise=noise, seed=seed, levels=levels)
 
 
 def _planned_ks(plan, truth: TrueCurves) -> list[int]:
@@ -113,7 +124,7 @@ def _planned_ks(plan, truth: TrueCurves) -> list[int]:
     return [plan.k_at(min(c, truth.kv_max_concurrency)) for c in range(1, MAX_CONCURRENCY + 1)]
 
 
-def ideal_ks(scenario: Scenario, truth: TrueCurves, baseline: Run, method_runs: list[Run],
+def ideal_ks(truth: TrueCurves, baseline: Run, method_runs: list[Run],
              min_gain_percent: float) -> list[int]:
     """What a planner that knows the twin's exact curves would choose from the same noisy profile.
 
@@ -170,15 +181,15 @@ def score_ks(ks: Sequence[int], truth: TrueCurves, min_gain_percent: float, plan
     margin = (1.0 + min_gain_percent / 100.0) * (1.0 + SMOOTHING_TOLERANCE)
     guarded = pairs[vs_at - 1][0] == 0 and oracle_gain <= margin
     return Score(worst, worst_at, statistics.fmean(to_oracle), min(to_off), min(drafter), pairs[worst_at - 1],
-                 vs_at, pairs[vs_at - 1], guarded, tuple(errors), min(to_k0), tuple(z), tuple(to_oracle),
-                 tuple(to_k0), tuple(to_off))
+                 vs_at, pairs[vs_at - 1], guarded, tuple(errors), gain_z=tuple(z), to_oracle=tuple(to_oracle),
+                 to_sd_off=tuple(to_k0), to_no_sd=tuple(to_off))
 
 
 def score(scenario: Scenario, truth: TrueCurves, noise: float, seed: int, min_gain_percent: float,
           levels: tuple[int, ...], ideal: bool = False) -> Score:
-    baseline, method = synthetic_profiles(scenario, noise=noise, seed=seed, levels=levels)
+    baseline, method = _profiles(scenario, noise, seed, levels)
     if ideal:
-        return score_ks(ideal_ks(scenario, truth, baseline.status.run(0), list(method.status.runs),
+        return score_ks(ideal_ks(truth, baseline.status.run(0), list(method.status.runs),
                                  min_gain_percent), truth, min_gain_percent)
     plan = plan_from_runs(baseline.status.run(0), method.status.runs,
                           model_drafter=scenario.method != "ngram", min_gain_percent=min_gain_percent,
@@ -197,7 +208,7 @@ def decided_vs_plain(scenario: Scenario, truth: TrueCurves, noise: float, seed: 
     """At each of DECISION_LOADS, the true goodput of what decide_pool deploys for that observed load (the
     method with its schedule, or the plain engine) over the plain engine's: the no-speculation bar for the
     method choice, which is where the drafter's own cost (its prefill, its KV memory) is weighed."""
-    baseline, method = synthetic_profiles(scenario, noise=noise, seed=seed, levels=levels)
+    baseline, method = _profiles(scenario, noise, seed, levels)
     candidate = scenario.candidate()
     ratios = []
     for load in DECISION_LOADS:
