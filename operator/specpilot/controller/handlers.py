@@ -29,7 +29,9 @@ PROFILE_WATCH_ID = "profiles-watch"
 
 def register(registry: kopf.OperatorRegistry, ctx: Context, *, peering: bool) -> None:
     """Attach every handler to `registry`; intervals come from the operator config."""
-    logging.getLogger("kopf.objects").addFilter(_QuietTimers())
+    kopf_objects = logging.getLogger("kopf.objects")
+    if not any(isinstance(f, _QuietTimers) for f in kopf_objects.filters):  # once per process
+        kopf_objects.addFilter(_QuietTimers())
 
     @kopf.on.startup(registry=registry)
     async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
