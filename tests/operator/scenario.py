@@ -91,20 +91,34 @@ def measured_status(sku: str, method: str | None, max_k: int = 4, seed: int = 0)
     return {**chosen.status.dump(), "startedAt": now, "completedAt": now}
 
 
-async def publish_results(api: SandboxApiServer, sku: str, names: list[str] | None = None) -> list[str]:
-    """Play the benchmark Jobs: write every (or the named) pending profile's result into its status."""
-    done = []
-    for profile in profiles(api):
-        name = profile["metadata"]["name"]
-        if profile["spec"]["sku"] != sku or (names is not None and name not in names):
-            continue
-        if (profile.get("status") or {}).get("phase") == "Succeeded":
-            continue
-        method = (profile["spec"].get("method") or {}).get("method")
-        await api.patch("speculationprofiles", NAMESPACE, name,
-                        {"status": measured_status(sku, method, (profile["spec"].get("method") or {})
-                                                   .get("numSpeculativeTokens", 4))}, subresource="status")
-        done.append(name)
+async def publish_results(api: SandboxApiServer, sku: str, names: list[str] | None = None,
+                          timeout_s: float = 30.0) -> list[str]:
+    """Play the benchmark Jobs: write every (or the named) pending profile's result into its status.
+
+    As a real Job would, each result is written only once the operator has created that profile's Job (so
+    a profile queued behind `maxParallelJobsPerPool` is published when its turn comes), never before.
+    """
+    def pending() -> list[dict]:
+        return [p for p in profiles(api) if p["spec"]["sku"] == sku
+                and (names is None or p["metadata"]["name"] in names)
+                and (p.get("status") or {}).get("phase") != "Succeeded"]
+
+    done: list[str] = []
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while pending():
+        started = {j["metadata"]["name"] for j in jobs(api)}
+        ready = [p for p in pending() if (p.get("status") or {}).get("jobName") in started]
+        if not ready and asyncio.get_running_loop().time() > deadline:
+            raise TimeoutError(f"timed out after {timeout_s:.0f}s waiting for the Jobs of "
+                               f"{[p['metadata']['name'] for p in pending()]}")
+        for profile in ready:
+            method = profile["spec"].get("method") or {}
+            await api.patch("speculationprofiles", NAMESPACE, profile["metadata"]["name"],
+                            {"status": measured_status(sku, method.get("method"),
+                                                       method.get("numSpeculativeTokens", 4))},
+                            subresource="status")
+            done.append(profile["metadata"]["name"])
+        await asyncio.sleep(0.1)
     return done
 
 

@@ -349,9 +349,11 @@ async def _reconcile_profiles(ctx: Context, spec: SpeculativeDeploymentSpec, nam
             ctx.metrics.profiling_jobs.labels(namespace, "created").inc()
             await ctx.kube.patch("speculationprofiles", namespace, need.name, {"metadata": {"annotations": {
                 JOB_UID_ANNOTATION: (created or {}).get("metadata", {}).get("uid", "")}}})
+            # The phase is left as it is (Pending since the profile was created or restarted): the Job may
+            # already have written Running or its result, and this patch must not undo that.
             await ctx.kube.patch("speculationprofiles", namespace, need.name,
-                                 {"status": {"phase": "Pending", "jobName": job["metadata"]["name"],
-                                             "reason": "JobCreated"}}, subresource="status")
+                                 {"status": {"jobName": job["metadata"]["name"], "reason": "JobCreated"}},
+                                 subresource="status")
     return states
 
 
