@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 
+import kmock
 import kubernetes_validate
 import pytest
 import yaml
 
 from specpilot.api.validate import validate_custom_resource
+from specpilot.sandbox.apiserver import SandboxEmulator
 from tests.conftest import REPO
 from tests.operator.scenario import (
     H100,
@@ -18,6 +20,7 @@ from tests.operator.scenario import (
     deployment,
     events,
     fail_job,
+    measured_status,
     jobs,
     node,
     profiles,
@@ -91,6 +94,28 @@ async def test_create_profiles_decide_serve(sandbox, operator):
     await sandbox.wait_for(lambda: events(sandbox, "DecisionChanged"), what="a DecisionChanged Event")
     assert_valid(sandbox.get("speculativedeployments", NAMESPACE, "llama"))
     assert (condition(sandbox, "Profiled") or {}).get("status") == "True"
+
+
+async def test_a_result_written_as_soon_as_the_job_exists_is_kept(sandbox, operator, monkeypatch):
+    """The fastest Job possible: its result lands before the operator's own bookkeeping for the Job (the
+    status patch that records its name). That patch must not undo the result (CI once caught it doing so)."""
+    handle = SandboxEmulator._handle
+
+    async def job_finishes_at_once(emulator, request):
+        response = await handle(emulator, request)
+        if request.action == kmock.action.CREATE and getattr(request.resource, "plural", None) == "jobs":
+            profile = request.data["metadata"]["ownerReferences"][0]["name"]
+            method = (sandbox.get("speculationprofiles", NAMESPACE, profile)["spec"].get("method") or {})
+            await sandbox.patch("speculationprofiles", NAMESPACE, profile, {"status": measured_status(
+                "H100-SXM", method.get("method"), method.get("numSpeculativeTokens", 4))}, subresource="status")
+        return response
+
+    monkeypatch.setattr(SandboxEmulator, "_handle", job_finishes_at_once)
+    await sandbox.create(node("gpu-a", H100, "h100"))
+    await sandbox.create(sdep())
+    await sandbox.wait_for(lambda: status(sandbox).get("phase") == "Serving", what="phase Serving")
+    assert {p["status"]["phase"] for p in profiles(sandbox)} == {"Succeeded"}
+    assert {p["status"]["jobName"] for p in profiles(sandbox)} == {j["metadata"]["name"] for j in jobs(sandbox)}
 
 
 async def test_restart_mid_profiling_resumes_without_duplicate_jobs(sandbox, operator):
