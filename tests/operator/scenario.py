@@ -79,6 +79,15 @@ async def fail_job(api: SandboxApiServer, job: dict, failed: int, final: bool) -
     await api.patch("jobs", NAMESPACE, job["metadata"]["name"], {"status": status}, subresource="status")
 
 
+async def complete_job(api: SandboxApiServer, job: dict, completed_at: datetime) -> None:
+    """Play the Job controller for a Job whose pod exited 0 (whether or not it published a result)."""
+    stamp = completed_at.strftime("%Y-%m-%dT%H:%M:%SZ")
+    await api.patch("jobs", NAMESPACE, job["metadata"]["name"], {"status": {
+        "succeeded": 1, "completionTime": stamp,
+        "conditions": [{"type": "Complete", "status": "True", "lastTransitionTime": stamp}]}},
+        subresource="status")
+
+
 def measured_status(sku: str, method: str | None, max_k: int = 4, seed: int = 0) -> dict:
     """A Succeeded profile status as the benchmark Job writes it, from the twin (noise-free)."""
     from specpilot.sim.synthetic import Scenario, synthetic_profiles

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime, timedelta
 
 import kmock
 import kubernetes_validate
@@ -16,6 +17,7 @@ from tests.operator.scenario import (
     H100,
     H200,
     NAMESPACE,
+    complete_job,
     condition,
     deployment,
     events,
@@ -162,6 +164,33 @@ async def test_failed_job_is_retried_then_reported(sandbox, operator):
                         {"metadata": {"annotations": {"specpilot.io/reprofile": "try-2"}}})
     await sandbox.wait_for(lambda: sandbox.get("speculationprofiles", NAMESPACE, profile_name)["status"]
                            .get("phase") == "Pending", what="the failed profile reset")
+
+
+async def test_a_job_that_completes_without_a_result_is_reported_after_a_grace(sandbox, operator):
+    await sandbox.create(node("gpu-a", H100, "h100"))
+    await sandbox.create(sdep())
+    await sandbox.wait_for(lambda: len(jobs(sandbox)) == 2, what="2 Jobs")
+    late, recent = sorted(jobs(sandbox), key=lambda j: j["metadata"]["name"])
+    late_profile = late["metadata"]["ownerReferences"][0]["name"]
+    recent_profile = recent["metadata"]["ownerReferences"][0]["name"]
+    # Both pods exited 0, neither result arrived: one completed long ago, the other just now.
+    await complete_job(sandbox, late, datetime.now(tz=UTC) - timedelta(minutes=5))
+    await complete_job(sandbox, recent, datetime.now(tz=UTC))
+
+    failed = await sandbox.wait_for(
+        lambda: (sandbox.get("speculationprofiles", NAMESPACE, late_profile)["status"].get("phase") == "Failed"
+                 and sandbox.get("speculationprofiles", NAMESPACE, late_profile)["status"]),
+        what="the profile whose result never came to fail")
+    assert failed["reason"] == "NoResult"
+    assert f"kubectl logs job/{late['metadata']['name']}" in failed["message"]
+    assert "specpilot.io/reprofile" in failed["message"]
+    warning = await sandbox.wait_for(lambda: events(sandbox, "ProfilingFailed"), what="a ProfilingFailed Event")
+    assert "NoResult" in warning[0]["message"] and warning[0]["type"] == "Warning"
+    # The recent one is still inside the grace: its result may yet arrive, and when it does it counts.
+    assert sandbox.get("speculationprofiles", NAMESPACE, recent_profile)["status"]["phase"] != "Failed"
+    assert await publish_results(sandbox, "H100-SXM", names=[recent_profile]) == [recent_profile]
+    await sandbox.wait_for(lambda: "1 failed" in (status(sandbox).get("progress") or "")
+                           and status(sandbox).get("phase") == "Degraded", what="phase Degraded, 1 failed")
 
 
 async def test_new_gpu_product_joins_and_is_profiled(sandbox, operator):

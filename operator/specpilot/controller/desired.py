@@ -160,6 +160,25 @@ def profile_is_fresh(profile: dict, max_age_hours: float, now: datetime) -> bool
     return now - when <= timedelta(hours=max_age_hours)
 
 
+def job_completed_at(job: dict) -> datetime | None:
+    """When a Job completed (status.completionTime, else its Complete condition's transition), or None."""
+    status = job.get("status") or {}
+    stamp = status.get("completionTime") or next(
+        (c.get("lastTransitionTime") for c in status.get("conditions") or []
+         if c.get("type") in ("Complete", "SuccessCriteriaMet") and c.get("status") == "True"), None)
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00")) if stamp else None
+
+
+def result_overdue(job: dict, now: datetime, grace_s: float) -> bool:
+    """A Job that completed more than `grace_s` ago without its profile holding a result.
+
+    The bench exits 0 only after publishing, so a result normally arrives before (or with, by watch order)
+    the Job's completion; the grace covers the watch order. A Job with no completion time is never overdue.
+    """
+    completed = job_completed_at(job)
+    return completed is not None and (now - completed).total_seconds() > grace_s
+
+
 def jobs_allowed(pending: list[str], running: int, max_parallel: int) -> list[str]:
     """Which waiting profiles may get a Job now, oldest-first order preserved."""
     return pending[: max(0, max_parallel - running)]

@@ -216,6 +216,8 @@ async def reconcile(ctx: Context, body: dict, nodes: list[dict], profiles: dict[
 
 
 BENCH_IDENTITY_RECHECK_S = 300
+# How long after a benchmark Job completes its result may take to reach the profile (watch order).
+RESULT_GRACE_S = 60
 """How often a namespace's benchmark ServiceAccount/Role/RoleBinding are checked again (someone may delete them)."""
 
 
@@ -312,8 +314,22 @@ async def _reconcile_profiles(ctx: Context, spec: SpeculativeDeploymentSpec, nam
                                         f"{need.key} on {need.sku}: {reason}: {message} ({attempts} attempts)"))
                     ctx.metrics.profiling_jobs.labels(namespace, "failed").inc()
                 elif state == "Complete" and phase != "Succeeded":
-                    # The Job finished but never published a result: the bench only exits 0 after publishing.
-                    phase = "Running"
+                    # The bench exits 0 only after publishing, so the result is on its way (watch order);
+                    # past the grace it never will come, and waiting longer would hang the pool at Profiling.
+                    if desired.result_overdue(job, now, RESULT_GRACE_S):
+                        job_name = job["metadata"]["name"]
+                        message = (f"the benchmark Job {job_name} completed but no result reached the profile "
+                                   f"within {RESULT_GRACE_S} s; see `kubectl logs job/{job_name}`, then set the "
+                                   f"annotation {REPROFILE_ANNOTATION} on the SpeculativeDeployment to retry")
+                        await ctx.kube.patch("speculationprofiles", namespace, need.name, {"status": {
+                            "phase": "Failed", "reason": "NoResult", "message": message}},
+                            subresource="status")
+                        phase = "Failed"
+                        events.append(Event("Warning", "ProfilingFailed",
+                                            f"{need.key} on {need.sku}: NoResult: {message}"))
+                        ctx.metrics.profiling_jobs.labels(namespace, "failed").inc()
+                    else:
+                        phase = "Running"
                 else:
                     running[need.pool] = running.get(need.pool, 0) + 1
                     failures = int((job.get("status") or {}).get("failed") or 0)

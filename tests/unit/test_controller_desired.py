@@ -1,0 +1,81 @@
+"""The controller's pure bookkeeping: Job completion and overdue results, profile freshness, the Job queue,
+conditions and the overall phase."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from specpilot.api.deployment import Phase
+from specpilot.controller import desired
+
+NOW = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
+
+
+def stamp(when: datetime) -> str:
+    return when.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def complete_job(completed: datetime | None = None, condition_at: datetime | None = None) -> dict:
+    status: dict = {"succeeded": 1}
+    if completed is not None:
+        status["completionTime"] = stamp(completed)
+    if condition_at is not None:
+        status["conditions"] = [{"type": "Complete", "status": "True", "lastTransitionTime": stamp(condition_at)}]
+    return {"metadata": {"name": "bench-x"}, "status": status}
+
+
+def test_job_completion_time_comes_from_the_status_or_the_complete_condition():
+    assert desired.job_completed_at(complete_job(completed=NOW)) == NOW
+    assert desired.job_completed_at(complete_job(condition_at=NOW - timedelta(seconds=5))) == NOW - timedelta(seconds=5)
+    assert desired.job_completed_at({"status": {"active": 1}}) is None
+    assert desired.job_completed_at({}) is None
+    # A condition that is not (yet) true says nothing about completion.
+    job = {"status": {"conditions": [{"type": "Complete", "status": "False", "lastTransitionTime": stamp(NOW)}]}}
+    assert desired.job_completed_at(job) is None
+
+
+def test_a_result_is_overdue_only_past_the_grace_after_completion():
+    assert not desired.result_overdue(complete_job(completed=NOW - timedelta(seconds=30)), NOW, grace_s=60)
+    assert not desired.result_overdue(complete_job(completed=NOW - timedelta(seconds=60)), NOW, grace_s=60)
+    assert desired.result_overdue(complete_job(completed=NOW - timedelta(seconds=61)), NOW, grace_s=60)
+    assert desired.result_overdue(complete_job(condition_at=NOW - timedelta(hours=1)), NOW, grace_s=60)
+    # Still running, or no completion time recorded: never overdue.
+    assert not desired.result_overdue({"status": {"active": 1}}, NOW, grace_s=0)
+
+
+def test_profile_freshness_counts_from_completion():
+    def profile(phase: str, completed: datetime | None) -> dict:
+        status: dict = {"phase": phase}
+        if completed is not None:
+            status["completedAt"] = stamp(completed)
+        return {"status": status}
+
+    assert desired.profile_is_fresh(profile("Succeeded", NOW - timedelta(hours=23)), 24, NOW)
+    assert not desired.profile_is_fresh(profile("Succeeded", NOW - timedelta(hours=25)), 24, NOW)
+    assert not desired.profile_is_fresh(profile("Running", NOW), 24, NOW)
+    assert not desired.profile_is_fresh(profile("Failed", NOW), 24, NOW)
+    assert desired.profile_is_fresh(profile("Succeeded", None), 24, NOW)
+
+
+def test_jobs_are_started_oldest_first_up_to_the_parallel_limit():
+    assert desired.jobs_allowed(["a", "b", "c"], running=0, max_parallel=2) == ["a", "b"]
+    assert desired.jobs_allowed(["a", "b", "c"], running=1, max_parallel=2) == ["a"]
+    assert desired.jobs_allowed(["a", "b"], running=3, max_parallel=2) == []
+
+
+def test_a_condition_moves_its_transition_time_only_when_its_status_changes():
+    first = desired.set_condition([], "Profiled", False, "Profiling", "profiles 0/2", 1, NOW)
+    later = NOW + timedelta(minutes=5)
+    same = desired.set_condition(first, "Profiled", False, "Profiling", "profiles 1/2", 1, later)
+    assert same[0].last_transition_time == NOW and same[0].message == "profiles 1/2"
+    flipped = desired.set_condition(same, "Profiled", True, "Profiled", "profiles 2/2", 1, later)
+    assert flipped[0].status == "True" and flipped[0].last_transition_time == later
+    other = desired.set_condition(flipped, "Valid", None, "Checking", "", 1, later)
+    assert [c.type for c in other] == ["Profiled", "Valid"] and other[1].status == "Unknown"
+
+
+def test_the_overall_phase():
+    assert desired.overall_phase(0, 0, 0) == Phase.PENDING
+    assert desired.overall_phase(1, 3, 0) == Phase.PROFILING
+    assert desired.overall_phase(2, 3, 1) == Phase.DEGRADED
+    assert desired.overall_phase(3, 3, 0) == Phase.SERVING
