@@ -96,6 +96,10 @@ async def test_create_profiles_decide_serve(sandbox, operator):
     await sandbox.wait_for(lambda: events(sandbox, "DecisionChanged"), what="a DecisionChanged Event")
     assert_valid(sandbox.get("speculativedeployments", NAMESPACE, "llama"))
     assert (condition(sandbox, "Profiled") or {}).get("status") == "True"
+    # No Deployment controller runs here: the decided configuration is still rolling out.
+    rolling = condition(sandbox, "RolledOut")
+    assert (rolling["status"], rolling["reason"]) == ("False", "RollingOut") and "h100" in rolling["message"]
+    assert pool["rollout"] == "RollingOut"
 
 
 async def test_a_result_written_as_soon_as_the_job_exists_is_kept(sandbox, operator, monkeypatch):
@@ -191,6 +195,40 @@ async def test_a_job_that_completes_without_a_result_is_reported_after_a_grace(s
     assert await publish_results(sandbox, "H100-SXM", names=[recent_profile]) == [recent_profile]
     await sandbox.wait_for(lambda: "1 failed" in (status(sandbox).get("progress") or "")
                            and status(sandbox).get("phase") == "Degraded", what="phase Degraded, 1 failed")
+
+
+async def test_a_stalled_rollout_is_reported_with_the_fix(sandbox, operator):
+    await sandbox.create(node("gpu-a", H100, "h100"))
+    await sandbox.create(sdep(serving={"rollout": {"maxSurge": 0, "maxUnavailable": 1}}))
+    serving = await sandbox.wait_for(lambda: deployment(sandbox, "h100"), what="the serving Deployment")
+    assert serving["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
+    generation = serving["metadata"]["generation"]
+    # The Deployment controller gives up on the new pods (e.g. Pending for want of a GPU).
+    await sandbox.patch("deployments", NAMESPACE, "llama-h100", {"status": {
+        "observedGeneration": generation, "replicas": 2, "updatedReplicas": 1, "availableReplicas": 1,
+        "unavailableReplicas": 1, "conditions": [{"type": "Progressing", "status": "False",
+                                                  "reason": "ProgressDeadlineExceeded",
+                                                  "message": 'ReplicaSet "llama-h100-5d8" has timed out progressing.'}]}},
+        subresource="status")
+    stalled = await sandbox.wait_for(
+        lambda: (condition(sandbox, "RolledOut") or {}).get("reason") == "ProgressDeadlineExceeded"
+        and condition(sandbox, "RolledOut"), what="RolledOut=False, ProgressDeadlineExceeded")
+    assert stalled["status"] == "False" and "kubectl describe deployment/llama-h100" in stalled["message"]
+    assert status(sandbox)["pools"][0]["rollout"] == "Stalled"
+    warning = await sandbox.wait_for(lambda: events(sandbox, "RolloutStalled"), what="a RolloutStalled Event")
+    assert warning[0]["type"] == "Warning" and "maxSurge: 0 and maxUnavailable: 1" in warning[0]["message"]
+
+    # The pods come up after all: the condition clears.
+    generation = deployment(sandbox, "h100")["metadata"]["generation"]
+    replicas = deployment(sandbox, "h100")["spec"].get("replicas") or 1
+    await sandbox.patch("deployments", NAMESPACE, "llama-h100", {"status": {
+        "observedGeneration": generation, "replicas": replicas, "updatedReplicas": replicas,
+        "availableReplicas": replicas, "unavailableReplicas": 0,
+        "conditions": [{"type": "Progressing", "status": "True", "reason": "NewReplicaSetAvailable"}]}},
+        subresource="status")
+    await sandbox.wait_for(lambda: (condition(sandbox, "RolledOut") or {}).get("status") == "True",
+                           what="RolledOut=True")
+    assert len(events(sandbox, "RolloutStalled")) == 1
 
 
 async def test_new_gpu_product_joins_and_is_profiled(sandbox, operator):

@@ -62,6 +62,9 @@ async def test_restart_strategy_toggles_with_hysteresis_and_replicas_follow_load
         assert pool_status(sandbox)["speculationEnabled"] is True
         assert speculative_config(deployment(sandbox, "h100"))["method"] == "ngram"
         assert "num_speculative_tokens_per_batch_size" not in speculative_config(deployment(sandbox, "h100"))
+        # The Deployment controller (played here) finishes the rollout: the condition says so.
+        await sandbox.wait_for(lambda: (condition(sandbox, "RolledOut") or {}).get("status") == "True",
+                               what="RolledOut=True")
 
         await sandbox.create(serving_pod(deployment(sandbox, "h100"), "llama-h100-7d9f8-a1b2c", ip))
         high, low = crossover * 1.6, crossover * 0.3

@@ -79,3 +79,48 @@ def test_the_overall_phase():
     assert desired.overall_phase(1, 3, 0) == Phase.PROFILING
     assert desired.overall_phase(2, 3, 1) == Phase.DEGRADED
     assert desired.overall_phase(3, 3, 0) == Phase.SERVING
+
+
+def deployment(replicas: int = 2, generation: int = 3, status: dict | None = None) -> dict:
+    return {"metadata": {"name": "llama-h100", "generation": generation},
+            "spec": {"replicas": replicas, "progressDeadlineSeconds": 5400}, "status": status or {}}
+
+
+def test_rollout_state_follows_the_deployment_controller():
+    assert desired.rollout_state(None) == (None, "")
+    # Not yet looked at by a Deployment controller.
+    assert desired.rollout_state(deployment())[0] == desired.ROLLOUT_IN_PROGRESS
+    done = {"observedGeneration": 3, "replicas": 2, "updatedReplicas": 2, "availableReplicas": 2}
+    assert desired.rollout_state(deployment(status=done))[0] == desired.ROLLOUT_DONE
+    moving = {**done, "updatedReplicas": 1, "availableReplicas": 2}
+    state, message = desired.rollout_state(deployment(status=moving))
+    assert state == desired.ROLLOUT_IN_PROGRESS and "1/2 pods updated" in message
+    assert desired.rollout_state(deployment(status={**done, "observedGeneration": 2}))[0] == desired.ROLLOUT_IN_PROGRESS
+
+
+def test_a_stalled_rollout_names_the_likely_cause_and_the_fix():
+    stalled = {"observedGeneration": 3, "replicas": 3, "updatedReplicas": 1, "availableReplicas": 2,
+               "unavailableReplicas": 1,
+               "conditions": [{"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded"}]}
+    state, message = desired.rollout_state(deployment(status=stalled))
+    assert state == desired.ROLLOUT_STALLED
+    assert "within 5400 s (spec.serving.rollout.progressDeadlineSeconds)" in message
+    assert "maxSurge: 0 and maxUnavailable: 1" in message and "kubectl describe deployment/llama-h100" in message
+    # Progressing=False for another reason is not a stall of the rollout.
+    other = {**stalled, "conditions": [{"type": "Progressing", "status": "False", "reason": "Other"}]}
+    assert desired.rollout_state(deployment(status=other))[0] == desired.ROLLOUT_IN_PROGRESS
+
+
+def test_the_rolled_out_condition_puts_a_stall_first():
+    from specpilot.api.deployment import PoolStatus
+
+    def pools(*states):
+        return [PoolStatus(name=f"p{i}", rollout=s) for i, s in enumerate(states)]
+
+    assert desired.rolled_out_condition(pools(None), "llama", 5400) is None
+    assert desired.rolled_out_condition(pools("RolledOut", "RolledOut"), "llama", 5400)[:2] == (True, "RolledOut")
+    status, reason, message = desired.rolled_out_condition(pools("RolledOut", "RollingOut"), "llama", 5400)
+    assert (status, reason) == (False, "RollingOut") and "p1" in message
+    status, reason, message = desired.rolled_out_condition(pools("Stalled", "RollingOut"), "llama", 5400)
+    assert (status, reason) == (False, "ProgressDeadlineExceeded")
+    assert "pool(s) p0" in message and "kubectl describe deployment/llama-p0" in message

@@ -119,6 +119,7 @@ def test_serving_deployment_validates_and_never_drops_capacity(example, pool_ind
     assert deployment["metadata"]["name"] == f"{sdep_name_of(example)}-{pool.name}"
     assert deployment["spec"]["strategy"] == {"type": "RollingUpdate",
                                               "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}}
+    assert deployment["spec"]["progressDeadlineSeconds"] == 5400
     template = deployment["spec"]["template"]
     assert deployment["spec"]["selector"]["matchLabels"].items() <= template["metadata"]["labels"].items()
     assert template["metadata"]["labels"]["specpilot.io/pool"] == pool.name
@@ -190,6 +191,15 @@ def test_external_autoscaling_leaves_replicas_out():
     validate(deployment)
     assert "replicas" not in deployment["spec"]
     assert deployment_for("realistic", replicas=3)["spec"]["replicas"] == 3
+
+
+def test_a_pool_without_a_spare_gpu_rolls_one_pod_down_before_the_next_comes_up():
+    doc = copy.deepcopy(EXAMPLES["realistic"]["spec"])
+    doc["serving"]["rollout"] = {"maxSurge": 0, "maxUnavailable": 1, "progressDeadlineSeconds": 7200}
+    deployment = deployment_for("realistic", spec=SpeculativeDeploymentSpec.model_validate(doc), replicas=3)
+    validate(deployment)
+    assert deployment["spec"]["strategy"]["rollingUpdate"] == {"maxUnavailable": 1, "maxSurge": 0}
+    assert deployment["spec"]["progressDeadlineSeconds"] == 7200
 
 
 def test_gpu_count_is_tensor_times_data_parallel_and_merges_user_resources():

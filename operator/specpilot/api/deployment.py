@@ -260,6 +260,34 @@ class Autoscaling(str, Enum):
     NONE = "none"
 
 
+class Rollout(ApiModel):
+    """How a pool's pods are replaced when the decision changes (the Deployment's rolling update)."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
+        {"rule": "(has(self.maxSurge) ? self.maxSurge : 1) + (has(self.maxUnavailable) ? self.maxUnavailable : 0) > 0",
+         "message": "maxSurge and maxUnavailable cannot both be 0: set maxSurge: 1 where the pool has a spare GPU, "
+                    "else maxUnavailable: 1"},
+    ]})
+
+    max_surge: int = Field(default=1, ge=0)
+    """Pods of the new configuration started beyond the replica count while old ones still serve. Each needs
+    free GPUs on the pool: on a pool with none spare the surge pod stays Pending and the rollout stalls
+    (condition RolledOut=False, reason ProgressDeadlineExceeded); set 0 there, with maxUnavailable: 1."""
+    max_unavailable: int = Field(default=0, ge=0)
+    """Serving pods that may be stopped before their replacement is ready. 0 keeps capacity whole during a
+    rollout; 1 frees a pod's GPUs for its replacement, at the cost of one replica's capacity while it loads."""
+    progress_deadline_seconds: int = Field(default=5400, ge=60)
+    """How long a rollout may make no progress before the Deployment (and specpilot) report it stalled.
+    Longer than the engine's startup allowance (1 h), so loading weights is never taken for a stall."""
+
+    @model_validator(mode="after")
+    def _some_room(self) -> Rollout:
+        if self.max_surge == 0 and self.max_unavailable == 0:
+            raise ValueError("maxSurge and maxUnavailable cannot both be 0 (no pod could ever be replaced): set "
+                             "maxSurge: 1 where the pool has a spare GPU, else maxUnavailable: 1")
+        return self
+
+
 class Serving(ApiModel):
     """Replicas and how they are exposed."""
 
@@ -283,6 +311,8 @@ class Serving(ApiModel):
     """Port of the OpenAI-compatible API."""
     service_monitor: bool = False
     """Create a Prometheus-operator PodMonitor for the serving pods."""
+    rollout: Rollout = Field(default_factory=Rollout)
+    """How pods are replaced on a change of decision (maxSurge, maxUnavailable, progressDeadlineSeconds)."""
     pod_overrides: FreeFormObject | None = None
     """Free-form: merged into the serving pod spec (volumes, priorityClassName, affinity...)."""
 
@@ -464,6 +494,9 @@ class PoolStatus(StatusModel):
     """Whether the running engine speculates (restart strategy: the toggle state)."""
     replicas: int = 0
     """Replicas of the pool's Deployment."""
+    rollout: str | None = None
+    """The pool Deployment's rollout: RolledOut, RollingOut, or Stalled (no progress within
+    spec.serving.rollout.progressDeadlineSeconds)."""
     desired_replicas: int | None = None
     """Replicas the SD-aware planner wants."""
     capacity_concurrency_per_replica: float | None = None
@@ -501,7 +534,7 @@ class SpeculativeDeploymentStatus(StatusModel):
     observed_generation: int | None = None
     """The .metadata.generation last acted on."""
     conditions: list[Condition] = Field(default_factory=list)
-    """Valid, Profiled, Serving, MetricsAvailable, NodesAvailable."""
+    """Valid, Profiled, Serving, RolledOut, MetricsAvailable, NodesAvailable."""
     pools: list[PoolStatus] = Field(default_factory=list)
     """Per pool: profiles, decision, replicas, load."""
     decision_summary: str = ""

@@ -198,6 +198,9 @@ async def reconcile(ctx: Context, body: dict, nodes: list[dict], profiles: dict[
     status.conditions = desired.set_condition(
         status.conditions, "Serving", bool(serving), "Deployed" if serving else "Waiting",
         f"serving pools: {', '.join(serving)}" if serving else "no pool has a GPU type yet", generation, now)
+    rolled_out = desired.rolled_out_condition(pools, name, spec.serving.rollout.progress_deadline_seconds)
+    if rolled_out is not None:
+        status.conditions = desired.set_condition(status.conditions, "RolledOut", *rolled_out, generation, now)
     if metrics_problems:
         status.conditions = desired.set_condition(
             status.conditions, "MetricsAvailable", False, "MetricsUnavailable",
@@ -494,17 +497,22 @@ async def _reconcile_pool(ctx: Context, body: dict, spec: SpeculativeDeploymentS
     if capacity is not None or decision is not old.decision:
         pool.capacity_concurrency_per_replica = capacity
 
-    rolling_out = current is not None and _rolling_out(current)
+    # Toggling speculation during a rollout would start another; a stalled one holds the toggle too.
+    rolling_out = current is not None and desired.rolling_out(current)
     enabled = _speculation_state(ctx, body, spec, pool, old, observation, rolling_out, now, events)
     replicas = _replicas(ctx, body, spec, view, pool, observation, current, metrics_problem, now)
 
     candidate = next((m for m in spec.methods if m.key == decision.method), None) if enabled else None
     dynamic = decision.strategy == Strategy.DYNAMIC.value and bool(decision.schedule)
-    await ctx.kube.apply(serving_deployment(
+    applied = await ctx.kube.apply(serving_deployment(
         sdep_name=name, namespace=namespace, uid=meta["uid"], spec=spec, pool=view.pool, method=candidate,
         num_speculative_tokens=decision.num_speculative_tokens if candidate else None,
         schedule=list(decision.schedule) if candidate and dynamic else None,
         replicas=replicas))
+    # The rollout as of this apply: a template just changed is RollingOut now, not RolledOut as it was.
+    pool.rollout, rollout_message = desired.rollout_state(applied or current)
+    if pool.rollout == desired.ROLLOUT_STALLED and old.rollout != desired.ROLLOUT_STALLED:
+        events.append(Event("Warning", "RolloutStalled", f"pool {view.pool.name}: {rollout_message}"))
     pool.speculation_enabled = candidate is not None
     pool.replicas = replicas if replicas is not None else int((current or {}).get("spec", {}).get("replicas") or 0)
     labels = (namespace, name, view.pool.name)
@@ -648,17 +656,6 @@ def _basis(generation: int | None, baseline: dict | None, methods: dict[str, dic
         length = 1 + f * sum(per_position)
         parts.append(f"live:{key}:{round(length * 10) / 10:.1f}")
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:12]
-
-
-def _rolling_out(deployment: dict) -> bool:
-    status = deployment.get("status")
-    if not status:
-        return False
-    spec_replicas = int(deployment.get("spec", {}).get("replicas") or 0)
-    generation = int(deployment.get("metadata", {}).get("generation") or 0)
-    return (int(status.get("observedGeneration") or generation) < generation
-            or int(status.get("updatedReplicas") or 0) < spec_replicas
-            or int(status.get("unavailableReplicas") or 0) > 0)
 
 
 def _speculation_state(ctx: Context, body: dict, spec: SpeculativeDeploymentSpec, pool: PoolStatus,

@@ -2,8 +2,9 @@
 all pools, and an optional Prometheus-operator PodMonitor.
 
 The engine's speculative configuration is in its args; their hash is a pod-template annotation, so a
-new decision rolls the pods (maxUnavailable 0: capacity never drops during a rollout) and the
-operator can tell what a running Deployment was built from.
+new decision rolls the pods (by default maxSurge 1, maxUnavailable 0: capacity never drops during a
+rollout; `spec.serving.rollout` trades that for no spare GPU) and the operator can tell what a running
+Deployment was built from.
 """
 
 from __future__ import annotations
@@ -38,8 +39,6 @@ from .pod import (
 )
 
 SDEP_KIND = "SpeculativeDeployment"
-PROGRESS_DEADLINE_SECONDS = 5400
-"""Longer than the startup probe's hour: a rollout that is still loading weights is not stuck."""
 
 
 def sdep_owner(sdep_name: str, uid: str) -> dict[str, Any]:
@@ -56,6 +55,7 @@ def serving_deployment(*, sdep_name: str, namespace: str, uid: str, spec: Specul
     args = engine_args(spec, method=method, num_speculative_tokens=num_speculative_tokens,
                        schedule=schedule, port=port)
     speculating = SPECULATIVE_CONFIG_FLAG in args
+    rollout = spec.serving.rollout
     gpu_count = spec.model.tensor_parallel_size * spec.model.data_parallel_size
     owned_engine = {"name": ENGINE_CONTAINER, "image": spec.model.image, "command": list(ENGINE_COMMAND),
                     "args": args}
@@ -91,9 +91,10 @@ def serving_deployment(*, sdep_name: str, namespace: str, uid: str, spec: Specul
         pod_labels[names.LABEL_METHOD] = method.key
     deployment_spec: dict[str, Any] = {
         "selector": {"matchLabels": names.serving_selector(sdep_name, pool.name)},
-        "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
+        "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": rollout.max_unavailable,
+                                                                "maxSurge": rollout.max_surge}},
         "revisionHistoryLimit": 5,
-        "progressDeadlineSeconds": PROGRESS_DEADLINE_SECONDS,
+        "progressDeadlineSeconds": rollout.progress_deadline_seconds,
         "template": {
             "metadata": {
                 "labels": pod_labels,

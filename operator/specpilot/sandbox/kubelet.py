@@ -5,8 +5,8 @@ simulated engine (`specpilot.sandbox.engine`) of the GPU type the Job's node sel
 reports the outcome in the Job's status with the Job controller's retry-and-give-up behaviour. For every
 serving Deployment it runs one simulated engine per replica with the pod's own engine arguments, each on
 its own loopback address (its "pod IP"), publishes Pod objects the operator scrapes, rolls pods on a
-template change with maxUnavailable 0 (a new pod ready before an old one stops), and keeps the
-Deployment's status as the Deployment controller would.
+template change by the Deployment's maxSurge and maxUnavailable (by default a new pod ready before an old
+one stops), and keeps the Deployment's status as the Deployment controller would.
 """
 
 from __future__ import annotations
@@ -207,18 +207,14 @@ class Kubelet:
 
         current = [p for p in pods if p.template == revision]
         old = [p for p in pods if p.template != revision]
-        # maxSurge 1: new pods up to replicas, one beyond while old pods remain.
-        budget = replicas + (1 if old else 0) - len(pods)
-        for _ in range(max(0, min(replicas - len(current), budget))):
+        rolling = ((deployment["spec"].get("strategy") or {}).get("rollingUpdate")) or {}
+        to_start, doomed = rollout_step(replicas, int(rolling.get("maxSurge", 1)),
+                                        int(rolling.get("maxUnavailable", 0)), old, current)
+        for _ in range(to_start):
             ip = self._next_ip()
             command, port = self._engine_command(deployment, ip)
             pod_name = f"{name}-{revision[:6]}-" + "-".join(ip.split(".")[1:])
             pods.append(PodProcess(pod_name, ip, port, revision, self._spawn(command, f"pod-{pod_name}.log")))
-        # maxUnavailable 0: an old pod stops only while ready pods beyond it still cover the replicas.
-        ready_old = [p for p in old if p.ready]
-        doomed = [p for p in old if not p.ready]
-        doomed += ready_old[:max(0, len(ready_old) + sum(p.ready for p in current) - replicas)]
-        doomed += sorted(current, key=lambda p: p.ready)[:max(0, len(current) - replicas)]
         for pod in doomed:
             pods.remove(pod)
             await self._delete_pod(namespace, pod)
@@ -270,6 +266,22 @@ class Kubelet:
         alive = [r.process for r in self.jobs.values() if r.process is not None and r.process.poll() is None]
         alive += [p.process for ps in self.pods.values() for p in ps if p.process.poll() is None]
         return len(alive)
+
+
+def rollout_step(replicas: int, max_surge: int, max_unavailable: int, old: list, current: list) -> tuple[int, list]:
+    """One pass of the Deployment controller's rolling update over pods with a `.ready` flag: how many pods
+    of the new template to start, and which pods to stop.
+
+    maxSurge: new pods up to the replica count, that many beyond it while old pods remain. maxUnavailable:
+    a ready old pod stops only while the ready pods left still cover replicas - maxUnavailable. Old pods that
+    are not ready, and new ones beyond the replica count (the least ready first), stop at once.
+    """
+    to_start = max(0, min(replicas - len(current), replicas + (max_surge if old else 0) - len(old) - len(current)))
+    ready_old = [p for p in old if p.ready]
+    doomed = [p for p in old if not p.ready]
+    doomed += ready_old[:max(0, len(ready_old) + sum(p.ready for p in current) - (replicas - max_unavailable))]
+    doomed += sorted(current, key=lambda p: p.ready)[:max(0, len(current) - replicas)]
+    return to_start, doomed
 
 
 def _flag(args: list[str], flag: str) -> str | None:
