@@ -219,9 +219,9 @@ async def reconcile(ctx: Context, body: dict, nodes: list[dict], profiles: dict[
 
 
 BENCH_IDENTITY_RECHECK_S = 300
-# How long after a benchmark Job completes its result may take to reach the profile (watch order).
-RESULT_GRACE_S = 60
 """How often a namespace's benchmark ServiceAccount/Role/RoleBinding are checked again (someone may delete them)."""
+RESULT_GRACE_S = 60
+"""How long after a benchmark Job completes its result may take to reach the profile (watch order)."""
 
 
 async def _ensure_bench_identity(ctx: Context, namespace: str) -> None:
