@@ -104,7 +104,7 @@ def test_a_stalled_rollout_names_the_likely_cause_and_the_fix():
                "conditions": [{"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded"}]}
     state, message = desired.rollout_state(deployment(status=stalled))
     assert state == desired.ROLLOUT_STALLED
-    assert "within 5400 s (spec.serving.rollout.progressDeadlineSeconds)" in message
+    assert "within 5400 s (progressDeadlineSeconds)" in message and "spec.gpuPools[].rollout" in message
     assert "maxSurge: 0 and maxUnavailable: 1" in message and "kubectl describe deployment/llama-h100" in message
     # Progressing=False for another reason is not a stall of the rollout.
     other = {**stalled, "conditions": [{"type": "Progressing", "status": "False", "reason": "Other"}]}
@@ -117,10 +117,10 @@ def test_the_rolled_out_condition_puts_a_stall_first():
     def pools(*states):
         return [PoolStatus(name=f"p{i}", rollout=s) for i, s in enumerate(states)]
 
-    assert desired.rolled_out_condition(pools(None), "llama", 5400) is None
-    assert desired.rolled_out_condition(pools("RolledOut", "RolledOut"), "llama", 5400)[:2] == (True, "RolledOut")
-    status, reason, message = desired.rolled_out_condition(pools("RolledOut", "RollingOut"), "llama", 5400)
+    assert desired.rolled_out_condition(pools(None), "llama") is None
+    assert desired.rolled_out_condition(pools("RolledOut", "RolledOut"), "llama")[:2] == (True, "RolledOut")
+    status, reason, message = desired.rolled_out_condition(pools("RolledOut", "RollingOut"), "llama")
     assert (status, reason) == (False, "RollingOut") and "p1" in message
-    status, reason, message = desired.rolled_out_condition(pools("Stalled", "RollingOut"), "llama", 5400)
+    status, reason, message = desired.rolled_out_condition(pools("Stalled", "RollingOut"), "llama")
     assert (status, reason) == (False, "ProgressDeadlineExceeded")
     assert "pool(s) p0" in message and "kubectl describe deployment/llama-p0" in message

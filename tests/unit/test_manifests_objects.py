@@ -202,6 +202,16 @@ def test_a_pool_without_a_spare_gpu_rolls_one_pod_down_before_the_next_comes_up(
     assert deployment["spec"]["progressDeadlineSeconds"] == 7200
 
 
+def test_a_pools_own_rollout_overrides_the_deployments():
+    doc = copy.deepcopy(EXAMPLES["realistic"]["spec"])
+    doc["gpuPools"][1]["rollout"] = {"maxSurge": 0, "maxUnavailable": 1}
+    spec = SpeculativeDeploymentSpec.model_validate(doc)
+    full = deployment_for("realistic", pool_index=1, spec=spec, replicas=2)
+    spare = deployment_for("realistic", pool_index=0, spec=spec, replicas=2)
+    assert full["spec"]["strategy"]["rollingUpdate"] == {"maxUnavailable": 1, "maxSurge": 0}
+    assert spare["spec"]["strategy"]["rollingUpdate"] == {"maxUnavailable": 0, "maxSurge": 1}
+
+
 def test_gpu_count_is_tensor_times_data_parallel_and_merges_user_resources():
     doc = copy.deepcopy(EXAMPLES["realistic"]["spec"])
     doc["model"]["tensorParallelSize"] = 2

@@ -82,6 +82,34 @@ class Toleration(ApiModel):
     """For NoExecute: how long the pod stays bound after the taint appears."""
 
 
+class Rollout(ApiModel):
+    """How a pool's pods are replaced when the decision changes (the Deployment's rolling update)."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
+        {"rule": "(has(self.maxSurge) ? self.maxSurge : 1) + (has(self.maxUnavailable) ? self.maxUnavailable : 0) > 0",
+         "message": "maxSurge and maxUnavailable cannot both be 0: set maxSurge: 1 where the pool has a spare GPU, "
+                    "else maxUnavailable: 1"},
+    ]})
+
+    max_surge: int = Field(default=1, ge=0)
+    """Pods of the new configuration started beyond the replica count while old ones still serve. Each needs
+    free GPUs on the pool: on a pool with none spare the surge pod stays Pending and the rollout stalls
+    (condition RolledOut=False, reason ProgressDeadlineExceeded); set 0 there, with maxUnavailable: 1."""
+    max_unavailable: int = Field(default=0, ge=0)
+    """Serving pods that may be stopped before their replacement is ready. 0 keeps capacity whole during a
+    rollout; 1 frees a pod's GPUs for its replacement, at the cost of one replica's capacity while it loads."""
+    progress_deadline_seconds: int = Field(default=5400, ge=60)
+    """How long a rollout may make no progress before the Deployment (and specpilot) report it stalled.
+    Longer than the engine's startup allowance (1 h), so loading weights is never taken for a stall."""
+
+    @model_validator(mode="after")
+    def _some_room(self) -> Rollout:
+        if self.max_surge == 0 and self.max_unavailable == 0:
+            raise ValueError("maxSurge and maxUnavailable cannot both be 0 (no pod could ever be replaced): set "
+                             "maxSurge: 1 where the pool has a spare GPU, else maxUnavailable: 1")
+        return self
+
+
 class GpuPool(ApiModel):
     """A set of GPU nodes of one type that may serve this model."""
 
@@ -107,6 +135,8 @@ class GpuPool(ApiModel):
     """Per-pool lower bound on replicas; defaults to serving.minReplicas."""
     max_replicas: int | None = Field(default=None, ge=0)
     """Per-pool upper bound on replicas; defaults to serving.maxReplicas."""
+    rollout: Rollout | None = None
+    """Per-pool rolling update (e.g. maxSurge 0 on a pool that runs full); defaults to serving.rollout."""
 
     @model_validator(mode="after")
     def _bounds(self) -> GpuPool:
@@ -258,34 +288,6 @@ class Autoscaling(str, Enum):
     INTERNAL = "internal"
     EXTERNAL = "external"
     NONE = "none"
-
-
-class Rollout(ApiModel):
-    """How a pool's pods are replaced when the decision changes (the Deployment's rolling update)."""
-
-    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
-        {"rule": "(has(self.maxSurge) ? self.maxSurge : 1) + (has(self.maxUnavailable) ? self.maxUnavailable : 0) > 0",
-         "message": "maxSurge and maxUnavailable cannot both be 0: set maxSurge: 1 where the pool has a spare GPU, "
-                    "else maxUnavailable: 1"},
-    ]})
-
-    max_surge: int = Field(default=1, ge=0)
-    """Pods of the new configuration started beyond the replica count while old ones still serve. Each needs
-    free GPUs on the pool: on a pool with none spare the surge pod stays Pending and the rollout stalls
-    (condition RolledOut=False, reason ProgressDeadlineExceeded); set 0 there, with maxUnavailable: 1."""
-    max_unavailable: int = Field(default=0, ge=0)
-    """Serving pods that may be stopped before their replacement is ready. 0 keeps capacity whole during a
-    rollout; 1 frees a pod's GPUs for its replacement, at the cost of one replica's capacity while it loads."""
-    progress_deadline_seconds: int = Field(default=5400, ge=60)
-    """How long a rollout may make no progress before the Deployment (and specpilot) report it stalled.
-    Longer than the engine's startup allowance (1 h), so loading weights is never taken for a stall."""
-
-    @model_validator(mode="after")
-    def _some_room(self) -> Rollout:
-        if self.max_surge == 0 and self.max_unavailable == 0:
-            raise ValueError("maxSurge and maxUnavailable cannot both be 0 (no pod could ever be replaced): set "
-                             "maxSurge: 1 where the pool has a spare GPU, else maxUnavailable: 1")
-        return self
 
 
 class Serving(ApiModel):

@@ -184,8 +184,8 @@ ROLLOUT_DONE = "RolledOut"
 ROLLOUT_IN_PROGRESS = "RollingOut"
 ROLLOUT_STALLED = "Stalled"
 STALLED_ADVICE = ("the previous pods keep serving and speculation toggles wait. If the new pods are Pending for want "
-                  "of a GPU, the pool has no room for a surge pod: set spec.serving.rollout.maxSurge: 0 and "
-                  "maxUnavailable: 1. Otherwise see")
+                  "of a GPU, the pool has no room for a surge pod: set maxSurge: 0 and maxUnavailable: 1 in "
+                  "spec.serving.rollout (or spec.gpuPools[].rollout for this pool). Otherwise see")
 
 
 def rolling_out(deployment: dict) -> bool:
@@ -212,7 +212,7 @@ def rollout_state(deployment: dict | None) -> tuple[str | None, str]:
         if cond.get("type") == "Progressing" and cond.get("status") == "False" \
                 and cond.get("reason") == "ProgressDeadlineExceeded":
             deadline = (deployment.get("spec") or {}).get("progressDeadlineSeconds")
-            within = f" within {deadline} s (spec.serving.rollout.progressDeadlineSeconds)" if deadline else ""
+            within = f" within {deadline} s (progressDeadlineSeconds)" if deadline else ""
             return ROLLOUT_STALLED, (f"the rollout of Deployment {name} made no progress{within}: {STALLED_ADVICE} "
                                      f"`kubectl describe deployment/{name}` and the new pods' events")
     if not status or rolling_out(deployment):
@@ -222,8 +222,7 @@ def rollout_state(deployment: dict | None) -> tuple[str | None, str]:
     return ROLLOUT_DONE, f"Deployment {name} is up to date"
 
 
-def rolled_out_condition(pools: list[PoolStatus], sdep_name: str,
-                         deadline_s: int) -> tuple[bool, str, str] | None:
+def rolled_out_condition(pools: list[PoolStatus], sdep_name: str) -> tuple[bool, str, str] | None:
     """The RolledOut condition (status, reason, message) over the pools' rollouts; None before any pool has
     a Deployment. A stalled rollout outranks one in progress: it needs a person."""
     stalled = [p.name for p in pools if p.rollout == ROLLOUT_STALLED]
@@ -231,8 +230,8 @@ def rolled_out_condition(pools: list[PoolStatus], sdep_name: str,
     if stalled:
         deployments = ", ".join(f"deployment/{names.serving_deployment_name(sdep_name, p)}" for p in stalled)
         return False, "ProgressDeadlineExceeded", (
-            f"the rollout of pool(s) {', '.join(stalled)} made no progress within {deadline_s} s "
-            f"(spec.serving.rollout.progressDeadlineSeconds): {STALLED_ADVICE} `kubectl describe {deployments}`")
+            f"the rollout of pool(s) {', '.join(stalled)} made no progress within its progressDeadlineSeconds "
+            f"(spec.serving.rollout, or the pool's own rollout): {STALLED_ADVICE} `kubectl describe {deployments}`")
     if moving:
         return False, "RollingOut", f"rolling out pool(s) {', '.join(moving)}"
     if any(p.rollout for p in pools):

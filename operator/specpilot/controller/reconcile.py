@@ -198,7 +198,7 @@ async def reconcile(ctx: Context, body: dict, nodes: list[dict], profiles: dict[
     status.conditions = desired.set_condition(
         status.conditions, "Serving", bool(serving), "Deployed" if serving else "Waiting",
         f"serving pools: {', '.join(serving)}" if serving else "no pool has a GPU type yet", generation, now)
-    rolled_out = desired.rolled_out_condition(pools, name, spec.serving.rollout.progress_deadline_seconds)
+    rolled_out = desired.rolled_out_condition(pools, name)
     if rolled_out is not None:
         status.conditions = desired.set_condition(status.conditions, "RolledOut", *rolled_out, generation, now)
     if metrics_problems:

@@ -55,7 +55,7 @@ def serving_deployment(*, sdep_name: str, namespace: str, uid: str, spec: Specul
     args = engine_args(spec, method=method, num_speculative_tokens=num_speculative_tokens,
                        schedule=schedule, port=port)
     speculating = SPECULATIVE_CONFIG_FLAG in args
-    rollout = spec.serving.rollout
+    rollout = pool.rollout or spec.serving.rollout
     gpu_count = spec.model.tensor_parallel_size * spec.model.data_parallel_size
     owned_engine = {"name": ENGINE_CONTAINER, "image": spec.model.image, "command": list(ENGINE_COMMAND),
                     "args": args}
