@@ -74,7 +74,13 @@ class SandboxEmulator(kmock.KubernetesEmulator):
             meta = data.setdefault("metadata", {}) if request.action == kmock.action.CREATE else data.get("metadata")
             if request.action == kmock.action.CREATE:
                 if not meta.get("name") and meta.get("generateName"):
-                    meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
+                    # Like the API server (RetryGenerateName, GA in 1.32): a suffix that is taken is drawn
+                    # again, so hundreds of kopf Events never collide into a 409.
+                    while True:
+                        meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
+                        key = (request.resource, request.namespace, meta["name"])
+                        if key not in self.objects or self.objects[key].deleted:
+                            break
                 meta.setdefault("uid", str(uuid.uuid4()))
                 meta.setdefault("creationTimestamp", _now())
                 meta["generation"] = 1
