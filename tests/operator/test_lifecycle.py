@@ -93,6 +93,9 @@ async def test_create_profiles_decide_serve(sandbox, operator):
     assert config["num_speculative_tokens_per_batch_size"][0][0] == 1
     assert [r[2] for r in config["num_speculative_tokens_per_batch_size"]] == ks
     assert status(sandbox)["history"][-1]["pool"] == "h100"
+    # Each change is announced once, however many handlers (create, timers, profile watch) ran meanwhile.
+    changes = [entry["change"] for entry in status(sandbox)["history"]]
+    assert len(changes) == len(set(changes)), changes
     await sandbox.wait_for(lambda: events(sandbox, "DecisionChanged"), what="a DecisionChanged Event")
     assert_valid(sandbox.get("speculativedeployments", NAMESPACE, "llama"))
     assert (condition(sandbox, "Profiled") or {}).get("status") == "True"

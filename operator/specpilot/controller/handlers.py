@@ -74,14 +74,17 @@ def register(registry: kopf.OperatorRegistry, ctx: Context, *, peering: bool) ->
 
     async def run(body: kopf.Body, patch: kopf.Patch, logger: logging.Logger, nodes_index: kopf.Index,
                   profiles_index: kopf.Index, jobs_index: kopf.Index, observe: bool, memo: Context) -> None:
-        raw = dict(body)
         namespace = body.metadata.namespace
-        memo.profiles_seen = profiles_fingerprint(ctx, raw)
         started = time.perf_counter()
         async with ctx.lock(body.metadata.uid):
+            # Read under the lock, and as last computed here: a reconciliation that waited for the lock
+            # starts from what the one before it decided, even before kopf has written that.
+            raw = dict(body)
+            view = ctx.latest(raw)
+            memo.profiles_seen = profiles_fingerprint(ctx, view)
             try:
                 result = await reconcile(
-                    ctx, raw,
+                    ctx, view,
                     nodes=[v for values in nodes_index.values() for v in values],
                     profiles={k.split("/", 1)[1]: next(iter(vs)) for k, vs in profiles_index.items()
                               if k.startswith(f"{namespace}/")},
@@ -92,7 +95,9 @@ def register(registry: kopf.OperatorRegistry, ctx: Context, *, peering: bool) ->
                 raise
             finally:
                 ctx.metrics.reconcile_seconds.labels(namespace).observe(time.perf_counter() - started)
-        patch.status.update(_nulls_for_removed(raw.get("status") or {}, result.status))
+            ctx.written[body.metadata.uid] = result.status
+        patch.status.update(_nulls_for_removed({**(raw.get("status") or {}), **(view.get("status") or {})},
+                                               result.status))
         for event in result.events:
             kopf.event(body, type=event.type, reason=event.reason, message=event.message)
             (logger.warning if event.type == "Warning" else logger.info)(f"{event.reason}: {event.message}")
@@ -103,6 +108,10 @@ def register(registry: kopf.OperatorRegistry, ctx: Context, *, peering: bool) ->
     async def on_change(body: kopf.Body, patch: kopf.Patch, logger: logging.Logger, nodes_index: kopf.Index,
                         profiles_index: kopf.Index, jobs_index: kopf.Index, memo: Context, **_: Any) -> None:
         await run(body, patch, logger, nodes_index, profiles_index, jobs_index, observe=False, memo=memo)
+
+    @kopf.on.delete(*SDEP, id="forget", optional=True, registry=registry)
+    async def on_delete(body: kopf.Body, **_: Any) -> None:
+        ctx.forget(body.metadata.uid)
 
     @kopf.timer(*SDEP, id=PERIODIC_ID, interval=ctx.config.reconcile_interval_seconds, sharp=False, backoff=RETRY_S,
                 registry=registry)
@@ -116,7 +125,7 @@ def register(registry: kopf.OperatorRegistry, ctx: Context, *, peering: bool) ->
                           profiles_index: kopf.Index, jobs_index: kopf.Index, memo: Context, **_: Any) -> None:
         # in memory only: reconcile at once when a profile or its Job moved since the last reconciliation
         seen = memo.profiles_seen
-        if seen is not None and seen != profiles_fingerprint(ctx, body):
+        if seen is not None and seen != profiles_fingerprint(ctx, ctx.latest(dict(body))):
             await run(body, patch, logger, nodes_index, profiles_index, jobs_index, observe=False, memo=memo)
 
 

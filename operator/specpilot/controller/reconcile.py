@@ -85,12 +85,27 @@ class Context:
     """Uids of benchmark Jobs already counted as succeeded in the metrics."""
     profile_events: dict[str, int] = field(default_factory=dict)
     """"namespace/profile" -> watch events of the profile and its benchmark Jobs seen by the index handlers."""
+    written: dict[str, dict] = field(default_factory=dict)
+    """Uid -> the status its last reconciliation computed. kopf writes it only after the handler returns, so
+    the next reconciliation (a timer may already wait on the lock) starts from this, not from a body that
+    predates it: otherwise it would re-announce the same decision change and append it to history again."""
     profiles_seen: tuple | None = None
     """Per object (kopf gives each object a shallow copy of this memo): the fingerprint of its profiles and
     benchmark Jobs its last reconciliation saw (handlers.profiles_fingerprint)."""
 
     def lock(self, uid: str) -> asyncio.Lock:
         return self.locks.setdefault(uid, asyncio.Lock())
+
+    def latest(self, body: dict) -> dict:
+        """The object as its next reconciliation must see it: its status as last computed here (when this
+        process computed one), which the body may not show yet."""
+        written = self.written.get((body.get("metadata") or {}).get("uid", ""))
+        return body if written is None else {**body, "status": written}
+
+    def forget(self, uid: str) -> None:
+        """Drop what is kept per object once it is deleted."""
+        self.locks.pop(uid, None)
+        self.written.pop(uid, None)
 
 
 @dataclass
