@@ -63,6 +63,11 @@ class CandidatePlan:
     cost_per_mtok: float | None = None
     capacity_concurrency: float | None = None
 
+    @property
+    def crossover_uncertainty_percent(self) -> float | None:
+        """crossover_gain_se in percent, as the decision and the plan report it."""
+        return None if self.crossover_gain_se is None else round(self.crossover_gain_se * 100, 2)
+
 
 @dataclasses.dataclass(frozen=True)
 class PoolPlan:
@@ -386,8 +391,7 @@ def _decision(chosen: CandidatePlan, rows: list[CandidatePlan], base_expected: f
     return Decision(method=chosen.key, num_speculative_tokens=chosen.num_speculative_tokens, schedule=ranges,
                     schedule_summary=summary(ranges) if ranges else "", strategy=chosen.strategy,
                     crossover_concurrency=chosen.crossover_concurrency,
-                    crossover_uncertainty_percent=(round(chosen.crossover_gain_se * 100, 2)
-                                                   if chosen.crossover_gain_se is not None else None),
+                    crossover_uncertainty_percent=chosen.crossover_uncertainty_percent,
                     cost_per_mtok_with_sd=chosen.cost_per_mtok, cost_per_mtok_without_sd=baseline.cost_per_mtok,
                     expected_speedup=chosen.expected_goodput_tok_s / base_expected, source=source, reason=reason,
                     decided_at=now)

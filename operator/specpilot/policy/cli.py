@@ -184,8 +184,7 @@ def _group_result(sku, model, workload, candidates, plan, price, gpus) -> dict[s
             "numSpeculativeTokens": row.num_speculative_tokens,
             "schedule": summary(schedule.ranges) if schedule and schedule.ok and schedule.ranges else "",
             "crossoverConcurrency": row.crossover_concurrency,
-            "crossoverUncertaintyPercent": (round(row.crossover_gain_se * 100, 2)
-                                            if row.crossover_gain_se is not None else None),
+            "crossoverUncertaintyPercent": row.crossover_uncertainty_percent,
             "kvMaxConcurrency": row.kv_max_concurrency,
             "expectedGoodputTokS": row.expected_goodput_tok_s, "costPerMtok": row.cost_per_mtok,
             "capacityConcurrency": row.capacity_concurrency, "note": row.note,
