@@ -397,21 +397,20 @@ def fit_roofline(levels: Sequence[Sequence[float]], decode_s: Sequence[Sequence[
         feasible = np.all(coef[..., 0::2] > 0, axis=-1) & np.all(coef[..., 1::2] >= 0, axis=-1) & np.isfinite(sse)
         return coef, np.where(feasible, sse, np.inf).ravel(), gram
 
-    free = np.eye(params)
-    tie = free
-    coef, sse, gram = solve(free)
+    tie = np.eye(params)  # free per-sequence costs, unless the tie below is kept
+    coef, sse, gram = solve(tie)
     roofline_sse = float(sse.min())
     if runs >= 3:
         # Per-sequence costs linear in k (_per_sequence_tie) save a parameter per extra run, which matters
         # most for the k never run; kept unless the data says otherwise (F-test of the nested fits).
         tied = _per_sequence_tie(measured_k)
         tied_coef, tied_sse, tied_gram = solve(tied)
-        free_best, tied_best = float(sse.min()), float(tied_sse.min())
+        tied_best = float(tied_sse.min())
         extra = params - tied.shape[1]
         dof = n - params - 2
         if np.isfinite(tied_best) and dof > 0 and (
-                not np.isfinite(free_best)
-                or (tied_best - free_best) / extra <= _TIE_F_CRITICAL * max(free_best, 1e-300) / dof):
+                not np.isfinite(roofline_sse)
+                or (tied_best - roofline_sse) / extra <= _TIE_F_CRITICAL * max(roofline_sse, 1e-300) / dof):
             tie, coef, sse, gram = tied, tied_coef, tied_sse, tied_gram
     if not np.isfinite(sse).any():
         return None
