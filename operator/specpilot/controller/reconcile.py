@@ -237,6 +237,8 @@ BENCH_IDENTITY_RECHECK_S = 300
 """How often a namespace's benchmark ServiceAccount/Role/RoleBinding are checked again (someone may delete them)."""
 RESULT_GRACE_S = 60
 """How long after a benchmark Job completes its result may take to reach the profile (watch order)."""
+RETRY_HINT = f"set the annotation {REPROFILE_ANNOTATION} on the SpeculativeDeployment to retry"
+"""How a profile that failed for good is measured again, as its message says."""
 
 
 async def _ensure_bench_identity(ctx: Context, namespace: str) -> None:
@@ -322,30 +324,21 @@ async def _reconcile_profiles(ctx: Context, spec: SpeculativeDeploymentSpec, nam
                 if state == "Failed":
                     reason, message = _job_failure(job)
                     attempts = int((job.get("status") or {}).get("failed") or 0)
-                    await ctx.kube.patch("speculationprofiles", namespace, need.name, {"status": {
-                        "phase": "Failed", "reason": reason, "attempts": attempts,
-                        "message": f"{message} after {attempts} attempt(s); set the annotation "
-                                   f"{REPROFILE_ANNOTATION} on the SpeculativeDeployment to retry"}},
-                        subresource="status")
-                    phase = "Failed"
-                    events.append(Event("Warning", "ProfilingFailed",
-                                        f"{need.key} on {need.sku}: {reason}: {message} ({attempts} attempts)"))
-                    ctx.metrics.profiling_jobs.labels(namespace, "failed").inc()
+                    phase = await _fail_profile(
+                        ctx, namespace, need, events,
+                        {"reason": reason, "attempts": attempts,
+                         "message": f"{message} after {attempts} attempt(s); {RETRY_HINT}"},
+                        f"{reason}: {message} ({attempts} attempts)")
                 elif state == "Complete" and phase != "Succeeded":
                     # The bench exits 0 only after publishing, so the result is on its way (watch order);
                     # past the grace it never will come, and waiting longer would hang the pool at Profiling.
                     if desired.result_overdue(job, now, RESULT_GRACE_S):
                         job_name = job["metadata"]["name"]
                         message = (f"the benchmark Job {job_name} completed but no result reached the profile "
-                                   f"within {RESULT_GRACE_S} s; see `kubectl logs job/{job_name}`, then set the "
-                                   f"annotation {REPROFILE_ANNOTATION} on the SpeculativeDeployment to retry")
-                        await ctx.kube.patch("speculationprofiles", namespace, need.name, {"status": {
-                            "phase": "Failed", "reason": "NoResult", "message": message}},
-                            subresource="status")
-                        phase = "Failed"
-                        events.append(Event("Warning", "ProfilingFailed",
-                                            f"{need.key} on {need.sku}: NoResult: {message}"))
-                        ctx.metrics.profiling_jobs.labels(namespace, "failed").inc()
+                                   f"within {RESULT_GRACE_S} s; see `kubectl logs job/{job_name}`, then {RETRY_HINT}")
+                        phase = await _fail_profile(ctx, namespace, need, events,
+                                                    {"reason": "NoResult", "message": message},
+                                                    f"NoResult: {message}")
                     else:
                         phase = "Running"
                 else:
@@ -389,6 +382,17 @@ async def _reconcile_profiles(ctx: Context, spec: SpeculativeDeploymentSpec, nam
                                  {"status": {"jobName": job["metadata"]["name"], "reason": "JobCreated"}},
                                  subresource="status")
     return states
+
+
+async def _fail_profile(ctx: Context, namespace: str, need: desired.NeededProfile, events: list[Event],
+                        status: dict, event_message: str) -> str:
+    """Mark a profile Failed for good (with `status`'s reason and message), say so in a ProfilingFailed
+    Warning Event and count it; returns the new phase."""
+    await ctx.kube.patch("speculationprofiles", namespace, need.name, {"status": {"phase": "Failed", **status}},
+                         subresource="status")
+    events.append(Event("Warning", "ProfilingFailed", f"{need.key} on {need.sku}: {event_message}"))
+    ctx.metrics.profiling_jobs.labels(namespace, "failed").inc()
+    return "Failed"
 
 
 async def _create_profile(ctx: Context, namespace: str, need: desired.NeededProfile,
