@@ -4,12 +4,15 @@ taught the few API-server behaviours the operator relies on.
 kmock stores objects and serves list/watch/get/create/patch/delete with merge semantics. A real API
 server also stamps metadata (uid, creationTimestamp, generation, resourceVersion) and garbage-collects
 objects whose owners are gone; kopf and the operator read those, so this subclass adds them. It does not
-do RBAC, selectors, schema validation or conflict detection (the tests validate objects offline instead).
+do RBAC, selectors, schema validation or conflict detection (the tests validate objects offline instead),
+but it can record every request it serves as an RBAC attribute (`SandboxApiServer.record_requests`), so a
+test can compare what a client really asked for with the rules a chart grants it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime
 import itertools
 import uuid
@@ -51,6 +54,46 @@ _original_parse_path = _parsing.parse_path
 _parsing.parse_path = _parse_path_with_namespaces
 
 
+@dataclasses.dataclass(frozen=True)
+class RecordedRequest:
+    """One request as the API server's authorizer sees it (verb, API group, resource, subresource,
+    namespace, name), with the bearer token that made it (the sandbox's stand-in for a user)."""
+
+    identity: str
+    verb: str
+    group: str
+    resource: str
+    """Plural of the resource; for a request outside the resource API (discovery), the URL path."""
+    subresource: str | None
+    namespace: str | None
+    name: str | None
+
+    @property
+    def non_resource(self) -> bool:
+        """A request to a non-resource URL (/api, /apis/..., /version): discovery, which every
+        authenticated user may read (system:discovery)."""
+        return self.resource.startswith("/")
+
+
+def _verb(request: kmock.Request) -> str:
+    """The RBAC verb of a request, as the API server derives it from the HTTP method and the URL."""
+    method = str(getattr(request.method, "value", request.method) or "GET").upper()
+    if method == "GET":
+        if request.action == kmock.action.WATCH:
+            return "watch"
+        return "get" if request.name is not None or request.resource is None else "list"
+    return {"POST": "create", "PATCH": "patch", "PUT": "update", "DELETE": "delete"}.get(method, method.lower())
+
+
+def _record(request: kmock.Request) -> RecordedRequest:
+    auth = (request.headers or {}).get("Authorization") or (request.headers or {}).get("authorization") or ""
+    identity = auth.removeprefix("Bearer ").strip() or "anonymous"
+    if request.resource is None:
+        return RecordedRequest(identity, _verb(request), "", request.url.path, None, None, None)
+    return RecordedRequest(identity, _verb(request), request.resource.group or "", request.resource.plural,
+                           request.subresource, request.namespace, request.name)
+
+
 def _forget(log: list, request: kmock.Request) -> None:
     for i in range(len(log) - 1, -1, -1):
         if log[i] is request:
@@ -67,8 +110,12 @@ class SandboxEmulator(kmock.KubernetesEmulator):
     """KubernetesEmulator + metadata stamping + owner-reference garbage collection."""
 
     _versions: Any = attrs.field(factory=lambda: itertools.count(1), init=False)
+    recorded: list[RecordedRequest] | None = attrs.field(default=None, init=False)
+    """Every request served since recording began (None: not recording)."""
 
     async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
+        if self.recorded is not None:
+            self.recorded.append(_record(request))
         data = request.data if isinstance(request.data, dict) else None
         if request.resource is not None and data is not None:
             meta = data.setdefault("metadata", {}) if request.action == kmock.action.CREATE else data.get("metadata")
@@ -177,12 +224,18 @@ class SandboxApiServer:
             await self._server.__aexit__(*exc)
         await self.emulator.__aexit__(*exc)
 
-    def write_kubeconfig(self, path: Path, namespace: str = "default") -> Path:
+    def record_requests(self) -> list[RecordedRequest]:
+        """Start recording every request (including ones that fail); returns the live list."""
+        if self.emulator.recorded is None:
+            self.emulator.recorded = []
+        return self.emulator.recorded
+
+    def write_kubeconfig(self, path: Path, namespace: str = "default", token: str = "sandbox") -> Path:
         path.write_text(yaml.safe_dump({
             "apiVersion": "v1",
             "kind": "Config",
             "clusters": [{"name": "sandbox", "cluster": {"server": self.url}}],
-            "users": [{"name": "sandbox", "user": {"token": "sandbox"}}],
+            "users": [{"name": "sandbox", "user": {"token": token}}],
             "contexts": [{"name": "sandbox", "context": {"cluster": "sandbox", "user": "sandbox",
                                                           "namespace": namespace}}],
             "current-context": "sandbox",
