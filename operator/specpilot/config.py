@@ -28,11 +28,32 @@ class ProfilingDefaults(ApiModel):
     """Profiles older than this are measured again."""
 
 
+class MetricsReadLimits(ApiModel):
+    """Bounds on what the operator reads from metrics endpoints it does not control (the serving pods'
+    /metrics, Prometheus): one tenant's endpoint must not exhaust the operator that serves every namespace."""
+
+    max_response_bytes: int = Field(default=4 * 2**20, ge=64 * 2**10, le=256 * 2**20)
+    """Most bytes read from one /metrics page or one Prometheus answer; a larger body is not read further
+    and that source counts as failed (the MetricsTruncated condition says so)."""
+    scrape_timeout_seconds: float = Field(default=5, gt=0, le=60)
+    """Whole-request time limit of one pod /metrics scrape: connect, headers and body."""
+    prometheus_timeout_seconds: float = Field(default=10, gt=0, le=120)
+    """Whole-request time limit of one Prometheus query."""
+    max_series: int = Field(default=10_000, ge=100, le=1_000_000)
+    """Most samples read from one /metrics page, or series from one Prometheus answer; a page or answer
+    with more is refused (vLLM serves a few hundred)."""
+
+
 class OperatorConfig(ApiModel):
     """Cluster-wide settings of the specpilot operator."""
 
     prometheus_url: str = ""
     """Default Prometheus base URL for resources that do not name one; empty = none."""
+    allowed_prometheus_urls: list[str] = Field(default_factory=list, max_length=256)
+    """Prometheus URLs a SpeculativeDeployment may name in spec.metrics.prometheusUrl: exact base URLs, or
+    prefixes ending in `/*` (same scheme, host and port; the path continues below the prefix). Empty: a
+    per-deployment URL is refused and the operator's prometheusUrl is used (the operator would otherwise GET
+    any URL a tenant names, from its own network position)."""
     benchmark_image: str = "ghcr.io/specpilot/specpilot-bench:0.1.0"
     """Image of the benchmark Job (specpilot-bench on the vLLM image)."""
     benchmark_mode: str = Field(default="launch", pattern="^(launch|sidecar)$")
@@ -46,6 +67,11 @@ class OperatorConfig(ApiModel):
     """Profiling defaults."""
     reconcile_interval_seconds: float = Field(default=15, gt=0)
     """How often each SpeculativeDeployment is reconciled even without changes."""
+    metrics_read_limits: MetricsReadLimits = Field(default_factory=MetricsReadLimits)
+    """Size, time and series bounds on reading pod /metrics pages and Prometheus answers."""
+    bench_cluster_role: str = Field(default="specpilot-bench", min_length=1, max_length=253)
+    """The ClusterRole (shipped by the chart) that the benchmark Jobs' ServiceAccount is bound to in each
+    namespace, by a RoleBinding the operator creates: get a SpeculationProfile, get and patch its status."""
     profile_watch_seconds: float = Field(default=2, gt=0)
     """How often each SpeculativeDeployment checks, in memory, whether its profiles or their benchmark Jobs
     changed (a profile finished, failed or took a run); it is reconciled at once when they did, instead of
