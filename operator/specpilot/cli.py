@@ -54,47 +54,140 @@ def cmd_crds(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load_documents(path: Path) -> list[dict]:
-    text = path.read_text()
-    return [d for d in yaml.safe_load_all(text) if d]
+class InputError(Exception):
+    """A file `validate` cannot read as resources; the message is one line naming the file."""
 
 
-def cmd_validate(args: argparse.Namespace) -> int:
-    """Validate resource files offline: CRD schema + CEL rules, then the typed models' cross-field rules."""
+def _kind_of(doc: object) -> str:
+    names = {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean", int: "a number", float: "a number"}
+    return names.get(type(doc), type(doc).__name__)
+
+
+def _load_documents(path: Path) -> list[tuple[int, object]]:
+    """(line, document) for each non-empty YAML document of `path`, a `List`'s items expanded.
+
+    Raises InputError with one line naming the file (and the line and column of a YAML error).
+    """
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise InputError(f"{path}: is a directory: pass YAML files (e.g. {path}/*.yaml)") from None
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{path}: not UTF-8 text (byte {exc.start}): pass a YAML file") from None
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read it ({exc.strerror or exc})") from None
+    docs: list[tuple[int, object]] = []
+    loader = yaml.SafeLoader(text)
+    try:
+        while loader.check_node():
+            node = loader.get_node()
+            doc = loader.construct_document(node)
+            line = node.start_mark.line + 1
+            if doc is None:
+                continue
+            if isinstance(doc, dict) and doc.get("kind") == "List" and isinstance(doc.get("items"), list):
+                docs.extend((line, item) for item in doc["items"])
+            else:
+                docs.append((line, doc))
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        what = " ".join(part for part in (exc.problem, f"({exc.context})" if exc.context else None) if part)
+        raise InputError(f"{where}: not valid YAML: {what or exc}") from None
+    except yaml.YAMLError as exc:
+        raise InputError(f"{path}: not valid YAML: {exc}") from None
+    finally:
+        loader.dispose()
+    return docs
+
+
+def _validate_document(crds: dict, file: str, index: int, line: int, doc: object) -> tuple[str, bool | None]:
+    """One line about one document and whether it failed (None: a kind of another API group, skipped)."""
+    from difflib import get_close_matches
+
     from pydantic import ValidationError
 
-    from .api.base import format_validation_error
-    from .api.crd import all_crds
+    from .api.base import API_VERSION, GROUP, format_validation_error
     from .api.deployment import SpeculativeDeploymentSpec
     from .api.profile import SpeculationProfile
     from .api.validate import validate_custom_resource
 
+    where = f"{file}: document {index + 1} (line {line})"
+    if not isinstance(doc, dict):
+        return (f"{where}: is {_kind_of(doc)}, not a resource: each document must be a mapping with "
+                f"apiVersion, kind, metadata and spec"), True
+    kind, api_version = doc.get("kind"), doc.get("apiVersion")
+    if not isinstance(kind, str) or not kind:
+        problem = "has no kind" if kind is None else f"kind {kind!r} is not a name"
+        return f"{where}: {problem}: set kind: {' or '.join(sorted(crds))}", True
+    metadata = doc.get("metadata")
+    name = metadata.get("name") if isinstance(metadata, dict) else None
+    label = f"{kind}/{name}" if isinstance(name, str) and name else f"{kind} (document {index + 1}, line {line})"
+    if kind not in crds:
+        # the API group: "" for the core group (apiVersion v1), None when apiVersion is missing
+        group = (api_version.rpartition("/")[0] if isinstance(api_version, str) else None)
+        if group not in (None, GROUP):
+            return label, None  # another API group's resource (a Namespace, a Secret...): not ours to check
+        near = get_close_matches(kind, list(crds), n=1, cutoff=0.8) or [k for k in crds if k.lower() == kind.lower()]
+        hint = f"did you mean {near[0]}?" if near else f"{GROUP}'s kinds are {', '.join(sorted(crds))}"
+        return f"{file}: {label}: unknown kind {kind!r}: {hint}", True
+    if api_version != API_VERSION:
+        return f"{file}: {label}: apiVersion: expected {API_VERSION} (got {api_version!r})", True
+    try:
+        problems = validate_custom_resource(crds[kind], doc)
+    except (AttributeError, TypeError, ValueError) as exc:
+        # the schema walk assumes the shapes it checks; say which document it tripped on rather than a traceback
+        return f"{file}: {label}: does not have the shape of a {kind} ({type(exc).__name__}: {exc})", True
+    if not problems:
+        try:
+            if kind == "SpeculativeDeployment":
+                SpeculativeDeploymentSpec.model_validate(doc.get("spec") or {})
+            else:
+                SpeculationProfile.model_validate(doc)
+        except ValidationError as exc:
+            problems = [format_validation_error(exc, root="spec" if kind == "SpeculativeDeployment" else "")]
+    if problems:
+        return "\n".join(f"{file}: {label}: {p}" for p in problems), True
+    return f"{file}: {label}: valid", False
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    """Validate resource files offline: CRD schema + CEL rules, then the typed models' cross-field rules.
+
+    One line per resource (`FILE: Kind/name: valid`, or its problems); a file that cannot be read, is not
+    YAML or holds no specpilot resource gets one line on stderr naming it. Exit 1 if anything failed.
+    """
+    from .api.crd import all_crds
+
     crds = {c["spec"]["names"]["kind"]: c for c in all_crds().values()}
-    models = {"SpeculativeDeployment": SpeculativeDeploymentSpec, "SpeculationProfile": SpeculationProfile}
+    kinds = " or ".join(sorted(crds))
     failed = 0
     for file in args.files:
-        for i, doc in enumerate(_load_documents(Path(file))):
-            kind = doc.get("kind")
-            name = (doc.get("metadata") or {}).get("name", f"#{i}")
-            if kind not in crds:
-                print(f"{file}: {kind}/{name}: not a specpilot kind, skipped")
+        try:
+            docs = _load_documents(Path(file))
+        except InputError as exc:
+            print(f"specpilot validate: {exc}", file=sys.stderr)
+            failed += 1
+            continue
+        if not docs:
+            print(f"specpilot validate: no resources found in {file}", file=sys.stderr)
+            failed += 1
+            continue
+        skipped = []
+        for i, (line, doc) in enumerate(docs):
+            message, bad = _validate_document(crds, file, i, line, doc)
+            if bad is None:
+                skipped.append(message)
                 continue
-            problems = validate_custom_resource(crds[kind], doc)
-            if not problems:
-                try:
-                    if kind == "SpeculativeDeployment":
-                        models[kind].model_validate(doc.get("spec") or {})
-                    else:
-                        models[kind].model_validate(doc)
-                except ValidationError as exc:
-                    root = "spec" if kind == "SpeculativeDeployment" else ""
-                    problems = [format_validation_error(exc, root=root)]
-            if problems:
-                failed += 1
-                for p in problems:
-                    print(f"{file}: {kind}/{name}: {p}")
-            else:
-                print(f"{file}: {kind}/{name}: valid")
+            print(message)
+            failed += bad
+        if len(skipped) == len(docs):
+            print(f"specpilot validate: no {kinds} found in {file} (it holds {', '.join(skipped)})", file=sys.stderr)
+            failed += 1
+        elif skipped:
+            print(f"{file}: skipped {', '.join(skipped)}: not specpilot kinds (validate checks {kinds})")
     return 1 if failed else 0
 
 

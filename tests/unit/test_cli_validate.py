@@ -1,0 +1,190 @@
+"""`specpilot validate`: every file it cannot check gets one clear line naming it, and a non-zero exit."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from specpilot.cli import main
+from tests.conftest import REPO
+
+MINIMAL = (REPO / "examples" / "minimal.yaml").read_text()
+
+
+def run(capsys, *files: str | Path) -> tuple[int, list[str], list[str]]:
+    code = main(["validate", *map(str, files)])
+    out = capsys.readouterr()
+    return code, out.out.splitlines(), out.err.splitlines()
+
+
+def one_line(lines: list[str]) -> str:
+    assert len(lines) == 1, lines
+    assert "Traceback" not in lines[0] and "<unicode string>" not in lines[0]
+    return lines[0]
+
+
+def write(tmp_path: Path, name: str, text: str | bytes) -> Path:
+    path = tmp_path / name
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    return path
+
+
+def test_examples_are_valid(capsys):
+    files = sorted((REPO / "examples").glob("*.yaml"))
+    code, out, err = run(capsys, *files)
+    assert code == 0, out + err
+    assert err == []
+    assert len(out) == len(files) and all(line.endswith(": valid") for line in out)
+
+
+def test_missing_file(capsys, tmp_path):
+    path = tmp_path / "nope.yaml"
+    code, out, err = run(capsys, path)
+    assert code != 0 and out == []
+    assert one_line(err) == f"specpilot validate: {path}: no such file"
+
+
+def test_invalid_yaml_names_file_line_and_column(capsys, tmp_path):
+    path = write(tmp_path, "bad.yaml", "apiVersion: specpilot.io/v1alpha1\nkind: SpeculativeDeployment\n"
+                                       "metadata:\n  name: x\n spec: [\n")
+    code, out, err = run(capsys, path)
+    assert code != 0 and out == []
+    line = one_line(err)
+    assert line.startswith(f"specpilot validate: {path}:5:2: not valid YAML: "), line
+
+
+def test_unclosed_flow_sequence_points_at_the_end(capsys, tmp_path):
+    path = write(tmp_path, "bad.yaml", "kind: SpeculationProfile\nspec: {sku: [H100\n")
+    code, _, err = run(capsys, path)
+    assert code != 0
+    assert f"{path}:3:1: not valid YAML" in one_line(err)
+
+
+@pytest.mark.parametrize("text", ["", "\n\n", "# only a comment\n", "---\n---\n"])
+def test_empty_file(capsys, tmp_path, text):
+    path = write(tmp_path, "empty.yaml", text)
+    code, out, err = run(capsys, path)
+    assert code != 0 and out == []
+    assert one_line(err) == f"specpilot validate: no resources found in {path}"
+
+
+def test_directory(capsys, tmp_path):
+    code, _, err = run(capsys, tmp_path)
+    assert code != 0
+    assert one_line(err) == f"specpilot validate: {tmp_path}: is a directory: pass YAML files (e.g. {tmp_path}/*.yaml)"
+
+
+def test_not_utf8(capsys, tmp_path):
+    path = write(tmp_path, "bin.yaml", b"\xff\xfe\x00")
+    code, _, err = run(capsys, path)
+    assert code != 0
+    assert one_line(err).startswith(f"specpilot validate: {path}: not UTF-8 text")
+
+
+@pytest.mark.parametrize("text, what", [("- a\n- b\n", "a list"), ("just words\n", "a string"), ("42\n", "a number")])
+def test_document_that_is_not_a_mapping(capsys, tmp_path, text, what):
+    path = write(tmp_path, "x.yaml", MINIMAL + "---\n" + text)
+    code, out, err = run(capsys, path)
+    assert code != 0 and err == []
+    assert out[0] == f"{path}: SpeculativeDeployment/llama-8b: valid"
+    line = MINIMAL.count("\n") + 2
+    assert one_line(out[1:]) == (f"{path}: document 2 (line {line}): is {what}, not a resource: each document must "
+                                 f"be a mapping with apiVersion, kind, metadata and spec")
+
+
+def test_document_without_kind(capsys, tmp_path):
+    path = write(tmp_path, "x.yaml", "apiVersion: specpilot.io/v1alpha1\nmetadata: {name: x}\n")
+    code, out, _ = run(capsys, path)
+    assert code != 0
+    assert one_line(out) == (f"{path}: document 1 (line 1): has no kind: "
+                             f"set kind: SpeculationProfile or SpeculativeDeployment")
+
+
+def test_misspelt_kind_is_an_error_with_a_suggestion(capsys, tmp_path):
+    path = write(tmp_path, "x.yaml", MINIMAL.replace("kind: SpeculativeDeployment", "kind: SpeculativeDeploymnet"))
+    code, out, _ = run(capsys, path)
+    assert code != 0
+    assert one_line(out) == (f"{path}: SpeculativeDeploymnet/llama-8b: unknown kind 'SpeculativeDeploymnet': "
+                             f"did you mean SpeculativeDeployment?")
+
+
+def test_unknown_kind_of_specpilots_group(capsys, tmp_path):
+    path = write(tmp_path, "x.yaml", "apiVersion: specpilot.io/v1alpha1\nkind: Widget\nmetadata: {name: w}\n")
+    code, out, _ = run(capsys, path)
+    assert code != 0
+    assert one_line(out) == (f"{path}: Widget/w: unknown kind 'Widget': specpilot.io's kinds are "
+                             f"SpeculationProfile, SpeculativeDeployment")
+
+
+def test_other_groups_kinds_are_skipped_beside_a_specpilot_resource(capsys, tmp_path):
+    path = write(tmp_path, "x.yaml", "apiVersion: v1\nkind: Namespace\nmetadata: {name: llm}\n---\n" + MINIMAL)
+    code, out, err = run(capsys, path)
+    assert code == 0 and err == []
+    assert out == [f"{path}: SpeculativeDeployment/llama-8b: valid",
+                   f"{path}: skipped Namespace/llm: not specpilot kinds "
+                   f"(validate checks SpeculationProfile or SpeculativeDeployment)"]
+
+
+def test_file_without_any_specpilot_resource(capsys, tmp_path):
+    path = write(tmp_path, "x.yaml", "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: web}\n")
+    code, out, err = run(capsys, path)
+    assert code != 0 and out == []
+    assert one_line(err) == (f"specpilot validate: no SpeculationProfile or SpeculativeDeployment found in {path} "
+                             f"(it holds Deployment/web)")
+
+
+def test_wrong_api_version(capsys, tmp_path):
+    path = write(tmp_path, "x.yaml", MINIMAL.replace("specpilot.io/v1alpha1", "specpilot.io/v1"))
+    code, out, _ = run(capsys, path)
+    assert code != 0
+    assert one_line(out) == (f"{path}: SpeculativeDeployment/llama-8b: apiVersion: expected specpilot.io/v1alpha1 "
+                             f"(got 'specpilot.io/v1')")
+
+
+def test_kubectl_list_is_expanded(capsys, tmp_path):
+    import yaml
+
+    doc = yaml.safe_load(MINIMAL)
+    path = write(tmp_path, "list.yaml", yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": [doc, doc]}))
+    code, out, _ = run(capsys, path)
+    assert code == 0
+    assert out == [f"{path}: SpeculativeDeployment/llama-8b: valid"] * 2
+
+
+def test_invalid_resource_names_the_field(capsys, tmp_path):
+    path = write(tmp_path, "x.yaml", MINIMAL + "  policy:\n    tpotSloMs: -5\n")
+    code, out, _ = run(capsys, path)
+    assert code == 1
+    assert out and all(line.startswith(f"{path}: SpeculativeDeployment/llama-8b: ") for line in out)
+    assert "tpotSloMs" in "\n".join(out)
+
+
+def test_wrong_shape_inside_a_resource_is_one_line(capsys, tmp_path):
+    path = write(tmp_path, "x.yaml", MINIMAL.split("  gpuPools:")[0] + "  gpuPools: [a]\n")
+    code, out, err = run(capsys, path)
+    assert code != 0
+    assert out and all(line.startswith(f"{path}: SpeculativeDeployment/llama-8b: ") for line in out), out + err
+    assert not any("Traceback" in line for line in out + err)
+
+
+def test_every_file_is_reported_after_a_bad_one(capsys, tmp_path):
+    good = REPO / "examples" / "minimal.yaml"
+    code, out, err = run(capsys, tmp_path / "missing.yaml", write(tmp_path, "empty.yaml", ""), good)
+    assert code != 0
+    assert out == [f"{good}: SpeculativeDeployment/llama-8b: valid"]
+    assert err == [f"specpilot validate: {tmp_path / 'missing.yaml'}: no such file",
+                   f"specpilot validate: no resources found in {tmp_path / 'empty.yaml'}"]
+
+
+def test_console_script_prints_no_traceback(tmp_path):
+    import subprocess
+    import sys
+
+    path = write(tmp_path, "bad.yaml", "a: [\n")
+    result = subprocess.run([sys.executable, "-m", "specpilot.cli", "validate", str(path)],
+                            capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert result.returncode == 1
+    assert result.stdout == ""
+    assert result.stderr.strip().startswith(f"specpilot validate: {path}:2:1: not valid YAML")
+    assert "Traceback" not in result.stderr
