@@ -13,6 +13,7 @@ from pydantic import Field, ValidationError
 
 from .api.base import ApiModel, format_validation_error
 from .api.deployment import DEFAULT_CONCURRENCY_LEVELS, DEFAULT_ENGINE_IMAGE
+from .api.tenancy import TenancyPolicy
 
 
 class ProfilingDefaults(ApiModel):
@@ -76,6 +77,10 @@ class OperatorConfig(ApiModel):
     """How often each SpeculativeDeployment checks, in memory, whether its profiles or their benchmark Jobs
     changed (a profile finished, failed or took a run); it is reconciled at once when they did, instead of
     at the next reconcileIntervalSeconds."""
+    tenancy: TenancyPolicy = Field(default_factory=TenancyPolicy)
+    """What a SpeculativeDeployment may make the operator run: pod-override fields beyond the safe ones, volume
+    types, Secrets it may reference, benchmark and engine images, the pods' non-root identity, the largest
+    spec (see docs/security.md). The defaults keep every pod within the `restricted` Pod Security Standard."""
 
 
 def load_config(path: str | Path | None) -> OperatorConfig:

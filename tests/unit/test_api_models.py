@@ -101,7 +101,8 @@ def test_extra_args_owned_by_specpilot_are_refused():
     doc["spec"]["model"]["extraArgs"] = ["--enable-prefix-caching", "--speculative-config={}"]
     with pytest.raises(ValidationError) as exc:
         SpeculativeDeploymentSpec.model_validate(doc["spec"])
-    assert "spec.model: extraArgs[1] sets --speculative-config" in format_validation_error(exc.value)
+    assert ("spec.model.extraArgs: [1] ('--speculative-config={}') sets --speculative-config, which specpilot owns"
+            in format_validation_error(exc.value))
 
 
 def test_profile_spec_is_immutable(crds):

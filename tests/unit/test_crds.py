@@ -112,7 +112,7 @@ def test_free_form_fields_are_deliberate(crds):
     schema = crds["SpeculativeDeployment"]["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     free = sorted(p for p, n in _walk(schema) if n.get("x-kubernetes-preserve-unknown-fields"))
     assert free == sorted([
-        "$.spec.methods[].extraConfig", "$.spec.model.env[]", "$.spec.model.resources",
+        "$.spec.methods[].extraConfig", "$.spec.model.resources",
         "$.spec.profiling.podOverrides", "$.spec.serving.podOverrides",
     ])
 

@@ -115,8 +115,8 @@ def test_env_has_the_token_and_the_users_variables(realistic, minimal):
     assert engine_env(realistic) == [
         {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token"}}}]
     assert engine_env(minimal) == []
-    model = realistic.model.model_copy(update={"env": [{"name": "VLLM_LOGGING_LEVEL", "value": "DEBUG"},
-                                                       {"name": "HF_TOKEN", "value": "inline"}]})
+    model = realistic.model.model_validate({**realistic.model.dump(), "env": [
+        {"name": "VLLM_LOGGING_LEVEL", "value": "DEBUG"}, {"name": "HF_TOKEN", "value": "inline"}]})
     assert engine_env(model) == [{"name": "VLLM_LOGGING_LEVEL", "value": "DEBUG"},
                                  {"name": "HF_TOKEN", "value": "inline"}]
 

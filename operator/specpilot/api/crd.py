@@ -107,8 +107,9 @@ def _wrap(spec: dict[str, Any], status: dict[str, Any], description: str, spec_r
         "description": description,
         "required": ["spec"],
         "properties": {
-            "apiVersion": {"type": "string", "description": "APIVersion of this object: specpilot.io/v1alpha1."},
-            "kind": {"type": "string", "description": "Kind of this object."},
+            "apiVersion": {"type": "string", "maxLength": 64,
+                           "description": "APIVersion of this object: specpilot.io/v1alpha1."},
+            "kind": {"type": "string", "maxLength": 64, "description": "Kind of this object."},
             "metadata": {"type": "object"},
             "spec": spec,
             "status": status,

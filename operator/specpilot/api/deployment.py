@@ -8,11 +8,38 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import Enum
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from .base import ApiModel, Condition, ConfigMapKeyRef, FreeFormObject, SecretKeyRef, StatusModel
+from .args import (
+    EXTRA_ARG_PATTERN,
+    MAX_ARG_LENGTH,
+    MAX_EXTRA_ARGS,
+    MODEL_ID_MAX_LENGTH,
+    MODEL_ID_PATTERN,
+    REVISION_MAX_LENGTH,
+    REVISION_PATTERN,
+    SERVED_NAME_MAX_LENGTH,
+    SERVED_NAME_PATTERN,
+    extra_args_problems,
+    owned_flags_cel_rule,
+)
+from .base import (
+    CONFIG_KEY,
+    DNS_SUBDOMAIN,
+    ApiModel,
+    Condition,
+    ConfigMapKeyRef,
+    FreeFormObject,
+    ImageRef,
+    Name,
+    SecretKeyRef,
+    ShortText,
+    StatusModel,
+    Text,
+    join_problems,
+)
 from .methods import CandidateMethod
 from .schedule import ScheduleRange
 
@@ -24,16 +51,73 @@ powers of two to 128, misses of the mean-goodput target fall from 81 to 10 of 64
 the worst-case target is met in all 54 scenarios instead of 49)."""
 
 
+class KeySelector(ApiModel):
+    """A key of a Secret or ConfigMap in the resource's namespace (Kubernetes SecretKeySelector shape)."""
+
+    name: str = Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN)
+    """Object name."""
+    key: str = Field(min_length=1, max_length=253, pattern=CONFIG_KEY)
+    """Key within it."""
+    optional: bool | None = None
+    """Whether the object or key may be missing."""
+
+
+class FieldSelector(ApiModel):
+    """A field of the pod (Kubernetes ObjectFieldSelector)."""
+
+    field_path: str = Field(min_length=1, max_length=256)
+    """e.g. metadata.name, status.podIP."""
+    api_version: str | None = Field(default=None, max_length=64)
+    """Schema version of fieldPath (v1)."""
+
+
+class ResourceSelector(ApiModel):
+    """A resource limit or request of a container (Kubernetes ResourceFieldSelector)."""
+
+    resource: str = Field(min_length=1, max_length=253)
+    """e.g. limits.memory."""
+    container_name: str | None = Field(default=None, max_length=63)
+    """The container (defaults to the engine)."""
+    divisor: str | None = Field(default=None, max_length=64)
+    """Unit as a quantity string, e.g. "1Mi"."""
+
+
+class EnvVarSource(ApiModel):
+    """Where an environment variable's value comes from. Secrets only as the operator's config allows
+    (tenancy.allowedSecretNames)."""
+
+    secret_key_ref: KeySelector | None = None
+    """A key of a Secret the operator's config allows."""
+    config_map_key_ref: KeySelector | None = None
+    """A key of a ConfigMap."""
+    field_ref: FieldSelector | None = None
+    """A field of the pod."""
+    resource_field_ref: ResourceSelector | None = None
+    """A resource limit or request of a container."""
+
+
+class EnvVar(ApiModel):
+    """An environment variable of the engine container (Kubernetes EnvVar shape)."""
+
+    name: str = Field(min_length=1, max_length=256, pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
+    """Variable name."""
+    value: str | None = Field(default=None, max_length=4096)
+    """Literal value."""
+    value_from: EnvVarSource | None = None
+    """Value from a Secret key, ConfigMap key or pod field."""
+
+
 class ModelSpec(ApiModel):
     """The target model and how vLLM serves it."""
 
-    id: str = Field(min_length=1)
-    """Hugging Face model id or a path inside the image/volume, e.g. meta-llama/Llama-3.1-8B-Instruct."""
-    revision: str | None = None
+    id: str = Field(min_length=1, max_length=MODEL_ID_MAX_LENGTH, pattern=MODEL_ID_PATTERN)
+    """Hugging Face model id or a path inside the image/volume, e.g. meta-llama/Llama-3.1-8B-Instruct
+    (no leading '-', no whitespace; letters, digits and `_ . / : @ + -`)."""
+    revision: str | None = Field(default=None, max_length=REVISION_MAX_LENGTH, pattern=REVISION_PATTERN)
     """Model revision (branch, tag or commit)."""
-    served_name: str | None = None
+    served_name: str | None = Field(default=None, max_length=SERVED_NAME_MAX_LENGTH, pattern=SERVED_NAME_PATTERN)
     """Name clients use in the OpenAI API (`--served-model-name`). Defaults to `id`."""
-    image: str = DEFAULT_ENGINE_IMAGE
+    image: ImageRef = DEFAULT_ENGINE_IMAGE
     """vLLM engine image. Changing it re-profiles (the engine's speed is part of a profile's identity)."""
     tensor_parallel_size: int = Field(default=1, ge=1, le=64)
     """GPUs per replica for tensor parallelism (`--tensor-parallel-size`)."""
@@ -44,39 +128,44 @@ class ModelSpec(ApiModel):
     """Maximum context length in tokens (`--max-model-len`); the engine default when unset."""
     gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
     """Share of GPU memory vLLM may use (`--gpu-memory-utilization`)."""
-    extra_args: list[str] = Field(default_factory=list)
-    """More vLLM command-line arguments, passed as they are (e.g. ["--enable-prefix-caching"]).
-    Arguments specpilot owns (--model, --speculative-config, --tensor-parallel-size, --port) are refused."""
-    env: list[FreeFormObject] = Field(default_factory=list)
-    """Extra environment variables for the engine container (Kubernetes EnvVar objects)."""
+    extra_args: list[Annotated[str, Field(max_length=MAX_ARG_LENGTH, pattern=EXTRA_ARG_PATTERN,
+                                          json_schema_extra={"x-kubernetes-validations": [owned_flags_cel_rule()]})]
+                     ] = Field(default_factory=list, max_length=MAX_EXTRA_ARGS)
+    """More vLLM command-line arguments, one per item (e.g. ["--enable-prefix-caching", "--max-num-seqs=256"]).
+    Flags specpilot owns are refused in every spelling vLLM accepts (`_` or `-`, `=value` or a separate value,
+    dotted sub-keys, short aliases, abbreviations): --model, --served-model-name, --revision,
+    --tensor-parallel-size, --pipeline-parallel-size, --data-parallel-*, --max-model-len,
+    --gpu-memory-utilization, --port, --host, --uds, --config, --speculative-*, --spec-*, --headless,
+    --nnodes, --node-rank, --hf-token. Part of a profile's identity."""
+    env: list[EnvVar] = Field(default_factory=list, max_length=64)
+    """Extra environment variables for the engine container (Kubernetes EnvVar objects; secretKeyRef only to
+    Secrets the operator's config allows). Part of a profile's identity."""
     hf_token_secret_ref: SecretKeyRef | None = None
-    """Secret holding a Hugging Face token, exposed to the engine as HF_TOKEN."""
+    """Secret holding a Hugging Face token, exposed to the engine as HF_TOKEN (a Secret the operator's config
+    allows: tenancy.allowedSecretNames, by default hf-token)."""
     resources: FreeFormObject | None = None
     """Engine container resources (Kubernetes ResourceRequirements). GPU requests default to
     tensorParallelSize * dataParallelSize `nvidia.com/gpu`."""
 
-    @model_validator(mode="after")
-    def _owned_args(self) -> ModelSpec:
-        owned = ("--model", "--speculative-config", "--tensor-parallel-size", "-tp", "--port",
-                 "--served-model-name", "--data-parallel-size")
-        for i, arg in enumerate(self.extra_args):
-            if arg.split("=", 1)[0] in owned:
-                raise ValueError(
-                    f"extraArgs[{i}] sets {arg.split('=', 1)[0]}, which specpilot owns: use the typed field instead"
-                )
-        return self
+    @field_validator("extra_args")
+    @classmethod
+    def _owned_args(cls, args: list[str]) -> list[str]:
+        problems = extra_args_problems(args, where="")
+        if problems:
+            raise ValueError(join_problems(problems))
+        return args
 
 
 class Toleration(ApiModel):
     """A Kubernetes toleration for the pool's taints."""
 
-    key: str | None = None
-    """Taint key (empty with operator Exists matches all)."""
-    operator: str | None = Field(default=None, pattern="^(Exists|Equal)$")
+    key: str | None = Field(default=None, max_length=316)
+    """Taint key (empty with operator Exists matches all: the operator's config must allow that)."""
+    operator: str | None = Field(default=None, max_length=8, pattern="^(Exists|Equal)$")
     """Exists or Equal."""
-    value: str | None = None
+    value: str | None = Field(default=None, max_length=63)
     """Taint value for Equal."""
-    effect: str | None = Field(default=None, pattern="^(NoSchedule|PreferNoSchedule|NoExecute)$")
+    effect: str | None = Field(default=None, max_length=16, pattern="^(NoSchedule|PreferNoSchedule|NoExecute)$")
     """Taint effect to tolerate; all when empty."""
     toleration_seconds: int | None = None
     """For NoExecute: how long the pod stays bound after the taint appears."""
@@ -118,18 +207,19 @@ class GpuPool(ApiModel):
          "message": "minReplicas must be <= maxReplicas"},
     ]})
 
-    name: str = Field(pattern=r"^[a-z0-9]([a-z0-9-]{0,22}[a-z0-9])?$")
+    name: str = Field(max_length=24, pattern=r"^[a-z0-9]([a-z0-9-]{0,22}[a-z0-9])?$")
     """Pool name (DNS label, <= 24 chars); part of the names of the pool's Deployment and Jobs."""
-    node_selector: dict[str, str] = Field(default_factory=dict)
+    node_selector: dict[str, Annotated[str, Field(max_length=63)]] = Field(default_factory=dict, max_length=32)
     """Labels a node must have to belong to the pool (e.g. {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"})."""
-    tolerations: list[Toleration] = Field(default_factory=list)
+    tolerations: list[Toleration] = Field(default_factory=list, max_length=32)
     """Tolerations for the pool's taints, used by benchmark Jobs and serving pods."""
-    sku: str | None = None
+    sku: str | None = Field(default=None, max_length=63, pattern=r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$")
     """GPU type (e.g. H100-SXM). When unset it is read from the `nvidia.com/gpu.product` label of the
     pool's nodes, and a new product appearing there is profiled automatically."""
     price_per_gpu_hour: float | None = Field(default=None, gt=0)
     """Cost of one GPU of this pool per hour, in dollars; defaults to the operator's price table."""
-    gpu_resource_name: str = "nvidia.com/gpu"
+    gpu_resource_name: str = Field(default="nvidia.com/gpu", max_length=253,
+                                   pattern=r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
     """Extended resource that requests GPUs (amd.com/gpu for AMD)."""
     min_replicas: int | None = Field(default=None, ge=0)
     """Per-pool lower bound on replicas; defaults to serving.minReplicas."""
@@ -172,7 +262,7 @@ class Workload(ApiModel):
     """Output tokens per request (the cap when the dataset gives its own)."""
     temperature: float = Field(default=0.0, ge=0, le=2)
     """Sampling temperature; acceptance drops with temperature, so match production."""
-    seed: int = 0
+    seed: int = Field(default=0, ge=0, le=2**31 - 1)
     """Seed for sampling prompts and tokens."""
 
     @model_validator(mode="after")
@@ -215,10 +305,16 @@ class Profiling(ApiModel):
     """activeDeadlineSeconds of each benchmark Job."""
     backoff_limit: int = Field(default=2, ge=0, le=10)
     """Retries of a failed benchmark Job before the profile is reported Failed."""
-    image: str | None = None
-    """Benchmark-job image; the operator's default when unset."""
+    image: ImageRef | None = None
+    """Benchmark-job image; the operator's default when unset. Another image only when the operator's config
+    allows it (tenancy.allowedBenchmarkImages): the bench runs with a token that writes profile results.
+    Part of a profile's identity."""
     pod_overrides: FreeFormObject | None = None
-    """Free-form: merged into the benchmark pod spec (e.g. volumes with model weights, priorityClassName)."""
+    """Merged into the benchmark pod spec (e.g. volumes with model weights, priorityClassName). Only what the
+    operator's config allows: placement (affinity, tolerations with a key, nodeSelector additions,
+    priorityClassName, topologySpreadConstraints), volumes of allowed types, non-root fsGroup/runAsUser, and
+    env, resources and volumeMounts of the `bench` container (and the `engine` init container in sidecar
+    mode); see docs/security.md. The bench container's env and resources are part of a profile's identity."""
     speculate_before_profiled: bool = False
     """Serve with the method's maximum K (no schedule) while its profile is not ready. Off: serve without SD."""
 
@@ -279,7 +375,7 @@ class Policy(ApiModel):
     around the crossover; auto: dynamic unless the engine cannot (data parallel > 1, suffix)."""
     hysteresis: Hysteresis = Field(default_factory=Hysteresis)
     """Restart-strategy guards."""
-    expected_concurrency: list[ConcurrencyWeight] = Field(default_factory=list)
+    expected_concurrency: list[ConcurrencyWeight] = Field(default_factory=list, max_length=256)
     """Expected per-replica concurrency before there is observed history (e.g. [{concurrency: 8, weight: 1}]);
     a uniform spread over the profiled levels when empty."""
 
@@ -316,7 +412,12 @@ class Serving(ApiModel):
     rollout: Rollout = Field(default_factory=Rollout)
     """How pods are replaced on a change of decision (maxSurge, maxUnavailable, progressDeadlineSeconds)."""
     pod_overrides: FreeFormObject | None = None
-    """Free-form: merged into the serving pod spec (volumes, priorityClassName, affinity...)."""
+    """Merged into the serving pod spec. Only what the operator's config allows: placement (affinity,
+    tolerations with a key, nodeSelector additions, priorityClassName, topologySpreadConstraints,
+    terminationGracePeriodSeconds), imagePullSecrets, volumes of allowed types, non-root fsGroup/runAsUser,
+    and env, resources, volumeMounts and imagePullPolicy of the `engine` container; host namespaces, hostPath,
+    privileged or other security settings, serviceAccountName, nodeName and extra containers are refused
+    unless the cluster admin allows them (tenancy.allowedPodOverrideFields)."""
 
     @model_validator(mode="after")
     def _bounds(self) -> Serving:
@@ -335,7 +436,7 @@ class Metrics(ApiModel):
 
     source: MetricsSource = MetricsSource.PROMETHEUS
     """prometheus (query the server at prometheusUrl) or pods (scrape the serving pods' /metrics)."""
-    prometheus_url: str | None = Field(default=None, pattern=r"^https?://")
+    prometheus_url: str | None = Field(default=None, pattern=r"^https?://", max_length=2048)
     """Prometheus base URL; the operator's default when unset."""
     window_seconds: int = Field(default=300, ge=30, le=86400)
     """Look-back window for rates and quantiles."""
@@ -404,20 +505,20 @@ class ProfileProgress(StatusModel):
     """Profiles needed."""
     failed: int = 0
     """Profiles that failed after retries."""
-    names: list[str] = Field(default_factory=list)
+    names: list[Name] = Field(default_factory=list, max_length=1024)
     """SpeculationProfile names used by this pool."""
 
 
 class Decision(StatusModel):
     """What a pool serves and why."""
 
-    method: str | None = None
+    method: str | None = Field(default=None, max_length=64)
     """Chosen candidate's name, or none for no speculation."""
     num_speculative_tokens: int = 0
     """K the engine is started with (the schedule's maximum)."""
-    schedule: list[ScheduleRange] = Field(default_factory=list)
+    schedule: list[ScheduleRange] = Field(default_factory=list, max_length=4096)
     """Per-batch-size K (empty: none; SD off or the restart strategy)."""
-    schedule_summary: str = ""
+    schedule_summary: Text = ""
     """The schedule in short form, e.g. 1-16:5,17-64:3,65+:0."""
     strategy: Strategy = Strategy.DYNAMIC
     """dynamic (schedule in the engine) or restart (toggle by rollout)."""
@@ -433,18 +534,18 @@ class Decision(StatusModel):
     """Predicted dollars per million output tokens without speculation, at the expected load."""
     expected_speedup: float | None = None
     """Predicted goodput gain over no speculation at the expected load (1.0 = none)."""
-    source: str = "profile"
+    source: str = Field(default="profile", max_length=64)
     """What the decision rests on: profile, live-acceptance, prior, none."""
-    reason: str = ""
+    reason: Text = ""
     """Why, in words."""
     decided_at: datetime | None = None
     """When it was made."""
-    basis: str = ""
+    basis: ShortText = ""
     """Fingerprint of what the decision rests on (spec generation, profiles, live acceptance); the decision
     is recomputed, and the pods rolled, only when it changes."""
-    live_method: str | None = None
+    live_method: str | None = Field(default=None, max_length=64)
     """When the decision used live acceptance instead of the profile's: for which candidate."""
-    live_acceptance_per_position: list[float] = Field(default_factory=list)
+    live_acceptance_per_position: list[float] = Field(default_factory=list, max_length=64)
     """The live per-position acceptance it used; kept so that turning speculation off (and so observing
     no acceptance) does not flip the decision back to the profile's numbers."""
     live_drafts_per_step: float | None = None
@@ -467,7 +568,7 @@ class ObservedLoad(StatusModel):
     """Output tokens per second over all replicas."""
     tpot_p95_ms: float | None = None
     """p95 time per output token."""
-    acceptance_per_position: list[float] = Field(default_factory=list)
+    acceptance_per_position: list[float] = Field(default_factory=list, max_length=64)
     """Live accepted-per-position rates (accepted at j / drafts)."""
     mean_acceptance_length: float | None = None
     """1 + accepted tokens per draft."""
@@ -480,11 +581,11 @@ class ObservedLoad(StatusModel):
 class PoolStatus(StatusModel):
     """Everything specpilot knows about one pool."""
 
-    name: str
+    name: str = Field(max_length=253)
     """Pool name."""
-    sku: str | None = None
+    sku: str | None = Field(default=None, max_length=253)
     """GPU type in use (from the spec or the nodes)."""
-    gpu_products: list[str] = Field(default_factory=list)
+    gpu_products: list[Name] = Field(default_factory=list, max_length=64)
     """`nvidia.com/gpu.product` values of the pool's nodes."""
     nodes: int = 0
     """Matching nodes."""
@@ -496,7 +597,7 @@ class PoolStatus(StatusModel):
     """Whether the running engine speculates (restart strategy: the toggle state)."""
     replicas: int = 0
     """Replicas of the pool's Deployment."""
-    rollout: str | None = None
+    rollout: str | None = Field(default=None, max_length=64)
     """The pool Deployment's rollout: RolledOut, RollingOut, or Stalled (no progress within
     spec.serving.rollout.progressDeadlineSeconds)."""
     desired_replicas: int | None = None
@@ -518,11 +619,11 @@ class HistoryEntry(StatusModel):
 
     time: datetime
     """When."""
-    pool: str
+    pool: str = Field(max_length=253)
     """Which pool."""
-    change: str
+    change: Text
     """What changed, e.g. `eagle3 1-16:4,17+:0 -> ngram 1-8:3,9+:0`."""
-    reason: str = ""
+    reason: Text = ""
     """Why."""
 
 
@@ -531,21 +632,21 @@ class SpeculativeDeploymentStatus(StatusModel):
 
     phase: Phase = Phase.PENDING
     """Pending, Profiling, Serving, Degraded or Failed."""
-    progress: str = ""
+    progress: ShortText = ""
     """Short progress, e.g. `profiles 5/8`."""
     observed_generation: int | None = None
     """The .metadata.generation last acted on."""
-    conditions: list[Condition] = Field(default_factory=list)
+    conditions: list[Condition] = Field(default_factory=list, max_length=32)
     """Valid, Profiled, Serving, RolledOut, MetricsAvailable, NodesAvailable."""
-    pools: list[PoolStatus] = Field(default_factory=list)
+    pools: list[PoolStatus] = Field(default_factory=list, max_length=64)
     """Per pool: profiles, decision, replicas, load."""
-    decision_summary: str = ""
+    decision_summary: Text = ""
     """All pools in one line, e.g. `h100=eagle3[1-16:4,17+:0] h200=ngram[1-32:3,33+:0]`."""
     observed_concurrency: float | None = None
     """Mean concurrency per replica over all pools."""
     cost_per_mtok: float | None = None
     """Predicted dollars per million output tokens under the current decisions (load-weighted)."""
-    history: list[HistoryEntry] = Field(default_factory=list)
+    history: list[HistoryEntry] = Field(default_factory=list, max_length=64)
     """The last decision changes (bounded)."""
 
 

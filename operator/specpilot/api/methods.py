@@ -12,6 +12,7 @@ from typing import Any
 
 from pydantic import ConfigDict, Field, model_validator
 
+from .args import MODEL_ID_MAX_LENGTH, MODEL_ID_PATTERN, REVISION_MAX_LENGTH, REVISION_PATTERN
 from .base import ApiModel, FreeFormObject
 from .schedule import ScheduleRange, schedule_problems, to_vllm
 
@@ -90,10 +91,10 @@ class CandidateMethod(ApiModel):
     name: str | None = Field(default=None, max_length=32)
     """Short unique name of this candidate (DNS label, <= 32 chars). Defaults to the method name; set it
     when the same method appears twice (e.g. two draft models)."""
-    model: str | None = None
+    model: str | None = Field(default=None, max_length=MODEL_ID_MAX_LENGTH, pattern=MODEL_ID_PATTERN)
     """Drafter weights: draft model, EAGLE/EAGLE-3 head or Medusa heads (Hugging Face id or path).
     Required for draft_model, eagle, eagle3, medusa, mlp_speculator and dflash."""
-    revision: str | None = None
+    revision: str | None = Field(default=None, max_length=REVISION_MAX_LENGTH, pattern=REVISION_PATTERN)
     """Revision (branch, tag or commit) of the drafter weights."""
     num_speculative_tokens: int = Field(default=4, ge=1, le=16)
     """Largest K to profile and serve (tokens drafted per step). The schedule never exceeds it."""
@@ -101,7 +102,7 @@ class CandidateMethod(ApiModel):
     """n-gram only: smallest n-gram to match in the prompt (vLLM default 1)."""
     prompt_lookup_max: int | None = Field(default=None, ge=1, le=16)
     """n-gram only: largest n-gram to match in the prompt (required by vLLM for ngram; defaults to 4)."""
-    draft_tensor_parallel_size: int | None = Field(default=None, ge=1)
+    draft_tensor_parallel_size: int | None = Field(default=None, ge=1, le=64)
     """Tensor parallelism of the drafter: 1 or the target's tensorParallelSize."""
     extra_config: FreeFormObject | None = None
     """Free-form: more vLLM speculative_config keys, passed through as they are

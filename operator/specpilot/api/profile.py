@@ -14,26 +14,57 @@ import json
 import re
 from datetime import datetime
 from enum import Enum
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import Field, model_validator
 
-from .base import ApiModel, StatusModel
-from .deployment import Workload
+from .args import (
+    EXTRA_ARG_PATTERN,
+    MAX_ARG_LENGTH,
+    MAX_EXTRA_ARGS,
+    MODEL_ID_MAX_LENGTH,
+    MODEL_ID_PATTERN,
+    REVISION_MAX_LENGTH,
+    REVISION_PATTERN,
+)
+from .base import ApiModel, FreeFormObject, ImageRef, StatusModel
+from .deployment import EnvVar, Workload
 from .methods import CandidateMethod
 
 
 class ProfileTarget(ApiModel):
     """The model being measured."""
 
-    id: str = Field(min_length=1)
+    id: str = Field(min_length=1, max_length=MODEL_ID_MAX_LENGTH, pattern=MODEL_ID_PATTERN)
     """Model id or path (as in SpeculativeDeployment spec.model.id)."""
-    revision: str | None = None
+    revision: str | None = Field(default=None, max_length=REVISION_MAX_LENGTH, pattern=REVISION_PATTERN)
     """Model revision."""
-    tensor_parallel_size: int = Field(default=1, ge=1)
+    tensor_parallel_size: int = Field(default=1, ge=1, le=64)
     """GPUs per engine."""
     max_model_len: int | None = Field(default=None, ge=16)
     """Context length the engine was started with."""
+
+
+class EngineSettings(ApiModel):
+    """The engine's settings beyond the model that change what a profile measures: two deployments that
+    differ in any of them never share a profile."""
+
+    extra_args: list[Annotated[str, Field(max_length=MAX_ARG_LENGTH, pattern=EXTRA_ARG_PATTERN)]] = Field(
+        default_factory=list, max_length=MAX_EXTRA_ARGS)
+    """spec.model.extraArgs."""
+    env: list[EnvVar] = Field(default_factory=list, max_length=64)
+    """spec.model.env (a Secret's value is not part of it, only its name and key)."""
+    resources: FreeFormObject | None = None
+    """spec.model.resources."""
+    gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1)
+    """spec.model.gpuMemoryUtilization (it sets the KV cache capacity measured)."""
+    container_overrides: list[FreeFormObject] = Field(default_factory=list, max_length=8)
+    """The containers and initContainers entries of spec.profiling.podOverrides (env, resources, mounts of
+    the bench and engine)."""
+
+    def identity(self) -> dict[str, Any]:
+        """The settings that are set (an empty or default one leaves the identity as it was without it)."""
+        return {k: v for k, v in self.dump().items() if v not in ([], {}, None)}
 
 
 class SpeculationProfileSpec(ApiModel):
@@ -43,17 +74,23 @@ class SpeculationProfileSpec(ApiModel):
     """Target model."""
     method: CandidateMethod | None = None
     """Speculative method; absent for the no-speculation baseline."""
-    sku: str = Field(min_length=1)
+    sku: str = Field(min_length=1, max_length=63)
     """GPU type, e.g. H100-SXM."""
-    gpu_product: str | None = None
+    gpu_product: str | None = Field(default=None, max_length=63)
     """`nvidia.com/gpu.product` label value of the node that ran it, when known."""
-    engine_image: str = Field(min_length=1)
+    engine_image: ImageRef
     """vLLM image (the engine build is part of the identity)."""
+    engine: EngineSettings | None = None
+    """Engine settings beyond the model (extra args, env, resources, memory share, the bench's container
+    overrides); part of the identity."""
+    benchmark_image: ImageRef | None = None
+    """Image of the benchmark Job that measures it (the bench and, in launch mode, the engine it starts are
+    part of what is measured); part of the identity."""
     workload: Workload = Field(default_factory=Workload)
     """Prompts used."""
-    concurrency_levels: list[int] = Field(min_length=1)
+    concurrency_levels: list[int] = Field(min_length=1, max_length=32)
     """Concurrency levels to measure (measurement settings, not part of the identity hash)."""
-    requests_per_level: int = Field(default=64, ge=1)
+    requests_per_level: int = Field(default=64, ge=1, le=100000)
     """Requests per level (measurement setting, not part of the identity hash)."""
 
     @model_validator(mode="after")
@@ -67,14 +104,23 @@ class SpeculationProfileSpec(ApiModel):
         return self.method is None
 
     def identity(self) -> dict[str, Any]:
-        """What the profile measures; equal identities are interchangeable measurements."""
-        return {
+        """What the profile measures; equal identities are interchangeable measurements. Everything that
+        changes the numbers is in it: model, method config, GPU type, engine image, workload, the engine's
+        settings (extra args, env, resources, memory share) and the benchmark image. (Settings left unset
+        leave the hash as it was before they were part of it.)"""
+        identity: dict[str, Any] = {
             "model": self.model.dump(),
             "method": self.method.identity() if self.method else None,
             "sku": self.sku,
             "engineImage": self.engine_image,
             "workload": self.workload.dump(),
         }
+        engine = self.engine.identity() if self.engine else {}
+        if engine:
+            identity["engine"] = engine
+        if self.benchmark_image:
+            identity["benchmarkImage"] = self.benchmark_image
+        return identity
 
     def identity_hash(self) -> str:
         canonical = json.dumps(self.identity(), sort_keys=True, separators=(",", ":"))
@@ -142,7 +188,7 @@ class LevelPoint(StatusModel):
     """Delta of vllm:spec_decode_num_draft_tokens_total."""
     num_accepted_tokens: int | None = Field(default=None, ge=0)
     """Delta of vllm:spec_decode_num_accepted_tokens_total."""
-    accepted_per_position: list[int] = Field(default_factory=list)
+    accepted_per_position: list[int] = Field(default_factory=list, max_length=64)
     """Delta of vllm:spec_decode_num_accepted_tokens_per_pos_total by position."""
     mean_running: float | None = Field(default=None, ge=0)
     """Mean vllm:num_requests_running during the level."""
@@ -157,7 +203,7 @@ class LevelPoint(StatusModel):
 class Acceptance(StatusModel):
     """Draft acceptance of a run, aggregated over its levels."""
 
-    per_position: list[float] = Field(default_factory=list)
+    per_position: list[float] = Field(default_factory=list, max_length=64)
     """p_j = accepted at position j / drafts (non-increasing, 0..1)."""
     drafts_per_step: float = Field(default=1.0, ge=0, le=1)
     """Share of request-steps that carried a draft (1 for model drafters; < 1 for n-gram)."""
@@ -170,11 +216,11 @@ class Run(StatusModel):
 
     num_speculative_tokens: int = Field(ge=0)
     """K of this run (0 = baseline)."""
-    points: list[LevelPoint] = Field(default_factory=list)
+    points: list[LevelPoint] = Field(default_factory=list, max_length=64)
     """Measured levels, ascending."""
     acceptance: Acceptance | None = None
     """Aggregated acceptance (speculative runs)."""
-    stopped_early: str | None = None
+    stopped_early: str | None = Field(default=None, max_length=1024)
     """Why the sweep stopped before the last level (saturated, SLO broken), if it did."""
     engine_start_s: float | None = None
     """Seconds from launch to a healthy engine."""
@@ -185,9 +231,9 @@ class Run(StatusModel):
 class Hardware(StatusModel):
     """What the benchmark measured about the device."""
 
-    backend: str = "cuda"
+    backend: str = Field(default="cuda", max_length=32)
     """cuda, rocm or cpu."""
-    device_name: str | None = None
+    device_name: str | None = Field(default=None, max_length=256)
     """e.g. NVIDIA H100 80GB HBM3."""
     device_count: int = Field(default=1, ge=0)
     """Devices visible to the engine."""
@@ -213,21 +259,21 @@ class SpeculationProfileStatus(StatusModel):
 
     phase: ProfilePhase = ProfilePhase.PENDING
     """Pending, Running, Succeeded or Failed."""
-    reason: str | None = None
+    reason: str | None = Field(default=None, max_length=1024)
     """Why it failed, or what it is waiting for."""
-    message: str | None = None
+    message: str | None = Field(default=None, max_length=32768)
     """Details (e.g. the engine's last log lines)."""
     attempts: int = Field(default=0, ge=0)
     """Job attempts so far."""
-    job_name: str | None = None
+    job_name: str | None = Field(default=None, max_length=253)
     """The benchmark Job measuring it."""
-    engine_version: str | None = None
+    engine_version: str | None = Field(default=None, max_length=256)
     """vLLM version reported by the engine."""
     started_at: datetime | None = None
     """When the benchmark started measuring."""
     completed_at: datetime | None = None
     """When it finished (or failed)."""
-    runs: list[Run] = Field(default_factory=list)
+    runs: list[Run] = Field(default_factory=list, max_length=64)
     """Baseline and/or speculative runs."""
     kv_capacity_tokens: int | None = Field(default=None, ge=0)
     """KV cache capacity in tokens (vllm:cache_config_info)."""

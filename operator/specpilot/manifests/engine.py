@@ -73,7 +73,7 @@ def engine_env(spec: SpeculativeDeploymentSpec | ModelSpec) -> list[dict[str, An
         ref = model.hf_token_secret_ref
         env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
     for var in model.env:
-        env = [e for e in env if e["name"] != var.get("name")] + [dict(var)]
+        env = [e for e in env if e["name"] != var.name] + [var.dump()]
     return env
 
 

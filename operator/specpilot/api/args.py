@@ -1,0 +1,168 @@
+"""What a user may put on vLLM's command line (`spec.model.extraArgs`), and what identifiers look like.
+
+specpilot owns the engine flags its typed fields and its decisions set (the model, the speculative config,
+the parallel layout, the port...). vLLM's parser (`FlexibleArgumentParser`, vllm/utils/argparse_utils.py)
+accepts each of them in many spellings, and every one must be refused, or a user's flag would silently
+replace what the status says the engine runs:
+
+- `_` for `-` in the name (`--speculative_config`, `--tensor_parallel_size`);
+- the value after `=` or as the next argument (`--port=80`, `--port 80`);
+- dotted sub-keys of a JSON flag, with `+` for list items (`--speculative-config.num_speculative_tokens=16`);
+- short aliases (`-sc`, `-tp`, `-dp`, `-pp`, ...) and `-x=value`;
+- unambiguous abbreviations (argparse's allow_abbrev is on: `--speculative` means `--speculative-config`,
+  `-s` means `-sc`);
+- `--config FILE`, which reads more arguments, any of these included, from a YAML file;
+- a bare word where no flag takes it becomes vLLM's positional `model_tag`.
+
+Identifiers (model ids, served names, revisions) are checked as what they are: no leading `-` (it would be
+read as a flag), no whitespace or control characters, a sane character set and length.
+"""
+
+from __future__ import annotations
+
+import re
+
+from .base import cap, echo
+
+OWNED_FLAGS: dict[str, str] = {
+    "model": "spec.model.id",
+    "served-model-name": "spec.model.servedName",
+    "revision": "spec.model.revision",
+    "tensor-parallel-size": "spec.model.tensorParallelSize",
+    "pipeline-parallel-size": "spec.model.tensorParallelSize (specpilot requests tensorParallelSize x "
+                              "dataParallelSize GPUs; pipeline parallelism is not supported)",
+    "data-parallel-size": "spec.model.dataParallelSize",
+    "max-model-len": "spec.model.maxModelLen",
+    "gpu-memory-utilization": "spec.model.gpuMemoryUtilization",
+    "device-memory-utilization": "spec.model.gpuMemoryUtilization",
+    "port": "spec.serving.port",
+    "host": "nothing (the engine listens where its probes and the benchmark reach it)",
+    "uds": "nothing (the engine serves HTTP on spec.serving.port)",
+    "config": "the typed fields or separate extraArgs (a config file could set any owned flag)",
+    "speculative-config": "spec.methods (specpilot decides the method and schedule)",
+    "headless": "nothing (a serving pod runs the API server)",
+    "nnodes": "nothing (a replica is one pod)",
+    "node-rank": "nothing (a replica is one pod)",
+    "hf-token": "spec.model.hfTokenSecretRef (a token on the command line is visible to anyone who can read the pod)",
+}
+"""Engine flags specpilot owns (long names, `-` spelling) -> the field to use instead."""
+
+OWNED_PREFIXES: dict[str, str] = {
+    "speculative-": "spec.methods (specpilot decides the method and schedule)",
+    "spec-": "spec.methods (specpilot decides the method and schedule)",
+    "num-speculative-tokens": "spec.methods[].numSpeculativeTokens",
+    "ngram-prompt-lookup-": "spec.methods[].promptLookupMin/Max",
+    "data-parallel-": "spec.model.dataParallelSize",
+}
+"""Families of flags specpilot owns: every flag whose name starts with one of these (older vLLM spellings
+such as `--speculative-model` included)."""
+
+OWNED_SHORT: dict[str, str] = {
+    "-tp": "tensor-parallel-size", "-pp": "pipeline-parallel-size", "-dp": "data-parallel-size",
+    "-dpn": "data-parallel-rank", "-dpr": "data-parallel-start-rank", "-dpl": "data-parallel-size-local",
+    "-dpa": "data-parallel-address", "-dpp": "data-parallel-rpc-port", "-dpb": "data-parallel-backend",
+    "-dph": "data-parallel-hybrid-lb", "-dpe": "data-parallel-external-lb",
+    "-dpm": "data-parallel-multi-port-external-lb", "-sc": "speculative-config", "-n": "nnodes", "-r": "node-rank",
+}
+"""vLLM's short aliases of owned flags -> the long name."""
+
+MAX_EXTRA_ARGS = 64
+MAX_ARG_LENGTH = 4096
+_CONTROL = re.compile(r"[\x00-\x1f\x7f\u0085\u2028\u2029]")
+
+MODEL_ID_PATTERN = r"^[A-Za-z0-9_./][A-Za-z0-9_./:@+-]*$"
+"""A Hugging Face id (`org/name`), a path in the image or a volume (`/models/llama`), or a URI
+(`s3://bucket/llama`): no leading '-', no whitespace or control characters."""
+MODEL_ID_MAX_LENGTH = 256
+SERVED_NAME_PATTERN = r"^[A-Za-z0-9_.][A-Za-z0-9_./:@+-]*$"
+SERVED_NAME_MAX_LENGTH = 128
+REVISION_PATTERN = r"^[A-Za-z0-9_.][A-Za-z0-9_./+-]*$"
+"""A branch, tag or commit."""
+REVISION_MAX_LENGTH = 128
+EXTRA_ARG_PATTERN = r"^[^\x00-\x1f\x7f]*$"
+"""One extraArgs item: no newline or other control character."""
+
+
+def _owner_of_long(name: str) -> tuple[str, str] | None:
+    """(owned flag, field to use) when the long flag `name` (no dashes, any `_`/`-`) is owned or an
+    abbreviation of an owned flag."""
+    base = name.split(".", 1)[0].rstrip("+").replace("_", "-")
+    if base in OWNED_FLAGS:
+        return base, OWNED_FLAGS[base]
+    for prefix, field in OWNED_PREFIXES.items():
+        if base.startswith(prefix) or base == prefix.rstrip("-"):
+            return base, field
+    if base:
+        for flag, field in OWNED_FLAGS.items():
+            if flag.startswith(base):
+                return flag, field  # argparse reads an unambiguous prefix as the whole flag
+        for prefix, field in OWNED_PREFIXES.items():
+            if prefix.startswith(base):
+                return prefix.rstrip("-"), field
+    return None
+
+
+def _owner_of_short(name: str) -> tuple[str, str] | None:
+    for short, long in OWNED_SHORT.items():
+        if name == short or short.startswith(name) or name.startswith(short):
+            flag = long if long in OWNED_FLAGS else next(p for p in OWNED_PREFIXES if long.startswith(p)).rstrip("-")
+            return f"{short} (--{long})", OWNED_FLAGS.get(flag) or OWNED_PREFIXES[flag + "-"]
+    return None
+
+
+def extra_args_problems(args: list[str], where: str = "extraArgs") -> list[str]:
+    """Why each item of `args` may not be passed to vLLM, naming the item and the field to use instead
+    (empty when every one is fine)."""
+    problems: list[str] = []
+    value_expected = False
+    for i, arg in enumerate(args):
+        at = f"{where}[{i}]"
+        if _CONTROL.search(arg):
+            problems.append(f"{at} contains a newline or another control character: pass one argument per item, "
+                            f"printable characters only (got {echo(arg)})")
+            value_expected = False
+            continue
+        if arg in ("-", "--"):
+            problems.append(f"{at} is {arg!r}: vLLM would read what follows as positional arguments; remove it")
+            value_expected = False
+            continue
+        if not arg.startswith("-") or _is_number(arg):
+            if not value_expected:
+                problems.append(f"{at} ({echo(arg)}) is not the value of a flag: vLLM would read it as the model "
+                                f"to serve; give values as `--flag=value` or right after their flag")
+            value_expected = False
+            continue
+        name, has_value = (arg.split("=", 1)[0], True) if "=" in arg else (arg, False)
+        owner = _owner_of_long(name[2:]) if name.startswith("--") else _owner_of_short(name)
+        if owner is not None:
+            flag, field = owner
+            shown = flag if flag.startswith("-") else f"--{flag}"
+            problems.append(f"{at} ({echo(cap(arg, 60))}) sets {shown}, which specpilot owns (in any spelling: "
+                            f"'_' or '-', '=value' or a separate value, dotted sub-keys, abbreviations): use "
+                            f"{field} instead")
+        value_expected = not has_value
+    return problems
+
+
+def _is_number(arg: str) -> bool:
+    try:
+        float(arg)
+    except ValueError:
+        return False
+    return True
+
+
+def owned_flags_cel_rule() -> dict[str, str]:
+    """A CEL rule for one extraArgs item refusing the plain spellings of owned flags (long names with `-` or
+    `_`, `=value`, dotted sub-keys, short aliases), so the API server refuses them before the operator sees
+    them. Abbreviations and positional words depend on the neighbouring items: the operator checks those."""
+    def flexible(flag: str) -> str:
+        return flag.replace("-", "[-_]")
+
+    longs = "|".join(flexible(f) for f in sorted(OWNED_FLAGS))
+    prefixes = "|".join(flexible(p) + "[^=.]*" if p.endswith("-") else flexible(p) for p in sorted(OWNED_PREFIXES))
+    shorts = "|".join(s[1:] for s in sorted(OWNED_SHORT))
+    pattern = f"^(--({longs}|{prefixes})([=.+].*)?|-({shorts})(=.*)?)$"
+    return {"rule": f"!self.matches('{pattern}')",
+            "message": "sets an engine flag specpilot owns (the model, speculative config, parallel layout, port, "
+                       "host, config file...): use the typed field instead"}
