@@ -1,6 +1,6 @@
 """Pure pieces of a profile: which engine starts it needs, their configs, and the resulting documents.
 
-A method is measured at k=1 and at its maximum K (DESIGN.md "The model": the k=1..K line gives every
+A method is measured at k=1 and at its maximum K (docs/decisions.md: the k=1..K line gives every
 k in between); the baseline (k=0) is its own profile, shared by every method on the SKU. An optional
 validation run at a middle k reports how far that interpolation is from a measurement.
 """
@@ -75,7 +75,7 @@ def planned_ks(method: CandidateMethod | None, validate_k: int | None = None) ->
 
 
 def tokens_per_step(acceptance: Acceptance, k: int) -> float:
-    """E_k = 1 + f * sum_{j<=k} p_j (DESIGN.md)."""
+    """E_k = 1 + f * sum_{j<=k} p_j (docs/decisions.md)."""
     return 1.0 + acceptance.drafts_per_step * sum(acceptance.per_position[:k])
 
 

