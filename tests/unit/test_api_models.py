@@ -181,4 +181,6 @@ def test_vllm_accepts_our_schedules():
 
 def test_every_example_file_is_checked():
     names = {p.name for p in (REPO / "examples").glob("*.yaml")}
-    assert names == set(SDEP_EXAMPLES) | {"speculationprofile-h100-eagle3.yaml"}
+    # the baseline profile is checked against the EAGLE-3 profile and the twin in tests/unit/test_examples.py
+    profiles = {"speculationprofile-h100-eagle3.yaml", "speculationprofile-h100-baseline.yaml"}
+    assert names == set(SDEP_EXAMPLES) | profiles
