@@ -5,20 +5,25 @@ installed) and returns the same result dict, so `sweep.level_point` reads either
 (the first request, repeated, as vLLM does), then every request with at most `max_concurrency` in flight,
 each streamed with `ignore_eos`, `max_tokens`, `temperature` and `stream_options.include_usage`. Per request
 it records success or the error, output tokens (the server's `usage`, else the number of streamed chunks),
-TTFT, the inter-token latencies between chunks and the end-to-end latency, all from `time.perf_counter`.
+TTFT, the inter-token latencies between chunks and the end-to-end latency, all from `time.perf_counter`, or,
+where `SPECPILOT_SIM_CLOCK_FILE` names a simulated engine's virtual clock (the demo's sandbox sets it for its
+benchmark Jobs), from that clock: then the level is timed in the simulated GPU's seconds, not the host's.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
 
+CLOCK_FILE_ENV = "SPECPILOT_SIM_CLOCK_FILE"
+"""Names a simulated engine's virtual clock (`specpilot.sandbox.clock`); unset in a cluster."""
 REQUEST_TIMEOUT_S = 6 * 60 * 60
 """A whole level's requests may queue behind each other on a slow engine; vLLM's generator allows the same."""
 
@@ -66,18 +71,29 @@ def completion_payload(model_id: str, request: CompletionRequest, ignore_eos: bo
     return payload
 
 
+def level_clock(environ=os.environ) -> Callable[[], float]:
+    """What the load generator times with: `time.perf_counter`, or the virtual clock `CLOCK_FILE_ENV` names."""
+    path = environ.get(CLOCK_FILE_ENV, "").strip()
+    if not path:
+        return time.perf_counter
+    from specpilot.sandbox.clock import read_clock
+
+    return read_clock(path)
+
+
 def _error_text(data: dict[str, Any]) -> str:
     error = data["error"]
     return str(error.get("message", error)) if isinstance(error, dict) else str(error)
 
 
 async def send_completion(session: aiohttp.ClientSession, api_url: str, model_id: str, request: CompletionRequest,
-                          ignore_eos: bool = True, extra_body: dict[str, Any] | None = None) -> CompletionOutput:
+                          ignore_eos: bool = True, extra_body: dict[str, Any] | None = None,
+                          clock: Callable[[], float] = time.perf_counter) -> CompletionOutput:
     """Stream one completion and time it: TTFT at the first chunk with choices, an ITL at each one after."""
     output = CompletionOutput(prompt_len=request.prompt_len)
     chunks = 0
     usage_tokens: int | None = None
-    start = output.start_time = time.perf_counter()
+    start = output.start_time = clock()
     last = start
     try:
         async with session.post(api_url, json=completion_payload(model_id, request, ignore_eos, extra_body)) as r:
@@ -97,7 +113,7 @@ async def send_completion(session: aiohttp.ClientSession, api_url: str, model_id
                     output.error = f"the engine aborted the stream: {_error_text(data)}"
                     return output
                 if data.get("choices"):
-                    now = time.perf_counter()
+                    now = clock()
                     if chunks == 0:
                         output.ttft = now - start
                     else:
@@ -178,6 +194,7 @@ async def benchmark(api_url: str, model_id: str, requests: Sequence[CompletionRe
     if not requests:
         raise ValueError("requests is empty: a level needs at least one request to measure")
     slots = asyncio.Semaphore(max_concurrency)
+    clock = level_clock()
     # The semaphore limits the requests in flight; the connector must not add a lower limit of its own.
     connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60)
     async with aiohttp.ClientSession(connector=connector,
@@ -185,11 +202,11 @@ async def benchmark(api_url: str, model_id: str, requests: Sequence[CompletionRe
 
         async def limited(request: CompletionRequest) -> CompletionOutput:
             async with slots:
-                return await send_completion(session, api_url, model_id, request, ignore_eos, extra_body)
+                return await send_completion(session, api_url, model_id, request, ignore_eos, extra_body, clock)
 
         if num_warmups > 0:
             await asyncio.gather(*(limited(requests[0]) for _ in range(num_warmups)))
-        started = time.perf_counter()
+        started = clock()
         outputs = await asyncio.gather(*(limited(r) for r in requests))
-        duration_s = time.perf_counter() - started
+        duration_s = clock() - started
     return benchmark_result(outputs, duration_s, goodput_config)

@@ -63,6 +63,8 @@ def use_vllm_generator(environ: Mapping[str, str] = os.environ) -> bool:
     """
     if environ.get(DISABLE_VLLM_ENV, "").strip().lower() not in ("", "0", "false", "no"):
         return False
+    if environ.get(loadgen.CLOCK_FILE_ENV, "").strip():
+        return False  # only specpilot's generator reads a simulated engine's virtual clock
     return importlib.util.find_spec("vllm") is not None
 
 

@@ -12,13 +12,17 @@ simulation flags say what it stands for:
                      (env SPECPILOT_SIM_TIME_SCALE; default 1)
   --seed             random seed of acceptance and output lengths
   --startup-delay-s  simulated model-load time before /health answers 200 (env SPECPILOT_SIM_STARTUP_DELAY_S)
+  --clock-file       run on a virtual clock published in this file, which a client on the same host reads
+                     (env SPECPILOT_SIM_CLOCK_FILE; see `sandbox.clock`): what the benchmark Jobs measure in the
+                     demo, so that their profiles hold the twin's figures on any host
 
 It serves /health, /v1/models, /version, /tokenize, /detokenize, /v1/completions and
 /v1/chat/completions (streamed as server-sent events or not) and /metrics with vLLM's metric names;
 the engine behind them (`engine_core`) batches continuously and takes its step times, KV capacity and
 acceptance from the digital twin of (SKU, model, method, workload). Unknown model ids are simulated with
-Llama-3.1-8B's shape. Every reported time (HTTP latencies and /metrics alike) is wall-clock seconds: the
-time scale divides the twin's step times, so the engine simply runs faster.
+Llama-3.1-8B's shape. Without a clock file every reported time (HTTP latencies and /metrics alike) is
+wall-clock seconds: the time scale divides the twin's step times, so the engine simply runs faster. With one,
+/metrics report simulated seconds of the virtual clock.
 
 Prompts are "tokenized" four UTF-8 bytes to a token (about one token per four characters, and /detokenize
 inverts /tokenize exactly); the generated text is filler words, one per token.
@@ -55,6 +59,7 @@ from ..perf.catalog import DEFAULT_CATALOG, GpuSpec, UnknownGpuError
 from ..perf.models import ModelShape, UnknownModelError, default_drafter, resolve_model
 from ..perf.twin import Twin
 from ..sim.workloads import request_lengths
+from .clock import CLOCK_FILE_ENV, VirtualClock, WallClock
 from .engine_core import BLOCK_SIZE, EngineCore, EngineMetrics, SimRequest
 
 __all__ = ["EngineConfig", "EngineConfigError", "SimulatedEngine", "build_config", "build_parser", "main",
@@ -99,6 +104,8 @@ class EngineConfig:
     startup_delay_s: float
     host: str
     port: int
+    clock_file: str | None = None
+    """Where the virtual clock is published (None: the engine runs on the wall clock)."""
 
     def k_at_batch(self, batch_size: int) -> int:
         """K vLLM uses for a step of `batch_size` requests: the schedule's, else the fixed K."""
@@ -150,6 +157,8 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--startup-delay-s", type=float, default=None,
                      help="simulated seconds of model loading before /health is 200 (env "
                      "SPECPILOT_SIM_STARTUP_DELAY_S; default 0)")
+    sim.add_argument("--clock-file", default=os.environ.get(CLOCK_FILE_ENV) or None,
+                     help=f"run on a virtual clock published in this file (env {CLOCK_FILE_ENV})")
     return p
 
 
@@ -231,6 +240,9 @@ def build_config(argv: Sequence[str] | None = None) -> EngineConfig:
         raise EngineConfigError(f"--time-scale must be > 0 (got {time_scale})")
     if startup_delay_s < 0:
         raise EngineConfigError(f"--startup-delay-s must be >= 0 (got {startup_delay_s})")
+    if args.clock_file and args.data_parallel_size > 1:
+        raise EngineConfigError("--clock-file takes one engine core: drop --data-parallel-size (the virtual clock "
+                                "follows one batch's steps)")
     if args.workload not in WORKLOADS:
         raise EngineConfigError(f"--workload must be one of {', '.join(WORKLOADS)} (got {args.workload!r})")
     for flag, value in (("--tensor-parallel-size", args.tensor_parallel_size),
@@ -283,7 +295,7 @@ def build_config(argv: Sequence[str] | None = None) -> EngineConfig:
         data_parallel_size=args.data_parallel_size, max_model_len=max_model_len, kv_capacity_tokens=capacity,
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         workload=args.workload, time_scale=time_scale, seed=args.seed, startup_delay_s=startup_delay_s,
-        host=args.host, port=args.port)
+        host=args.host, port=args.port, clock_file=args.clock_file)
 
 
 # ---- tokens ----------------------------------------------------------------------------------------------
@@ -347,13 +359,14 @@ DRAIN_TIMEOUT_S = 5.0
 sandbox's kubelet kills a pod 10 s after SIGTERM)."""
 
 
-def make_core(config: EngineConfig, rank: int = 0) -> EngineCore:
-    """The engine core of one data-parallel rank of the engine `config` describes."""
+def make_core(config: EngineConfig, rank: int = 0, clock: WallClock | VirtualClock | None = None) -> EngineCore:
+    """The engine core of one data-parallel rank of the engine `config` describes (on the wall clock unless
+    `clock` is given)."""
     k = config.num_speculative_tokens
     return EngineCore(config.twin, k_at_batch=config.k_at_batch, max_k=k,
                       kv_capacity_tokens=config.kv_capacity_tokens, max_num_seqs=config.max_num_seqs,
                       max_num_batched_tokens=config.max_num_batched_tokens, time_scale=config.time_scale,
-                      seed=config.seed + rank,
+                      seed=config.seed + rank, clock=clock,
                       metrics=EngineMetrics(model_name=config.served_model_names[0], engine=str(rank),
                                             num_gpu_blocks=config.kv_capacity_tokens // BLOCK_SIZE,
                                             acceptance_per_position=config.twin.acceptance.per_position[:k]))
@@ -364,7 +377,8 @@ class SimulatedEngine:
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
-        self.cores = [make_core(config, rank) for rank in range(config.data_parallel_size)]
+        self.clock = VirtualClock(config.time_scale, config.clock_file) if config.clock_file else None
+        self.cores = [make_core(config, rank, self.clock) for rank in range(config.data_parallel_size)]
         self.loaded = asyncio.Event()
         self._lengths = request_lengths(config.workload).output
         self._length_rng = np.random.default_rng(config.seed + 7919)
@@ -393,9 +407,10 @@ class SimulatedEngine:
                        + (f" schedule {summary(c.schedule)}" if c.schedule else "") if c.speculative_method
                        else "no speculation")
         log.info("simulated vLLM %s serving %s (%s shape) on %s x %s, %s, workload %s; KV cache %d tokens, "
-                 "max model len %d, time scale %g; listening on %s", EMULATED_VLLM_VERSION, c.model,
+                 "max model len %d, time scale %g%s; listening on %s", EMULATED_VLLM_VERSION, c.model,
                  twin.model.name, twin.tensor_parallel_size, twin.gpu.sku, speculation, c.workload,
-                 c.kv_capacity_tokens, c.max_model_len, c.time_scale, self.base_url)
+                 c.kv_capacity_tokens, c.max_model_len, c.time_scale,
+                 f", virtual clock in {c.clock_file}" if c.clock_file else "", self.base_url)
         return self.base_url
 
     async def _load(self) -> None:
@@ -425,6 +440,8 @@ class SimulatedEngine:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+        if self.clock is not None:
+            self.clock.close()
 
     # ---- HTTP ------------------------------------------------------------------------------------------
     def _app(self) -> web.Application:
@@ -492,6 +509,7 @@ class SimulatedEngine:
         model = self._check_model(body.get("model"))
         sim = self._sim_request(body, self._prompt_tokens(body, chat), chat)
         core = min(self.cores, key=lambda c: c.load)
+        sim.arrival_s = core.now()
         core.add_request(sim)
         request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         try:

@@ -15,19 +15,30 @@ One `EngineCore` is one vLLM engine (one data-parallel rank). Each engine step i
 5. then, per decoding request, drafts with probability f and accepts a prefix of the K drafts (one
    uniform u per draft: accepted length = #{j : u < p_j}, since the profile's p_j are prefix
    probabilities P(at least j accepted)), emits 1 + accepted tokens, and counts drafts, draft tokens and
-   accepted tokens per position exactly as vLLM's spec-decode counters do.
+   accepted tokens per position exactly as vLLM's spec-decode counters do. The u come from an
+   equidistributed sequence (a random start plus an irrational step), not independent draws: the share of
+   drafts accepting j tokens matches p_j to within about one draft over any run, so a short profile
+   measures the twin's acceptance instead of sampling noise around it.
 
-Every time is wall-clock seconds: the twin's simulated step times are divided by `time_scale`, so a client
-timing requests and the engine's /metrics agree, and a faster time scale just runs the engine faster.
-Steps are scheduled on a running deadline (the next step starts where the last one ended while the
-engine stays busy), so Python overhead below the step time does not slow the simulated GPU.
+Times come from the core's clock (`sandbox.clock`). On the wall clock (serving engines) the twin's step times
+are divided by `time_scale` and steps are scheduled on a running deadline (the next step starts where the
+last one ended while the engine stays busy), so Python overhead below the step time does not slow the
+simulated GPU, and a client timing requests and the engine's /metrics agree. On a virtual clock (profiling)
+simulated time advances by the twin's step times whatever the host's speed; an engine woken from idle waits
+(with the clock standing still) until a burst of arrivals is in; and after a step that finished
+requests the engine holds an arrival window: it waits (in wall time, with the clock standing at the step's
+end) until as many new requests have arrived as finished, or the window closes, so a closed-loop client's
+next request joins the next step however long the host took to deliver the last token and send it. That is
+what `closed_loop_level` computes without any host at all, and what a measured profile is checked against.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import dataclasses
+import itertools
 import time
 from collections.abc import Callable, Iterator, Sequence
 
@@ -37,8 +48,10 @@ from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, M
 from ..observe import vllm_metrics as vm
 from ..observe.exporter import PromHistogram, VllmMetricsState
 from ..perf.twin import Twin
+from .clock import VirtualClock, WallClock
 
-__all__ = ["BLOCK_SIZE", "EngineCore", "EngineMetrics", "SimRequest", "StepRecord"]
+__all__ = ["BLOCK_SIZE", "EngineCore", "EngineMetrics", "SimRequest", "StepRecord", "LevelResult",
+           "closed_loop_level", "closed_loop_ms_per_token"]
 
 BLOCK_SIZE = 16
 """Tokens per KV block (vLLM's default on GPUs)."""
@@ -55,6 +68,12 @@ E2E_SECONDS = "vllm:e2e_request_latency_seconds"
 MAX_CATCH_UP_S = 0.02
 """How far (wall seconds) the step deadline may lag behind now before the engine stops catching up: a
 pause of the process (GC, a busy laptop) must not turn into a burst of back-to-back steps."""
+SETTLE_QUIET_S = 0.05
+"""On a virtual clock, how long (wall seconds) no request may arrive before an engine woken from idle starts."""
+ARRIVAL_WINDOW_S = (0.02, 1.0)
+"""Bounds (wall seconds) of the arrival window on a virtual clock: it closes after four times the typical
+wait for the clients' next requests, within these bounds, when fewer arrive (the end of a level). A client
+of 128 streams on a busy core takes tens of milliseconds to read a step's tokens and send the next requests."""
 
 
 class EngineMetrics(VllmMetricsState):
@@ -162,6 +181,24 @@ class StepRecord:
     """simulated_s / time_scale: the wall seconds the step takes."""
 
 
+_DRAFT_STEP = (5 ** 0.5 - 1) / 2
+_ACCEPT_STEP = 2 ** 0.5 - 1
+"""Irrational steps of the two equidistributed sequences (golden ratio and silver ratio conjugates)."""
+
+
+class _Equidistributed:
+    """u_n = frac(start + n * step): uniform on [0, 1) in the limit, with discrepancy O(log n / n)."""
+
+    def __init__(self, start: float, step: float) -> None:
+        self._next = start
+        self._step = step
+
+    def take(self, n: int) -> np.ndarray:
+        u = np.mod(self._next + self._step * np.arange(n), 1.0)
+        self._next = (self._next + self._step * n) % 1.0
+        return u
+
+
 @dataclasses.dataclass(slots=True)
 class _Plan:
     running: list[SimRequest]
@@ -179,7 +216,8 @@ class EngineCore:
 
     def __init__(self, twin: Twin, *, k_at_batch: Callable[[int], int], max_k: int, kv_capacity_tokens: int,
                  max_num_seqs: int, max_num_batched_tokens: int, time_scale: float, seed: int,
-                 metrics: EngineMetrics, step_log_size: int = 4096) -> None:
+                 metrics: EngineMetrics, step_log_size: int = 4096,
+                 clock: WallClock | VirtualClock | None = None) -> None:
         if time_scale <= 0:
             raise ValueError(f"time_scale must be > 0 (got {time_scale})")
         self.twin = twin
@@ -189,13 +227,20 @@ class EngineCore:
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.time_scale = time_scale
+        self.clock = clock or WallClock()
         self.metrics = metrics
-        self.rng = np.random.default_rng(seed)
+        rng = np.random.default_rng(seed)
+        self._draft_draws = _Equidistributed(rng.random(), _DRAFT_STEP)
+        self._accept_draws = _Equidistributed(rng.random(), _ACCEPT_STEP)
         self.step_log: collections.deque[StepRecord] = collections.deque(maxlen=step_log_size)
         self.waiting: collections.deque[SimRequest] = collections.deque()
         self.running: list[SimRequest] = []
         self.used_blocks = 0
         self._wake = asyncio.Event()
+        self._arrivals = 0
+        self._arrived = asyncio.Event()
+        self._arrival_wait_s = 0.05
+        """Typical wall seconds from a step's end until the clients' next requests are in (moving average)."""
         acceptance = twin.acceptance
         self._p = np.asarray(acceptance.per_position[:max_k], dtype=float)
         self._drafts_per_step = acceptance.drafts_per_step if max_k else 0.0
@@ -206,8 +251,14 @@ class EngineCore:
     def load(self) -> int:
         return len(self.running) + len(self.waiting)
 
+    def now(self) -> float:
+        """The core's time (simulated seconds on a virtual clock): what a request's arrival is stamped with."""
+        return self.clock.now()
+
     def add_request(self, request: SimRequest) -> None:
         self.waiting.append(request)
+        self._arrivals += 1
+        self._arrived.set()
         self._wake.set()
 
     def abort(self, request: SimRequest) -> None:
@@ -231,20 +282,53 @@ class EngineCore:
 
     # ---- the loop --------------------------------------------------------------------------------------
     async def run(self) -> None:
-        """Steps while there is work, sleeps on an event while there is none."""
+        """Steps while there is work, sleeps on an event while there is none (see the module docstring)."""
+        clock = self.clock
         deadline = time.monotonic()
         while True:
             plan = self.schedule_step()
             if plan is None:
+                clock.idle()
                 self._publish_load()
                 self._wake.clear()
                 await self._wake.wait()
+                if clock.virtual:
+                    await self._settle_arrivals()
                 deadline = time.monotonic()
                 continue
             now = time.monotonic()
-            deadline = max(deadline, now - MAX_CATCH_UP_S) + plan.record.duration_s
+            # On the wall clock a late step is caught up (within MAX_CATCH_UP_S); on a virtual one it need not be.
+            deadline = (max(deadline, now - MAX_CATCH_UP_S) if not clock.virtual else now) + plan.record.duration_s
+            clock.step(plan.record.simulated_s, deadline)
             await asyncio.sleep(max(0.0, deadline - now))
-            self.complete_step(plan, time.monotonic())
+            finished = self.complete_step(plan, clock.step_end())
+            if finished and clock.virtual:
+                await self._arrival_window(finished)
+
+    async def _settle_arrivals(self) -> None:
+        """Woken from idle on a virtual clock: the clock stands still while a burst of requests (a level's
+        first `concurrency`) comes in, until none has arrived for SETTLE_QUIET_S, so the burst starts together
+        in one step as in `closed_loop_level` instead of as far apart as the host's sending took."""
+        self.clock.hold()
+        while True:
+            self._arrived.clear()
+            try:
+                await asyncio.wait_for(self._arrived.wait(), SETTLE_QUIET_S)
+            except TimeoutError:
+                return
+
+    async def _arrival_window(self, finished: int) -> None:
+        """Waits until `finished` new requests have arrived or the window closes (the clock stands still)."""
+        target = self._arrivals + finished
+        started = time.monotonic()
+        low, high = ARRIVAL_WINDOW_S
+        closes = started + min(high, max(low, 4 * self._arrival_wait_s))
+        while self._arrivals < target and (left := closes - time.monotonic()) > 0:
+            self._arrived.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._arrived.wait(), left)
+        if self._arrivals >= target:
+            self._arrival_wait_s += 0.2 * (time.monotonic() - started - self._arrival_wait_s)
 
     def schedule_step(self) -> _Plan | None:
         """Decides the next step: preemptions, prefill chunks, admissions, K and the step's duration."""
@@ -306,8 +390,9 @@ class EngineCore:
                             duration_s=simulated / self.time_scale)
         return _Plan(list(self.running), decoding, chunks, record)
 
-    def complete_step(self, plan: _Plan, now_s: float) -> None:
-        """Applies a step's outcome at `now_s`: tokens out, acceptance sampled, counters and histograms."""
+    def complete_step(self, plan: _Plan, now_s: float) -> int:
+        """Applies a step's outcome at `now_s`: tokens out, acceptance sampled, counters and histograms.
+        Returns how many requests finished in the step."""
         self.step_log.append(plan.record)
         metrics = self.metrics
         k = plan.record.num_speculative_tokens
@@ -317,10 +402,10 @@ class EngineCore:
         if decoding:
             accepted = np.zeros(len(decoding), dtype=np.int64)
             if k:
-                drafted = self.rng.random(len(decoding)) < self._drafts_per_step
+                drafted = self._draft_draws.take(len(decoding)) < self._drafts_per_step
                 drafts = int(drafted.sum())
                 if drafts:
-                    u = self.rng.random(drafts)
+                    u = self._accept_draws.take(drafts)
                     lengths = (u[:, None] < self._p[None, :k]).sum(axis=1)
                     accepted[drafted] = lengths
                     counts = np.bincount(lengths, minlength=k + 1)
@@ -339,8 +424,10 @@ class EngineCore:
                 if first:
                     metrics.record_first_token(now_s - request.arrival_s, request.prompt_tokens)
         metrics.record_step(generated, drafts, drafts * k, accepted_per_position)
+        finished = sum(1 for r in plan.running if r.finish_reason is not None and not r.aborted)
         self._drop_finished()
         self._publish_load()
+        return finished
 
     # ---- helpers ---------------------------------------------------------------------------------------
     def _emit(self, request: SimRequest, tokens: int, now_s: float) -> int:
@@ -389,40 +476,42 @@ class EngineCore:
 
 
 
-def closed_loop_ms_per_token(core: EngineCore, concurrency: int, prompt_tokens: int, output_len: int,
-                             num_requests: int | None = None) -> float:
-    """What clients keeping `concurrency` requests in flight would measure on this engine: the median over
-    requests of end-to-end latency per output token (simulated ms, time to first token included).
+@dataclasses.dataclass(frozen=True)
+class LevelResult:
+    """What a closed-loop level measured in virtual time (simulated seconds)."""
 
-    Runs the core's own scheduler in virtual time (no sleeping, the twin's step times added up), so it is the
-    same continuous batching, chunked prefill and KV accounting the live engine does, at any load, in
-    milliseconds. The first `concurrency` requests (which all arrive at once) are the warm-up and not counted.
-    """
-    if concurrency < 1 or output_len < 1 or prompt_tokens < 1:
-        raise ValueError("concurrency, prompt_tokens and output_len must be >= 1")
-    measured = num_requests or max(64, 3 * concurrency)
+    duration_s: float
+    output_tokens: int
+    output_throughput: float
+    """Output tokens per simulated second over the level, as the benchmark's load generator computes it."""
+
+
+def _closed_loop(core: EngineCore, prompt_lens: Iterator[int], output_len: int, concurrency: int,
+                 on_finished: Callable[[SimRequest, float], bool]) -> float:
+    """Runs the core's own scheduler in virtual time (no sleeping, the twin's step times added up) with
+    `concurrency` requests in flight: a request that finishes is replaced at the end of its step, so the new
+    one joins the next step. Stops when the prompts run out and every request has finished, or when
+    `on_finished(request, now)` returns True. Returns the simulated seconds elapsed."""
     now = 0.0
     active: list[SimRequest] = []
-    started = 0
 
-    def submit() -> None:
-        nonlocal started
-        request = SimRequest(prompt_tokens=prompt_tokens, max_tokens=output_len, stop_at_tokens=output_len,
-                             arrival_s=now)
+    def submit() -> bool:
+        prompt = next(prompt_lens, None)
+        if prompt is None:
+            return False
+        request = SimRequest(prompt_tokens=prompt, max_tokens=output_len, stop_at_tokens=output_len, arrival_s=now)
         # Nobody reads the outputs: a queue that drops them keeps memory flat over long loops.
         request.outputs = _Discard()
         core.add_request(request)
         active.append(request)
-        started += 1
+        return True
 
     for _ in range(concurrency):
         submit()
-    per_token: list[float] = []
-    finished = 0
-    while len(per_token) < measured:
+    while active:
         plan = core.schedule_step()
         if plan is None:
-            break
+            raise RuntimeError("the engine cannot schedule a request (is the KV cache too small for one?)")
         now += plan.record.simulated_s
         core.complete_step(plan, now)
         done = [r for r in active if r.finished]
@@ -430,10 +519,53 @@ def closed_loop_ms_per_token(core: EngineCore, concurrency: int, prompt_tokens: 
             continue
         active = [r for r in active if not r.finished]
         for request in done:
-            finished += 1
-            if finished > concurrency:
-                per_token.append(1000.0 * (now - request.arrival_s) / max(1, request.generated))
+            if on_finished(request, now):
+                return now
             submit()
+    return now
+
+
+def closed_loop_level(core: EngineCore, prompt_lens: Sequence[int], output_len: int,
+                      concurrency: int) -> LevelResult:
+    """One level of the benchmark in virtual time: every prompt of `prompt_lens` (in order, `output_len`
+    tokens each with ignore_eos) with at most `concurrency` in flight, as the load generator sends them.
+    The figure a profile measured on the simulated engine is checked against (`sandbox.fidelity`)."""
+    if concurrency < 1 or output_len < 1 or not prompt_lens:
+        raise ValueError("concurrency and output_len must be >= 1 and prompt_lens non-empty")
+    tokens = 0
+
+    def count(request: SimRequest, _: float) -> bool:
+        nonlocal tokens
+        tokens += request.generated
+        return False
+
+    duration = _closed_loop(core, iter(prompt_lens), output_len, concurrency, count)
+    return LevelResult(duration_s=duration, output_tokens=tokens, output_throughput=tokens / duration)
+
+
+def closed_loop_ms_per_token(core: EngineCore, concurrency: int, prompt_tokens: int, output_len: int,
+                             num_requests: int | None = None) -> float:
+    """What clients keeping `concurrency` requests in flight would measure on this engine: the median over
+    requests of end-to-end latency per output token (simulated ms, time to first token included).
+
+    The same continuous batching, chunked prefill and KV accounting the live engine does (`_closed_loop`), at
+    any load, in milliseconds. The first `concurrency` requests (which all arrive at once) are the warm-up and
+    not counted.
+    """
+    if concurrency < 1 or output_len < 1 or prompt_tokens < 1:
+        raise ValueError("concurrency, prompt_tokens and output_len must be >= 1")
+    measured = num_requests or max(64, 3 * concurrency)
+    per_token: list[float] = []
+    finished = 0
+
+    def record(request: SimRequest, now: float) -> bool:
+        nonlocal finished
+        finished += 1
+        if finished > concurrency:
+            per_token.append(1000.0 * (now - request.arrival_s) / max(1, request.generated))
+        return len(per_token) >= measured
+
+    _closed_loop(core, itertools.repeat(prompt_tokens), output_len, concurrency, record)
     if not per_token:
         raise RuntimeError("the engine finished no request (is the KV cache too small for one?)")
     return float(np.median(per_token))

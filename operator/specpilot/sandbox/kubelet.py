@@ -1,8 +1,9 @@
 """The sandbox's kubelet and workload controllers: run what the operator creates as local processes.
 
 For every benchmark Job it runs the Job's own `specpilot-bench` command line as a process, launching the
-simulated engine (`specpilot.sandbox.engine`) of the GPU type the Job's node selector lands on, and
-reports the outcome in the Job's status with the Job controller's retry-and-give-up behaviour. For every
+simulated engine (`specpilot.sandbox.engine`) of the GPU type the Job's node selector lands on on a virtual
+clock the bench's load generator reads too (`sandbox.clock`), so a profile holds the twin's figures however
+slow or busy the host is, and reports the outcome in the Job's status with the Job controller's retry-and-give-up behaviour. For every
 serving Deployment it runs one simulated engine per replica with the pod's own engine arguments, each on
 its own loopback address (its "pod IP"), publishes Pod objects the operator scrapes, rolls pods on a
 template change by the Deployment's maxSurge and maxUnavailable (by default a new pod ready before an old
@@ -28,6 +29,7 @@ import aiohttp
 from ..manifests.names import ANNOTATION_ENGINE_CONFIG as ENGINE_CONFIG_ANNOTATION
 from ..perf.catalog import DEFAULT_CATALOG, UnknownGpuError
 from .apiserver import SandboxApiServer
+from .clock import CLOCK_FILE_ENV
 
 log = logging.getLogger("specpilot.sandbox.kubelet")
 
@@ -97,10 +99,10 @@ class Kubelet:
         return [f"--sku={sku}", f"--time-scale={self.sim.time_scale:g}",
                 f"--startup-delay-s={self.sim.startup_delay_s:g}", f"--workload={self.sim.workload}"]
 
-    def _spawn(self, command: list[str], log_name: str) -> subprocess.Popen:
+    def _spawn(self, command: list[str], log_name: str, **extra_env: str) -> subprocess.Popen:
         log_file = (self.workdir / log_name).open("ab")
         # The bench's own load generator: importing vLLM's costs seconds and a GiB per Job, for nothing here.
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "SPECPILOT_BENCH_DISABLE_VLLM": "1"}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "SPECPILOT_BENCH_DISABLE_VLLM": "1", **extra_env}
         env.pop("KUBERNETES_SERVICE_HOST", None)
         return subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, env=env,
                                 cwd=self.workdir, start_new_session=True)
@@ -123,6 +125,13 @@ class Kubelet:
                 "--kubeconfig", str(self.kubeconfig), "--engine-module", ENGINE_MODULE, "--no-calibration",
                 "--log-dir", str(self.workdir / "bench-logs"), *engine_args]
 
+    def _spawn_job(self, job: dict) -> subprocess.Popen:
+        name = job["metadata"]["name"]
+        clocks = self.workdir / "clocks"
+        clocks.mkdir(exist_ok=True)
+        return self._spawn(self._bench_command(job), f"job-{name}.log",
+                           **{CLOCK_FILE_ENV: str(clocks / f"{name}.clock")})
+
     async def _sync_jobs(self) -> None:
         loop = asyncio.get_running_loop()
         live = {j["metadata"]["name"]: j for j in self.api.objects("jobs")}
@@ -133,14 +142,14 @@ class Kubelet:
         for name, job in live.items():
             run = self.jobs.get(name)
             if run is None and not (job.get("status") or {}).get("conditions"):
-                run = self.jobs[name] = JobRun(name, self._spawn(self._bench_command(job), f"job-{name}.log"))
+                run = self.jobs[name] = JobRun(name, self._spawn_job(job))
                 await self._patch_job(job, {"active": 1, "startTime": _now()})
                 continue
             if run is None or run.done:
                 continue
             if run.process is None:
                 if loop.time() >= run.retry_at:
-                    run.process = self._spawn(self._bench_command(job), f"job-{name}.log")
+                    run.process = self._spawn_job(job)
                 continue
             code = run.process.poll()
             if code is None:

@@ -1,0 +1,162 @@
+"""The simulated engine's clocks: wall time for serving, a virtual clock for profiling that no host can stretch.
+
+A simulated GPU's step takes the twin's step time. On a slow or busy host the engine's own Python work and
+its clients' (one HTTP chunk per request per step) can take longer than that, so wall-clock measurements
+see the host's CPU instead of the GPU the twin stands for, and they see it unevenly: a step without
+speculation hands every request one token, a speculative step several, so the host's cost per generated
+token is higher without speculation and a busy host makes speculation look better than it is.
+
+`VirtualClock` keeps simulated time apart from wall time:
+- during a step it runs from the step's start to its end (start + the twin's step time) at the rate the
+  engine paces the step, and stops at the end however late the host finishes the step's work;
+- after a step it stands still while the engine waits for the clients' next requests (the arrival window,
+  see `engine_core`), so a request sent in reply to a finished one arrives at the step's end, as with a
+  client next to a real GPU;
+- while the engine is idle it runs at the time scale, and it stands still again while the engine, woken by a
+  request, waits for the rest of a burst of them to come in.
+
+The engine publishes the clock in a small memory-mapped file (`SPECPILOT_SIM_CLOCK_FILE`), and a client on the
+same host reads the same time (`read_clock`), so the benchmark Job's own load generator measures latencies
+and throughput in simulated seconds. In a cluster nothing sets the variable: clients use `time.perf_counter`.
+"""
+
+from __future__ import annotations
+
+import math
+import mmap
+import os
+import struct
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+__all__ = ["CLOCK_FILE_ENV", "VirtualClock", "WallClock", "read_clock"]
+
+CLOCK_FILE_ENV = "SPECPILOT_SIM_CLOCK_FILE"
+"""Environment variable naming the file a virtual clock is published in (and read from)."""
+_LAYOUT = struct.Struct("<Qdddd")
+"""sequence (odd while a write is in progress), anchor wall time, anchor simulated time, rate, cap."""
+
+
+class WallClock:
+    """Simulated time is wall time (time.monotonic): the serving engines, whose clients time on the wall."""
+
+    virtual = False
+
+    def now(self) -> float:
+        return time.monotonic()
+
+    def step(self, simulated_s: float, wall_deadline: float) -> None:
+        """A step of `simulated_s` starts and ends at `wall_deadline` (nothing to do on the wall)."""
+
+    def step_end(self) -> float:
+        return time.monotonic()
+
+    def idle(self) -> None:
+        """The engine has no work (nothing to do on the wall)."""
+
+
+class VirtualClock:
+    """Simulated seconds that advance by the twin's step times, not by the host's speed (module docstring)."""
+
+    virtual = True
+
+    def __init__(self, time_scale: float, publish_path: str | Path | None = None) -> None:
+        if time_scale <= 0:
+            raise ValueError(f"time_scale must be > 0 (got {time_scale})")
+        self.time_scale = time_scale
+        wall = time.monotonic()
+        # Anchored at the wall clock, so that clients that read the clock before the engine publishes it see
+        # the same time base.
+        self._anchor_wall, self._anchor_v, self._rate, self._cap = wall, wall, time_scale, math.inf
+        self._seq = 0
+        self._map: mmap.mmap | None = None
+        if publish_path:
+            self._map = _open_map(Path(publish_path), create=True)
+        self._publish()
+
+    def now(self) -> float:
+        return _value(self._anchor_wall, self._anchor_v, self._rate, self._cap, time.monotonic())
+
+    def step(self, simulated_s: float, wall_deadline: float) -> None:
+        """A step of `simulated_s` simulated seconds starts now and is paced to end at `wall_deadline`."""
+        wall = time.monotonic()
+        start = self.now()
+        self._set(wall, start, simulated_s / max(wall_deadline - wall, 1e-6), start + simulated_s)
+
+    def step_end(self) -> float:
+        """The running step is done: the clock stands at its end (until `step` or `idle`); returns that time."""
+        end = self._cap if math.isfinite(self._cap) else self.now()
+        self._set(time.monotonic(), end, 0.0, end)
+        return end
+
+    def hold(self) -> None:
+        """The clock stands still at the present (until `step` or `idle`): arrivals meanwhile share one time."""
+        now = self.now()
+        self._set(time.monotonic(), now, 0.0, now)
+
+    def idle(self) -> None:
+        """No work: simulated time runs at the time scale until the next step."""
+        self._set(time.monotonic(), self.now(), self.time_scale, math.inf)
+
+    def _set(self, wall: float, v: float, rate: float, cap: float) -> None:
+        self._anchor_wall, self._anchor_v, self._rate, self._cap = wall, v, rate, cap
+        self._publish()
+
+    def _publish(self) -> None:
+        if self._map is None:
+            return
+        # A seqlock: readers retry while the sequence is odd or changed under them.
+        self._seq += 1
+        _LAYOUT.pack_into(self._map, 0, self._seq, self._anchor_wall, self._anchor_v, self._rate, self._cap)
+        self._seq += 1
+        struct.pack_into("<Q", self._map, 0, self._seq)
+
+    def close(self) -> None:
+        if self._map is not None:
+            self._map.close()
+            self._map = None
+
+
+def _value(anchor_wall: float, anchor_v: float, rate: float, cap: float, wall: float) -> float:
+    return min(anchor_v + max(0.0, wall - anchor_wall) * rate, cap)
+
+
+def _open_map(path: Path, *, create: bool) -> mmap.mmap:
+    # The file keeps its inode across engines (opened, never truncated), so a reader's map follows the next
+    # engine a benchmark Job starts.
+    flags = os.O_RDWR | (os.O_CREAT if create else 0)
+    fd = os.open(path, flags, 0o600)
+    try:
+        if os.fstat(fd).st_size < _LAYOUT.size:
+            os.ftruncate(fd, _LAYOUT.size)
+        return mmap.mmap(fd, _LAYOUT.size)
+    finally:
+        os.close(fd)
+
+
+def read_clock(path: str | Path) -> Callable[[], float]:
+    """A `time.perf_counter`-like function that reads the virtual clock an engine publishes at `path`.
+
+    Before an engine has published anything (the file is new) it reads the wall clock, which is where a
+    virtual clock starts.
+    """
+    path = Path(path)
+    state: dict[str, mmap.mmap] = {}
+
+    def now() -> float:
+        view = state.get("map")
+        if view is None:
+            if not path.exists():
+                return time.monotonic()
+            view = state["map"] = _open_map(path, create=False)
+        for _ in range(1000):
+            seq, anchor_wall, anchor_v, rate, cap = _LAYOUT.unpack_from(view, 0)
+            wall = time.monotonic()
+            if seq == 0:
+                return wall
+            if seq % 2 == 0 and struct.unpack_from("<Q", view, 0)[0] == seq:
+                return _value(anchor_wall, anchor_v, rate, cap, wall)
+        raise RuntimeError(f"the virtual clock at {path} is being written without pause")
+
+    return now
