@@ -18,8 +18,12 @@ BENCH_RULES = [
 ]
 
 
-def bench_rbac(namespace: str, owner: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+def bench_rbac(namespace: str, owner: dict[str, Any] | None = None,
+               cluster_role: str | None = None) -> list[dict[str, Any]]:
     """ServiceAccount, Role and RoleBinding named `specpilot-bench` in `namespace`.
+
+    With `cluster_role` (the chart ships one with BENCH_RULES), no Role: the RoleBinding refers to that
+    ClusterRole, so the operator needs no right to create Roles, only `bind` on that one ClusterRole.
 
     `owner` is an ownerReference (apiVersion, kind, name, uid); it is added as a non-controller owner,
     because several SpeculativeDeployments of a namespace share the set and the operator may add each
@@ -30,6 +34,13 @@ def bench_rbac(namespace: str, owner: dict[str, Any] | None = None) -> list[dict
     if owner is not None:
         metadata["ownerReferences"] = [{**{k: owner[k] for k in ("apiVersion", "kind", "name", "uid")},
                                         "controller": False, "blockOwnerDeletion": False}]
+    if cluster_role is not None:
+        return [
+            {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": copy.deepcopy(metadata)},
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": copy.deepcopy(metadata),
+             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": cluster_role},
+             "subjects": [{"kind": "ServiceAccount", "name": names.BENCH_SERVICE_ACCOUNT, "namespace": namespace}]},
+        ]
     return [
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": copy.deepcopy(metadata)},
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": copy.deepcopy(metadata),
