@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import Field, field_validator
 
-from .base import ApiModel, ImageRef, cap, echo
+from .base import ApiModel, cap, echo, join_problems
 
 if TYPE_CHECKING:
     from .deployment import SpeculativeDeploymentSpec
@@ -303,6 +303,52 @@ def bench_image(spec: SpeculativeDeploymentSpec, default: str) -> str:
     return spec.profiling.image or default
 
 
+class TenancyViolation(ValueError):
+    """A spec asks for something the operator's tenancy policy does not allow. The controller reports it as
+    an invalid spec before building anything; a builder given such a spec refuses it with this."""
+
+
+def refuse(problems: list[str]) -> None:
+    """Raise TenancyViolation naming `problems`, if any."""
+    if problems:
+        raise TenancyViolation(join_problems(problems))
+
+
+def serving_problems(spec: SpeculativeDeploymentSpec, policy: TenancyPolicy, root: str = "spec") -> list[str]:
+    """What in `spec` may not reach a serving pod: Secrets, env, the engine image, pool tolerations and
+    serving.podOverrides."""
+    problems: list[str] = []
+    model = spec.model
+    if model.hf_token_secret_ref is not None and not secret_allowed(model.hf_token_secret_ref.name, policy):
+        problems.append(_secret_refusal(f"{root}.model.hfTokenSecretRef.name", model.hf_token_secret_ref.name, policy))
+    problems += env_problems([v.dump() for v in model.env], f"{root}.model.env", policy)
+    if policy.allowed_engine_images and not image_allowed(model.image, policy.allowed_engine_images):
+        problems.append(f"{root}.model.image {echo(model.image, 120)} is not an engine image the operator's config "
+                        f"allows (tenancy.allowedEngineImages: {', '.join(policy.allowed_engine_images[:10])})")
+    for i, pool in enumerate(spec.gpu_pools):
+        problems += tolerations_problems([t.dump() for t in pool.tolerations], f"{root}.gpuPools[{i}].tolerations",
+                                         policy)
+    problems += pod_override_problems(spec.serving.pod_overrides, f"{root}.serving.podOverrides", policy,
+                                      containers=(ENGINE_CONTAINER,))
+    return problems
+
+
+def profiling_problems(spec: SpeculativeDeploymentSpec, policy: TenancyPolicy, *, benchmark_image: str,
+                       root: str = "spec") -> list[str]:
+    """What in `spec` may not reach a benchmark pod beyond `serving_problems`: profiling.image and
+    profiling.podOverrides."""
+    problems: list[str] = []
+    image = spec.profiling.image
+    if image is not None and image != benchmark_image and not image_allowed(image, policy.allowed_benchmark_images):
+        problems.append(f"{root}.profiling.image {echo(image, 120)} is not a benchmark image the operator's config "
+                        f"allows: the bench runs with a token that writes profile results; remove profiling.image to "
+                        f"use the operator's ({cap(benchmark_image, 120)}), or ask the cluster admin to add it to "
+                        f"tenancy.allowedBenchmarkImages")
+    problems += pod_override_problems(spec.profiling.pod_overrides, f"{root}.profiling.podOverrides", policy,
+                                      containers=(BENCH_CONTAINER,), init_containers=(ENGINE_CONTAINER,))
+    return problems
+
+
 def spec_problems(spec: SpeculativeDeploymentSpec, policy: TenancyPolicy, *, benchmark_image: str,
                   root: str = "spec") -> list[str]:
     """Everything in `spec` the operator's tenancy policy does not allow, one message per field naming it and
@@ -312,25 +358,6 @@ def spec_problems(spec: SpeculativeDeploymentSpec, policy: TenancyPolicy, *, ben
     if size > policy.max_spec_bytes:
         problems.append(f"{root} is {size} bytes as JSON, more than the {policy.max_spec_bytes} the operator "
                         f"acts on: shorten lists and free-form fields")
-    model = spec.model
-    if model.hf_token_secret_ref is not None and not secret_allowed(model.hf_token_secret_ref.name, policy):
-        problems.append(_secret_refusal(f"{root}.model.hfTokenSecretRef.name", model.hf_token_secret_ref.name, policy))
-    problems += env_problems([v.dump() for v in model.env], f"{root}.model.env", policy)
-    if policy.allowed_engine_images and not image_allowed(model.image, policy.allowed_engine_images):
-        problems.append(f"{root}.model.image {echo(model.image, 120)} is not an engine image the operator's config "
-                        f"allows (tenancy.allowedEngineImages: {', '.join(policy.allowed_engine_images[:10])})")
-    image = spec.profiling.image
-    if image is not None and image != benchmark_image and not image_allowed(image, policy.allowed_benchmark_images):
-        problems.append(f"{root}.profiling.image {echo(image, 120)} is not a benchmark image the operator's config "
-                        f"allows: the bench runs with a token that writes profile results; remove profiling.image to "
-                        f"use the operator's ({cap(benchmark_image, 120)}), or ask the cluster admin to add it to "
-                        f"tenancy.allowedBenchmarkImages")
-    for i, pool in enumerate(spec.gpu_pools):
-        problems += tolerations_problems([t.dump() for t in pool.tolerations], f"{root}.gpuPools[{i}].tolerations",
-                                         policy)
-    problems += pod_override_problems(spec.serving.pod_overrides, f"{root}.serving.podOverrides", policy,
-                                      containers=(ENGINE_CONTAINER,))
-    problems += pod_override_problems(spec.profiling.pod_overrides, f"{root}.profiling.podOverrides", policy,
-                                      containers=(BENCH_CONTAINER,), init_containers=(ENGINE_CONTAINER,))
+    problems += serving_problems(spec, policy, root)
+    problems += profiling_problems(spec, policy, benchmark_image=benchmark_image, root=root)
     return problems
-

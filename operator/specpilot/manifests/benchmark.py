@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 from ..api.deployment import GpuPool, ModelSpec, SpeculativeDeploymentSpec, WorkloadName
 from ..api.profile import SpeculationProfileSpec
+from ..api.tenancy import TenancyPolicy, profiling_problems, refuse, serving_problems
 from . import names
 from .engine import (
     ENGINE_COMMAND,
@@ -34,12 +35,18 @@ from .pod import (
     dshm_mount,
     dshm_volume,
     gpu_resources,
+    harden,
+    home_mount,
+    home_volume,
     http_port,
     owner_reference,
     pool_placement,
     restore_container,
     restore_placement,
     startup_probe,
+    token_mount,
+    token_volume,
+    with_identity_env,
 )
 
 BenchMode = Literal["launch", "sidecar"]
@@ -62,16 +69,23 @@ tensor parallelism and context length), so they are not passed to it as `--engin
 
 def bench_engine_model(spec: SpeculativeDeploymentSpec, profile_spec: SpeculationProfileSpec) -> ModelSpec:
     """The engine a profile measures: the profile's identity (model, revision, TP, context, image) with the
-    deployment's other settings (served name, memory share, extra args, env, token). One data-parallel
-    rank: a profile measures one engine."""
-    return spec.model.model_copy(update={
+    deployment's other settings (served name, token). Extra args, env, resources and memory share come from
+    the profile when it records them (they are part of its identity), else from the deployment. One
+    data-parallel rank: a profile measures one engine."""
+    update: dict = {
         "id": profile_spec.model.id,
         "revision": profile_spec.model.revision,
         "tensor_parallel_size": profile_spec.model.tensor_parallel_size,
         "max_model_len": profile_spec.model.max_model_len,
         "data_parallel_size": 1,
         "image": profile_spec.engine_image,
-    })
+    }
+    engine = profile_spec.engine
+    if engine is not None:
+        update.update(extra_args=list(engine.extra_args), env=list(engine.env), resources=engine.resources)
+        if engine.gpu_memory_utilization is not None:
+            update["gpu_memory_utilization"] = engine.gpu_memory_utilization
+    return spec.model.model_copy(update=update)
 
 
 def _without_flags(args: list[str], flags: frozenset[str]) -> list[str]:
@@ -157,22 +171,25 @@ def _check_run(profile_spec: SpeculationProfileSpec, mode: str, run_k: int | Non
 def benchmark_job(*, profile_name: str, namespace: str, profile_spec: SpeculationProfileSpec,
                   spec: SpeculativeDeploymentSpec, pool: GpuPool, bench_image: str, owner: dict[str, str],
                   mode: BenchMode = "launch", run_k: int | None = None,
-                  sdep_name: str | None = None) -> dict[str, Any]:
+                  sdep_name: str | None = None, tenancy: TenancyPolicy | None = None) -> dict[str, Any]:
     """batch/v1 Job measuring `profile_spec` on `pool`, owned by the SpeculationProfile `owner`
     (apiVersion, kind, name, uid) so it is collected with it. `sdep_name`, when given, labels the Job with
-    the SpeculativeDeployment that asked for it."""
+    the SpeculativeDeployment that asked for it. The pod runs as `tenancy` (the operator config's policy; its
+    defaults when None) allows, with the ServiceAccount token mounted into the bench container only; a spec
+    it refuses raises TenancyViolation."""
     _check_run(profile_spec, mode, run_k)
+    policy = tenancy or TenancyPolicy()
+    refuse(serving_problems(spec, policy) + profiling_problems(spec, policy, benchmark_image=bench_image))
+    security = policy.pod_security
     model = bench_engine_model(spec, profile_spec)
     port = spec.serving.port
     gpu_count = model.tensor_parallel_size
-    env = engine_env(model)
+    env = with_identity_env(engine_env(model), security)
     args = bench_args(profile_name=profile_name, namespace=namespace, profile_spec=profile_spec,
                       engine_model=model, port=port, mode=mode, run_k=run_k)
     owned_bench = {"name": BENCH_CONTAINER, "image": bench_image, "command": list(BENCH_COMMAND), "args": args}
-    bench: dict[str, Any] = {**owned_bench, "volumeMounts": []}
-    if env:
-        bench["env"] = env
-    volumes = [dshm_volume()]
+    bench: dict[str, Any] = {**owned_bench, "env": env, "volumeMounts": [home_mount(security), token_mount()]}
+    volumes = [dshm_volume(), home_volume(), token_volume()]
     workload_file = profile_spec.workload.file
     if workload_file is not None:
         volumes.append({"name": WORKLOAD_VOLUME, "configMap": {
@@ -181,6 +198,8 @@ def benchmark_job(*, profile_name: str, namespace: str, profile_spec: Speculatio
 
     pod_spec: dict[str, Any] = {
         "serviceAccountName": names.BENCH_SERVICE_ACCOUNT,
+        # The token is mounted into the bench container only (token_volume), not into the engine sidecar.
+        "automountServiceAccountToken": False,
         "restartPolicy": "Never",
         "enableServiceLinks": False,
         **pool_placement(pool),
@@ -201,17 +220,16 @@ def benchmark_job(*, profile_name: str, namespace: str, profile_spec: Speculatio
             "ports": [http_port(port)],
             "resources": gpu_resources(model.resources, pool.gpu_resource_name, gpu_count),
             "startupProbe": startup_probe(),
-            "volumeMounts": [dshm_mount()],
+            "volumeMounts": [dshm_mount(), home_mount(security)],
+            "env": copy.deepcopy(env),
         }
-        if env:
-            engine["env"] = copy.deepcopy(env)
         pod_spec["initContainers"] = [engine]
-    if not bench["volumeMounts"]:
-        del bench["volumeMounts"]
     pod_spec["containers"] = [bench]
 
     pod_spec = deep_merge(pod_spec, spec.profiling.pod_overrides)
     pod_spec["serviceAccountName"] = names.BENCH_SERVICE_ACCOUNT
+    pod_spec["automountServiceAccountToken"] = False
+    pod_spec["enableServiceLinks"] = False
     pod_spec["restartPolicy"] = "Never"
     if owned_engine is None:
         restore_container(pod_spec, owned_bench, gpu_resource_name=pool.gpu_resource_name, gpu_count=gpu_count)
@@ -220,6 +238,7 @@ def benchmark_job(*, profile_name: str, namespace: str, profile_spec: Speculatio
         restore_container(pod_spec, owned_engine, field="initContainers",
                           gpu_resource_name=pool.gpu_resource_name, gpu_count=gpu_count)
     restore_placement(pod_spec, pool)
+    harden(pod_spec, policy)
 
     labels = names.bench_labels(profile_name, pool.name, sdep_name, run_k)
     return {

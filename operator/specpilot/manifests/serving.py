@@ -15,6 +15,7 @@ from ..api.base import API_VERSION
 from ..api.deployment import GpuPool, SpeculativeDeploymentSpec
 from ..api.methods import CandidateMethod
 from ..api.schedule import ScheduleRange
+from ..api.tenancy import TenancyPolicy, refuse, serving_problems
 from . import names
 from .engine import (
     ENGINE_COMMAND,
@@ -29,16 +30,31 @@ from .pod import (
     dshm_mount,
     dshm_volume,
     gpu_resources,
+    harden,
     health_probe,
+    home_mount,
+    home_volume,
     http_port,
     owner_reference,
     pool_placement,
     restore_container,
     restore_placement,
     startup_probe,
+    with_identity_env,
 )
 
 SDEP_KIND = "SpeculativeDeployment"
+SERVING_SERVICE_ACCOUNT = "specpilot-serving"
+"""The serving pods' own ServiceAccount (one per namespace, no Role, no token mounted): they need no API
+access, and the namespace's `default` account may have been granted some."""
+
+
+def serving_service_account(namespace: str) -> dict[str, Any]:
+    """The serving pods' ServiceAccount in `namespace`: no token is mounted from it."""
+    return {"apiVersion": "v1", "kind": "ServiceAccount", "automountServiceAccountToken": False,
+            "metadata": {"name": SERVING_SERVICE_ACCOUNT, "namespace": namespace,
+                         "labels": {names.LABEL_NAME: "vllm", names.LABEL_MANAGED_BY: names.MANAGED_BY,
+                                    names.LABEL_COMPONENT: names.COMPONENT_SERVING}}}
 
 
 def sdep_owner(sdep_name: str, uid: str) -> dict[str, Any]:
@@ -47,10 +63,15 @@ def sdep_owner(sdep_name: str, uid: str) -> dict[str, Any]:
 
 def serving_deployment(*, sdep_name: str, namespace: str, uid: str, spec: SpeculativeDeploymentSpec, pool: GpuPool,
                        method: CandidateMethod | None, num_speculative_tokens: int | None = None,
-                       schedule: list[ScheduleRange] | None = None, replicas: int | None) -> dict[str, Any]:
+                       schedule: list[ScheduleRange] | None = None, replicas: int | None,
+                       tenancy: TenancyPolicy | None = None) -> dict[str, Any]:
     """apps/v1 Deployment serving `spec.model` on `pool`, speculating with `method` at K / `schedule`
     (no speculation when method is None or K is 0). `replicas=None` leaves spec.replicas out, for an
-    external autoscaler (HPA, KEDA) that owns it."""
+    external autoscaler (HPA, KEDA) that owns it. The pods run as `tenancy` (the operator config's policy;
+    its defaults when None) allows: a spec it refuses raises TenancyViolation."""
+    policy = tenancy or TenancyPolicy()
+    refuse(serving_problems(spec, policy))
+    security = policy.pod_security
     port = spec.serving.port
     args = engine_args(spec, method=method, num_speculative_tokens=num_speculative_tokens,
                        schedule=schedule, port=port)
@@ -61,29 +82,34 @@ def serving_deployment(*, sdep_name: str, namespace: str, uid: str, spec: Specul
                     "args": args}
     engine = {
         **owned_engine,
-        "env": engine_env(spec),
+        "env": with_identity_env(engine_env(spec), security),
         "ports": [http_port(port)],
         "resources": gpu_resources(spec.model.resources, pool.gpu_resource_name, gpu_count),
         "startupProbe": startup_probe(),
         "readinessProbe": health_probe(period_seconds=5, failure_threshold=3),
         "livenessProbe": health_probe(period_seconds=15, failure_threshold=4, timeout_seconds=10),
-        "volumeMounts": [dshm_mount()],
+        "volumeMounts": [dshm_mount(), home_mount(security)],
     }
-    if not engine["env"]:
-        del engine["env"]
     base_pod_spec = {
         # A Service named like an env prefix (e.g. `vllm`) would inject VLLM_PORT=tcp://..., which vLLM
         # reads as its own setting and fails on.
         "enableServiceLinks": False,
+        "serviceAccountName": SERVING_SERVICE_ACCOUNT,
         "automountServiceAccountToken": False,
         "terminationGracePeriodSeconds": 60,
         **pool_placement(pool),
         "containers": [engine],
-        "volumes": [dshm_volume()],
+        "volumes": [dshm_volume(), home_volume()],
     }
     pod_spec = deep_merge(base_pod_spec, spec.serving.pod_overrides)
     restore_container(pod_spec, owned_engine, gpu_resource_name=pool.gpu_resource_name, gpu_count=gpu_count)
     restore_placement(pod_spec, pool)
+    if not policy.allows("serviceAccountName"):
+        pod_spec["serviceAccountName"] = SERVING_SERVICE_ACCOUNT
+    if not policy.allows("automountServiceAccountToken"):
+        pod_spec["automountServiceAccountToken"] = False
+    pod_spec["enableServiceLinks"] = False
+    harden(pod_spec, policy)
 
     pod_labels = names.serving_labels(sdep_name, pool.name)
     pod_labels[names.LABEL_SPECULATION] = "on" if speculating else "off"
