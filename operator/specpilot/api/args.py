@@ -66,6 +66,13 @@ OWNED_SHORT: dict[str, str] = {
 }
 """vLLM's short aliases of owned flags -> the long name."""
 
+NO_VALUE_PREFIXES = ("enable-", "disable-", "no-")
+"""Flags named like these take no value in vLLM (store_true / BooleanOptionalAction), so a bare word after
+one is not their value: vLLM would read it as the positional model_tag."""
+NO_VALUE_FLAGS = frozenset({"enforce-eager", "trust-remote-code", "skip-tokenizer-init", "async-scheduling",
+                            "language-model-only", "allow-credentials", "tokens-only", "grpc"})
+"""Other value-less flags a bare word is commonly placed after."""
+
 MAX_EXTRA_ARGS = 64
 MAX_ARG_LENGTH = 4096
 _CONTROL = re.compile(r"[\x00-\x1f\x7f\u0085\u2028\u2029]")
@@ -140,7 +147,8 @@ def extra_args_problems(args: list[str], where: str = "extraArgs") -> list[str]:
             problems.append(f"{at} ({echo(cap(arg, 60))}) sets {shown}, which specpilot owns (in any spelling: "
                             f"'_' or '-', '=value' or a separate value, dotted sub-keys, abbreviations): use "
                             f"{field} instead")
-        value_expected = not has_value
+        long = name[2:].split(".", 1)[0].replace("_", "-") if name.startswith("--") else ""
+        value_expected = not has_value and not (long.startswith(NO_VALUE_PREFIXES) or long in NO_VALUE_FLAGS)
     return problems
 
 

@@ -15,6 +15,8 @@ from typing import Any
 import celpy
 import jsonschema
 
+from .base import ECHO_LIMIT, cap, echo
+
 
 def _schema_of(crd: dict[str, Any]) -> dict[str, Any]:
     return crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
@@ -94,6 +96,20 @@ def _structure_checks(schema: dict[str, Any], obj: Any, path: str, errors: list[
                 _structure_checks(sub, obj[name], _path(path, name), errors)
 
 
+def _schema_message(err: jsonschema.ValidationError) -> str:
+    """jsonschema's message without the offending value in full (a 1,000-item list would be printed whole)."""
+    value, limit = err.instance, err.validator_value
+    if err.validator == "maxItems":
+        return f"has {len(value)} items, more than the {limit} allowed"
+    if err.validator == "maxLength":
+        return f"is {len(value)} characters long, more than the {limit} allowed ({echo(value, 60)})"
+    if err.validator == "maxProperties":
+        return f"has {len(value)} keys, more than the {limit} allowed"
+    if err.validator == "pattern":
+        return f"{echo(value)} does not match {limit!r}"
+    return cap(err.message, 3 * ECHO_LIMIT)
+
+
 def validate_custom_resource(crd: dict[str, Any], obj: dict[str, Any], old: dict[str, Any] | None = None) -> list[str]:
     """Problems the API server would report for `obj` (empty list: it would be accepted)."""
     schema = _schema_of(crd)
@@ -107,7 +123,7 @@ def validate_custom_resource(crd: dict[str, Any], obj: dict[str, Any], old: dict
         path = ""
         for part in err.absolute_path:
             path = _path(path, part)
-        errors.append(f"{path or '<root>'}: {err.message}")
+        errors.append(f"{cap(path or '<root>')}: {_schema_message(err)}")
     _structure_checks(schema, obj, "", errors)
     if not errors:
         old_defaulted = apply_defaults(schema, copy.deepcopy(old)) if old is not None else None

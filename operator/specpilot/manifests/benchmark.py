@@ -174,12 +174,14 @@ def benchmark_job(*, profile_name: str, namespace: str, profile_spec: Speculatio
                   sdep_name: str | None = None, tenancy: TenancyPolicy | None = None) -> dict[str, Any]:
     """batch/v1 Job measuring `profile_spec` on `pool`, owned by the SpeculationProfile `owner`
     (apiVersion, kind, name, uid) so it is collected with it. `sdep_name`, when given, labels the Job with
-    the SpeculativeDeployment that asked for it. The pod runs as `tenancy` (the operator config's policy; its
-    defaults when None) allows, with the ServiceAccount token mounted into the bench container only; a spec
-    it refuses raises TenancyViolation."""
+    the SpeculativeDeployment that asked for it. `bench_image` is the operator's benchmark image;
+    spec.profiling.image replaces it when the policy allows that image. The pod runs as `tenancy` (the operator
+    config's policy; its defaults when None) allows, with the ServiceAccount token mounted into the bench
+    container only; a spec it refuses raises TenancyViolation."""
     _check_run(profile_spec, mode, run_k)
     policy = tenancy or TenancyPolicy()
     refuse(serving_problems(spec, policy) + profiling_problems(spec, policy, benchmark_image=bench_image))
+    bench_image = spec.profiling.image or bench_image
     security = policy.pod_security
     model = bench_engine_model(spec, profile_spec)
     port = spec.serving.port
