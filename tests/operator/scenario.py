@@ -167,10 +167,38 @@ async def play_deployment_controller(api: SandboxApiServer, stop: asyncio.Event)
         await asyncio.sleep(0.2)
 
 
-def serving_pod(deployment_obj: dict, name: str, ip: str) -> dict:
-    """A Running pod of the Deployment at `ip`, as the kubelet would report it."""
-    labels = deployment_obj["spec"]["template"]["metadata"]["labels"]
-    return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "namespace": NAMESPACE, "labels": dict(labels)},
+def serving_pod(deployment_obj: dict, name: str, ip: str, replicaset: dict | None = None) -> dict:
+    """A Running pod of the Deployment at `ip`, as the kubelet would report it; controlled by `replicaset`
+    (one of the Deployment's, see `replicaset_of`) when given, as the Deployment controller creates them."""
+    labels = dict(deployment_obj["spec"]["template"]["metadata"]["labels"])
+    metadata: dict = {"name": name, "namespace": NAMESPACE, "labels": labels}
+    if replicaset is not None:
+        labels["pod-template-hash"] = replicaset["metadata"]["labels"]["pod-template-hash"]
+        metadata["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "controller": True,
+                                        "name": replicaset["metadata"]["name"], "uid": replicaset["metadata"]["uid"]}]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata,
             "spec": {"containers": [{"name": "engine", "image": "vllm"}]},
             "status": {"phase": "Running", "podIP": ip}}
+
+
+def replicaset_of(deployment_obj: dict, template_hash: str) -> dict:
+    """A ReplicaSet `<deployment>-<hash>` controlled by the Deployment, as the Deployment controller makes."""
+    meta = deployment_obj["metadata"]
+    return {"apiVersion": "apps/v1", "kind": "ReplicaSet",
+            "metadata": {"name": f"{meta['name']}-{template_hash}", "namespace": NAMESPACE,
+                         "labels": {**deployment_obj["spec"]["template"]["metadata"]["labels"],
+                                    "pod-template-hash": template_hash},
+                         "ownerReferences": [{"apiVersion": "apps/v1", "kind": "Deployment", "controller": True,
+                                              "name": meta["name"], "uid": meta["uid"]}]},
+            "spec": {"replicas": 1, "selector": deployment_obj["spec"]["selector"],
+                     "template": deployment_obj["spec"]["template"]}}
+
+
+async def create_serving_pod(api: SandboxApiServer, deployment_obj: dict, name: str, ip: str) -> dict:
+    """Play the Deployment controller and the kubelet for one pod `<deployment>-<hash>-<suffix>`: its
+    ReplicaSet (created once) and the Running pod it controls."""
+    template_hash = name.removeprefix(deployment_obj["metadata"]["name"] + "-").split("-")[0]
+    replicaset = replicaset_of(deployment_obj, template_hash)
+    existing = api.get("replicasets", NAMESPACE, replicaset["metadata"]["name"])
+    replicaset = existing or await api.create(replicaset)
+    return await api.create(serving_pod(deployment_obj, name, ip, replicaset))

@@ -19,8 +19,8 @@ from tests.operator.scenario import (
     node,
     play_deployment_controller,
     publish_results,
+    create_serving_pod,
     sdep,
-    serving_pod,
     speculative_config,
     status,
 )
@@ -66,7 +66,7 @@ async def test_restart_strategy_toggles_with_hysteresis_and_replicas_follow_load
         await sandbox.wait_for(lambda: (condition(sandbox, "RolledOut") or {}).get("status") == "True",
                                what="RolledOut=True")
 
-        await sandbox.create(serving_pod(deployment(sandbox, "h100"), "llama-h100-7d9f8-a1b2c", ip))
+        await create_serving_pod(sandbox, deployment(sandbox, "h100"), "llama-h100-7d9f8-a1b2c", ip)
         high, low = crossover * 1.6, crossover * 0.3
         # Live acceptance as profiled: the decision stands and only the load moves.
         profiled = next(p for p in sandbox.objects("speculationprofiles", NAMESPACE) if p["spec"].get("method"))

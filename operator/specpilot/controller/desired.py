@@ -239,6 +239,24 @@ def rolled_out_condition(pools: list[PoolStatus], sdep_name: str) -> tuple[bool,
     return None
 
 
+TRUNCATED_SHOWN = 3
+"""Cut reads named in the MetricsTruncated message; the rest are counted."""
+
+
+def truncated_condition(cut: list[str], old: list[Condition]) -> tuple[bool, str, str] | None:
+    """The MetricsTruncated condition (status, reason, message) after an observation: True when a read bound
+    (size, time, series, draft positions) left something out, saying what; False once a later observation
+    read everything; None while it never was True (the condition appears only once a bound was hit)."""
+    if cut:
+        shown = "; ".join(cut[:TRUNCATED_SHOWN]) + (f"; and {len(cut) - TRUNCATED_SHOWN} more" if
+                                                     len(cut) > TRUNCATED_SHOWN else "")
+        return True, "ReadLimitExceeded", (f"{shown}. The operator bounds what it reads from metrics endpoints "
+                                           "(its metricsReadLimits config); decisions use what was read within them")
+    if any(c.type == "MetricsTruncated" for c in old):
+        return False, "WithinLimits", "the last observation was read within the operator's metricsReadLimits"
+    return None
+
+
 def jobs_allowed(pending: list[str], running: int, max_parallel: int) -> list[str]:
     """Which waiting profiles may get a Job now, oldest-first order preserved."""
     return pending[: max(0, max_parallel - running)]

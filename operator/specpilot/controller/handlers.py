@@ -21,6 +21,9 @@ SDEP = (GROUP, VERSION, "speculativedeployments")
 SPROF = (GROUP, VERSION, "speculationprofiles")
 RETRY_S = 10
 """Seconds before a failed reconciliation is retried (kopf's default is 60)."""
+STOP_GRACE_S = 15
+"""On shutdown, how long a timer that is mid-reconciliation may take to finish (kopf's default gives it a few
+event-loop cycles, then leaves it orphaned and the process exits under it). Below the pod's 30 s grace."""
 PERIODIC_ID = "periodic"
 """The timer that reconciles every deployment each reconcileIntervalSeconds (and observes its load)."""
 PROFILE_WATCH_ID = "profiles-watch"
@@ -44,10 +47,17 @@ def register(registry: kopf.OperatorRegistry, ctx: Context, *, peering: bool) ->
         settings.watching.server_timeout = 300
         settings.watching.client_timeout = 330
         settings.networking.request_timeout = 60
+        # A timer caught mid-run by SIGTERM finishes it (a new run starts no more: see `stopped` below).
+        settings.background.instant_exit_timeout = STOP_GRACE_S
         if peering:
             # Equal priorities make every peer pause: give each replica its own.
             settings.peering.priority = random.randint(1, 10_000)
         settings.peering.mandatory = peering
+
+    @kopf.on.cleanup(registry=registry)
+    async def close(**_: Any) -> None:
+        # Sessions left open when the process exits are reported as "Unclosed connector".
+        await ctx.close()
 
     @kopf.on.login(registry=registry)
     def login(**_: Any) -> kopf.ConnectionInfo:
@@ -73,10 +83,13 @@ def register(registry: kopf.OperatorRegistry, ctx: Context, *, peering: bool) ->
         return {f"{namespace}/{name}": {"metadata": dict(body.metadata), "status": dict(body.get("status") or {})}}
 
     async def run(body: kopf.Body, patch: kopf.Patch, logger: logging.Logger, nodes_index: kopf.Index,
-                  profiles_index: kopf.Index, jobs_index: kopf.Index, observe: bool, memo: Context) -> None:
+                  profiles_index: kopf.Index, jobs_index: kopf.Index, observe: bool, memo: Context,
+                  stopped: kopf.DaemonStopped | None = None) -> None:
         namespace = body.metadata.namespace
         started = time.perf_counter()
         async with ctx.lock(body.metadata.uid):
+            if stopped is not None and stopped.is_set():
+                return  # the operator is stopping: a timer that waited for the lock starts nothing new
             # Read under the lock, and as last computed here: a reconciliation that waited for the lock
             # starts from what the one before it decided, even before kopf has written that.
             raw = dict(body)
@@ -116,17 +129,23 @@ def register(registry: kopf.OperatorRegistry, ctx: Context, *, peering: bool) ->
     @kopf.timer(*SDEP, id=PERIODIC_ID, interval=ctx.config.reconcile_interval_seconds, sharp=False, backoff=RETRY_S,
                 registry=registry)
     async def on_timer(body: kopf.Body, patch: kopf.Patch, logger: logging.Logger, nodes_index: kopf.Index,
-                       profiles_index: kopf.Index, jobs_index: kopf.Index, memo: Context, **_: Any) -> None:
-        await run(body, patch, logger, nodes_index, profiles_index, jobs_index, observe=True, memo=memo)
+                       profiles_index: kopf.Index, jobs_index: kopf.Index, memo: Context,
+                       stopped: kopf.DaemonStopped, **_: Any) -> None:
+        if stopped.is_set():
+            return
+        await run(body, patch, logger, nodes_index, profiles_index, jobs_index, observe=True, memo=memo,
+                  stopped=stopped)
 
     @kopf.timer(*SDEP, id=PROFILE_WATCH_ID, interval=ctx.config.profile_watch_seconds, sharp=False,
                 backoff=RETRY_S, registry=registry)
     async def on_profiles(body: kopf.Body, patch: kopf.Patch, logger: logging.Logger, nodes_index: kopf.Index,
-                          profiles_index: kopf.Index, jobs_index: kopf.Index, memo: Context, **_: Any) -> None:
+                          profiles_index: kopf.Index, jobs_index: kopf.Index, memo: Context,
+                          stopped: kopf.DaemonStopped, **_: Any) -> None:
         # in memory only: reconcile at once when a profile or its Job moved since the last reconciliation
         seen = memo.profiles_seen
-        if seen is not None and seen != profiles_fingerprint(ctx, ctx.latest(dict(body))):
-            await run(body, patch, logger, nodes_index, profiles_index, jobs_index, observe=False, memo=memo)
+        if not stopped.is_set() and seen is not None and seen != profiles_fingerprint(ctx, ctx.latest(dict(body))):
+            await run(body, patch, logger, nodes_index, profiles_index, jobs_index, observe=False, memo=memo,
+                      stopped=stopped)
 
 
 def _profile_moved(ctx: Context, namespace: str, profile_label: str) -> None:

@@ -25,6 +25,7 @@ RESOURCES: dict[str, tuple[str, str, bool]] = {
     "speculativedeployments": ("specpilot.io", "v1alpha1", True),
     "speculationprofiles": ("specpilot.io", "v1alpha1", True),
     "deployments": ("apps", "v1", True),
+    "replicasets": ("apps", "v1", True),
     "jobs": ("batch", "v1", True),
     "services": ("", "v1", True),
     "pods": ("", "v1", True),
@@ -34,14 +35,16 @@ RESOURCES: dict[str, tuple[str, str, bool]] = {
     "namespaces": ("", "v1", False),
     "roles": ("rbac.authorization.k8s.io", "v1", True),
     "rolebindings": ("rbac.authorization.k8s.io", "v1", True),
+    "clusterroles": ("rbac.authorization.k8s.io", "v1", False),
     "podmonitors": ("monitoring.coreos.com", "v1", True),
     "customresourcedefinitions": ("apiextensions.k8s.io", "v1", False),
 }
 KIND_TO_PLURAL = {
     "SpeculativeDeployment": "speculativedeployments", "SpeculationProfile": "speculationprofiles",
-    "Deployment": "deployments", "Job": "jobs", "Service": "services", "Pod": "pods",
+    "Deployment": "deployments", "ReplicaSet": "replicasets", "Job": "jobs", "Service": "services", "Pod": "pods",
     "ServiceAccount": "serviceaccounts", "Event": "events", "Node": "nodes", "Role": "roles",
     "RoleBinding": "rolebindings", "PodMonitor": "podmonitors", "Namespace": "namespaces",
+    "ClusterRole": "clusterroles",
 }
 
 FIELD_MANAGER = "specpilot"

@@ -37,6 +37,8 @@ from ..manifests import names
 from ..manifests.benchmark import benchmark_job
 from ..manifests.rbac import bench_rbac
 from ..manifests.serving import pod_monitor, service, serving_deployment
+from ..observe import allowlist
+from ..observe.bounded import ReadLimits
 from ..observe.model import MetricsUnavailable, PoolObservation
 from ..observe.pods import PodScrapeSource
 from ..observe.prometheus import PrometheusSource, pool_pod_regex
@@ -79,12 +81,17 @@ class Context:
     prometheus_sources: dict[tuple[str, int, int], PrometheusSource] = field(default_factory=dict)
     last_observed_at: dict[str, float] = field(default_factory=dict)
     replica_states: dict[str, ReplicaState] = field(default_factory=dict)
+    replicaset_owners: dict[str, str] = field(default_factory=dict)
+    """ReplicaSet uid -> uid of the Deployment that controls it ("" for none): which pods are the operator's
+    own to scrape (a pod that merely carries the labels is not)."""
     bench_identity_checked: dict[str, float] = field(default_factory=dict)
     """Namespace -> when its benchmark identity was last ensured (monotonic seconds)."""
     counted_jobs: set[str] = field(default_factory=set)
     """Uids of benchmark Jobs already counted as succeeded in the metrics."""
     profile_events: dict[str, int] = field(default_factory=dict)
     """"namespace/profile" -> watch events of the profile and its benchmark Jobs seen by the index handlers."""
+    last_cut: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """"uid/pool" -> what the read bounds left out of that pool's last observation (read once per reconcile)."""
     written: dict[str, dict] = field(default_factory=dict)
     """Uid -> the status its last reconciliation computed. kopf writes it only after the handler returns, so
     the next reconciliation (a timer may already wait on the lock) starts from this, not from a body that
@@ -101,6 +108,13 @@ class Context:
         process computed one), which the body may not show yet."""
         written = self.written.get((body.get("metadata") or {}).get("uid", ""))
         return body if written is None else {**body, "status": written}
+
+    async def close(self) -> None:
+        """Release what the context holds open: Prometheus HTTP sessions, the API client's pool."""
+        for source in list(self.prometheus_sources.values()):
+            await source.close()
+        self.prometheus_sources.clear()
+        self.kube.close()
 
     def forget(self, uid: str) -> None:
         """Drop what is kept per object once it is deleted."""
@@ -164,14 +178,26 @@ async def reconcile(ctx: Context, body: dict, nodes: list[dict], profiles: dict[
     pools: list[PoolStatus] = []
     metrics_problems: list[str] = []
     metrics_ok: list[str] = []
+    metrics_reason = "MetricsUnavailable"
+    metrics_cut: list[str] = []
+    observed_now = False
+    url_refused = _prometheus_url_refusal(ctx, spec)
+    if url_refused:
+        # Refused before any request: the URL a tenant names is never contacted.
+        metrics_problems.append(url_refused)
+        metrics_reason = "PrometheusUrlNotAllowed"
     for view in views:
         pool_old = old_pools.get(view.pool.name) or PoolStatus(name=view.pool.name)
         pool, problem = await _reconcile_pool(ctx, body, spec, view, needed, states, profiles, pool_old, now,
-                                              events, observe)
+                                              events, observe and not url_refused)
         if problem:
-            metrics_problems.append(f"pool {view.pool.name}: {problem}")
+            metrics_problems.append(f"pool {view.pool.name}: {problem.reason}")
         elif pool.observed is not None:
             metrics_ok.append(view.pool.name)
+        cut = ctx.last_cut.pop(f"{uid}/{view.pool.name}", None)
+        if cut is not None:
+            observed_now = True
+            metrics_cut += [f"pool {view.pool.name}: {what}" for what in cut]
         pools.append(pool)
         if (pool.decision and pool.decision.method) != (pool_old.decision and pool_old.decision.method) or (
                 pool.decision and pool_old.decision
@@ -218,16 +244,22 @@ async def reconcile(ctx: Context, body: dict, nodes: list[dict], profiles: dict[
         status.conditions = desired.set_condition(status.conditions, "RolledOut", *rolled_out, generation, now)
     if metrics_problems:
         status.conditions = desired.set_condition(
-            status.conditions, "MetricsAvailable", False, "MetricsUnavailable",
+            status.conditions, "MetricsAvailable", False, metrics_reason,
             "; ".join(metrics_problems) + ": holding the last decision and replica count", generation, now)
         ctx.metrics.metrics_available.labels(namespace, name).set(0)
-        if not any(c.type == "MetricsAvailable" and c.status == "False" for c in old.conditions):
-            events.append(Event("Warning", "MetricsUnavailable", "; ".join(metrics_problems)))
+        if not any(c.type == "MetricsAvailable" and c.status == "False" and c.reason == metrics_reason
+                   for c in old.conditions):
+            events.append(Event("Warning", metrics_reason, "; ".join(metrics_problems)))
     elif metrics_ok:
         status.conditions = desired.set_condition(
             status.conditions, "MetricsAvailable", True, "MetricsFresh",
             f"load observed for pool(s) {', '.join(metrics_ok)}", generation, now)
         ctx.metrics.metrics_available.labels(namespace, name).set(1)
+    truncated = desired.truncated_condition(metrics_cut, old.conditions) if observed_now else None
+    if truncated is not None:
+        status.conditions = desired.set_condition(status.conditions, "MetricsTruncated", *truncated, generation, now)
+        if truncated[0] and not any(c.type == "MetricsTruncated" and c.status == "True" for c in old.conditions):
+            events.append(Event("Warning", "MetricsTruncated", truncated[2]))
     if no_nodes and not any(c.type == "NodesAvailable" and c.status == "False" for c in old.conditions):
         events.append(Event("Warning", "NoNodes", f"no nodes match pool(s) {', '.join(no_nodes)}"))
     return Result(status.dump(), events)
@@ -242,11 +274,12 @@ RETRY_HINT = f"set the annotation {REPROFILE_ANNOTATION} on the SpeculativeDeplo
 
 
 async def _ensure_bench_identity(ctx: Context, namespace: str) -> None:
-    """The ServiceAccount/Role/RoleBinding benchmark pods use to publish results (one set per namespace)."""
+    """The ServiceAccount and RoleBinding (to the chart's bench ClusterRole: get a profile, get and patch its
+    status) benchmark pods use to publish results, one set per namespace; the operator creates no Roles."""
     if time.monotonic() - ctx.bench_identity_checked.get(namespace, -BENCH_IDENTITY_RECHECK_S) \
             < BENCH_IDENTITY_RECHECK_S:
         return
-    for obj in bench_rbac(namespace):
+    for obj in bench_rbac(namespace, cluster_role=ctx.config.bench_cluster_role):
         await ctx.kube.ensure(obj)
     ctx.bench_identity_checked[namespace] = time.monotonic()
 
@@ -451,7 +484,7 @@ def _pool_profiles(needed: list[desired.NeededProfile], pool: str, sku: str,
 async def _reconcile_pool(ctx: Context, body: dict, spec: SpeculativeDeploymentSpec, view: desired.PoolView,
                           needed: list[desired.NeededProfile], states: dict[str, str], profiles: dict[str, dict],
                           old: PoolStatus, now: datetime, events: list[Event],
-                          observe: bool) -> tuple[PoolStatus, str | None]:
+                          observe: bool) -> tuple[PoolStatus, MetricsUnavailable | None]:
     meta = body["metadata"]
     namespace, name = meta["namespace"], meta["name"]
     pool_needed = [n for n in needed if n.pool == view.pool.name]
@@ -481,15 +514,16 @@ async def _reconcile_pool(ctx: Context, body: dict, spec: SpeculativeDeploymentS
     except NotFound:
         current = None
     observation: PoolObservation | None = None
-    metrics_problem: str | None = None
+    metrics_problem: MetricsUnavailable | None = None
     # Nothing to observe before a replica is ready; that is not a metrics outage.
     ready_replicas = int(((current or {}).get("status") or {}).get("readyReplicas") or 0)
     if observe and ready_replicas and _observation_due(ctx, meta["uid"], view.pool.name,
                                                          spec.metrics.interval_seconds):
         try:
-            observation = await _observe_pool(ctx, spec, namespace, name, view.pool.name)
+            observation = await _observe_pool(ctx, spec, namespace, name, view.pool.name, current)
         except MetricsUnavailable as exc:
-            metrics_problem = exc.reason
+            metrics_problem = exc
+        ctx.last_cut[f"{meta['uid']}/{view.pool.name}"] = observation.cut if observation else metrics_problem.cut
     if observation is not None:
         pool.observed = ObservedLoad(
             concurrency=round(observation.running_per_replica, 3),
@@ -711,7 +745,7 @@ def _speculation_state(ctx: Context, body: dict, spec: SpeculativeDeploymentSpec
 
 
 def _replicas(ctx: Context, body: dict, spec: SpeculativeDeploymentSpec, view: desired.PoolView, pool: PoolStatus,
-              observation: PoolObservation | None, current: dict | None, metrics_problem: str | None,
+              observation: PoolObservation | None, current: dict | None, metrics_problem: MetricsUnavailable | None,
               now: datetime) -> int | None:
     """Replicas to write: None in external mode (HPA/KEDA owns spec.replicas; we only publish)."""
     lo = view.pool.min_replicas if view.pool.min_replicas is not None else spec.serving.min_replicas
@@ -753,33 +787,94 @@ def _observation_due(ctx: Context, uid: str, pool: str, interval_s: float) -> bo
     return True
 
 
+def _prometheus_url_refusal(ctx: Context, spec: SpeculativeDeploymentSpec) -> str | None:
+    """Why the deployment's own Prometheus URL is not used (not on the admin's allow-list), or None."""
+    url = spec.metrics.prometheus_url
+    if spec.metrics.source != "prometheus" or not url:
+        return None
+    return allowlist.refusal(url, ctx.config.allowed_prometheus_urls)
+
+
+def _max_k(spec: SpeculativeDeploymentSpec) -> int:
+    """The most draft positions any candidate method can report: live per-position acceptance beyond it is
+    not read (a position label is a number a pod chooses)."""
+    return max((m.num_speculative_tokens for m in spec.methods), default=1)
+
+
 async def _observe_pool(ctx: Context, spec: SpeculativeDeploymentSpec, namespace: str, name: str,
-                        pool: str) -> PoolObservation:
+                        pool: str, current: dict | None) -> PoolObservation:
     deployment = names.serving_deployment_name(name, pool)
     metrics = spec.metrics
+    limits = ctx.config.metrics_read_limits
     if metrics.source == "prometheus":
+        refused = _prometheus_url_refusal(ctx, spec)
+        if refused:
+            raise MetricsUnavailable(refused, code="PrometheusUrlNotAllowed")
         url = metrics.prometheus_url or ctx.config.prometheus_url
         if not url:
-            raise MetricsUnavailable("no Prometheus URL: set spec.metrics.prometheusUrl or the operator's "
-                                     "prometheusUrl, or use spec.metrics.source: pods")
+            raise MetricsUnavailable("no Prometheus URL: the operator's prometheusUrl is not set (ask the cluster "
+                                     "administrator), or use spec.metrics.source: pods")
         key = (url, metrics.window_seconds, metrics.stale_after_seconds)
         source = ctx.prometheus_sources.get(key)
         if source is None:
             source = ctx.prometheus_sources[key] = PrometheusSource(
-                url, window_s=metrics.window_seconds, stale_after_s=metrics.stale_after_seconds)
-        return await source.observe(namespace, pool_pod_regex(deployment))
+                url, window_s=metrics.window_seconds, stale_after_s=metrics.stale_after_seconds,
+                limits=ReadLimits.for_prometheus(limits))
+        return await source.observe(namespace, pool_pod_regex(deployment), max_positions=_max_k(spec))
     key = f"{namespace}/{deployment}"
     source = ctx.pod_sources.get(key)
     if source is None:
         source = ctx.pod_sources[key] = PodScrapeSource(window_s=metrics.window_seconds,
-                                                        stale_after_s=metrics.stale_after_seconds)
+                                                        stale_after_s=metrics.stale_after_seconds,
+                                                        limits=ReadLimits.for_pods(limits))
     selector = ",".join(f"{k}={v}" for k, v in names.serving_selector(name, pool).items())
     pods = await ctx.kube.list("pods", namespace, label_selector=selector)
-    targets = [(p["metadata"]["name"], f"http://{p['status']['podIP']}:{spec.serving.port}")
-               for p in pods if (p.get("status") or {}).get("podIP") and (p.get("status") or {}).get("phase") == "Running"]
+    running = [p for p in pods if (p.get("status") or {}).get("podIP") and (p.get("status") or {}).get("phase") == "Running"]
+    deployment_uid = ((current or {}).get("metadata") or {}).get("uid")
+    own = [p for p in running if deployment_uid and await _pod_is_own(ctx, namespace, deployment, deployment_uid, p)]
+    # The port is the one the operator set on the engine container; nothing in the pod chooses it.
+    targets = [(p["metadata"]["name"], f"http://{p['status']['podIP']}:{spec.serving.port}") for p in own]
     if not targets:
-        raise MetricsUnavailable(f"no running pods of {deployment} to scrape")
-    return await source.observe(targets)
+        foreign = len(running) - len(own)
+        raise MetricsUnavailable(f"no running pods of {deployment} to scrape" + (
+            f" ({foreign} pod(s) with its labels are not its own and are not scraped)" if foreign else ""))
+    return await source.observe(targets, max_positions=_max_k(spec))
+
+
+MAX_REPLICASET_OWNERS = 10_000
+"""Bound on the remembered ReplicaSet -> Deployment ownerships."""
+
+
+async def _pod_is_own(ctx: Context, namespace: str, deployment: str, deployment_uid: str, pod: dict) -> bool:
+    """Whether the pod was created for the operator's own Deployment: controlled by a ReplicaSet of that
+    Deployment's name that the Deployment (by uid) controls, and not on the host's network. Labels alone
+    prove nothing: anyone who may create pods in the namespace can copy them."""
+    if (pod.get("spec") or {}).get("hostNetwork"):
+        return False
+    status = pod.get("status") or {}
+    if status.get("hostIP") and status.get("hostIP") == status.get("podIP"):
+        return False
+    owner = _controller(pod)
+    if owner is None or owner.get("kind") != "ReplicaSet" or not str(owner.get("name", "")).startswith(f"{deployment}-"):
+        return False
+    rs_uid = owner.get("uid") or ""
+    if rs_uid not in ctx.replicaset_owners:
+        try:
+            replicaset = await ctx.kube.get("replicasets", namespace, owner["name"])
+        except NotFound:
+            return False
+        if (replicaset.get("metadata") or {}).get("uid") != rs_uid:
+            return False
+        if len(ctx.replicaset_owners) >= MAX_REPLICASET_OWNERS:
+            ctx.replicaset_owners.clear()
+        rs_owner = _controller(replicaset)
+        ctx.replicaset_owners[rs_uid] = (rs_owner or {}).get("uid", "") if (rs_owner or {}).get("kind") == "Deployment" \
+            else ""
+    return ctx.replicaset_owners[rs_uid] == deployment_uid
+
+
+def _controller(obj: dict) -> dict | None:
+    return next((o for o in (obj.get("metadata") or {}).get("ownerReferences") or [] if o.get("controller")), None)
 
 
 async def _reconcile_service(ctx: Context, body: dict, spec: SpeculativeDeploymentSpec) -> None:

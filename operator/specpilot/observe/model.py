@@ -12,11 +12,16 @@ from datetime import datetime
 
 
 class MetricsUnavailable(Exception):
-    """No usable metrics for a pool; `reason` says why ("no Prometheus at URL", "stale: ...")."""
+    """No usable metrics for a pool; `reason` says why ("no Prometheus at URL", "stale: ...").
 
-    def __init__(self, reason: str) -> None:
+    `cut` lists the read bounds that were hit on the way (an answer over the size limit, a source that did
+    not answer in time), `code` is a CamelCase reason for a condition when the cause is a setting to fix."""
+
+    def __init__(self, reason: str, *, cut: tuple[str, ...] = (), code: str = "MetricsUnavailable") -> None:
         super().__init__(reason)
         self.reason = reason
+        self.cut = tuple(cut)
+        self.code = code
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,3 +62,6 @@ class PoolObservation:
     concurrency_histogram: list[tuple[float, float]]
     """Per-replica running requests seen over the window: (concurrency, weight) sorted by concurrency,
     weights summing to 1; one sample per pod per sampling step."""
+    cut: tuple[str, ...] = ()
+    """What the read bounds left out of this observation (a pod whose page was over the size limit, draft
+    positions beyond the method's K, ...); empty when everything was read."""

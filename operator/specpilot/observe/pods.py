@@ -10,6 +10,11 @@ the window, the way the Prometheus source's queries compute it from Prometheus' 
 - the TPOT p95 interpolates the summed bucket increases like Prometheus' histogram_quantile.
 So the resolution is the observe interval: rates need two calls inside the window.
 
+Every read is bounded (`specpilot.observe.bounded`): a page over the size limit or slower than the time
+limit counts as a failed scrape, draft positions beyond the served method's K are ignored, and what was
+left out is reported in `PoolObservation.cut` (or `MetricsUnavailable.cut`). Failure messages never quote
+a pod's answer.
+
 A pod that is no longer among the targets (scaled down, replaced) stops counting at once; its buffer is
 dropped when its newest sample leaves the window. One instance may serve several pools: only the samples
 of the targets passed in are read.
@@ -27,10 +32,13 @@ from datetime import UTC, datetime
 import aiohttp
 
 from specpilot.observe import vllm_metrics as vm
+from specpilot.observe.bounded import ReadLimits, ReadRefused, bounded_get, new_session
 from specpilot.observe.model import MetricsUnavailable, PoolObservation
 
 # Bounds a pod's buffer when observe is called far more often than the window needs.
 MAX_SAMPLES_PER_POD = 1024
+MAX_CONCURRENT_SCRAPES = 16
+"""Pods scraped at once: bounds the memory of one round to this many pages at the size limit."""
 
 PodKey = tuple[str, str]
 """(pod name, base URL): the IP makes a pod unique across namespaces."""
@@ -52,6 +60,7 @@ class PodScrapeSource:
         window_s: float,
         stale_after_s: float,
         timeout_s: float = 5,
+        limits: ReadLimits | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
@@ -60,14 +69,17 @@ class PodScrapeSource:
                              f"(got {window_s}, {stale_after_s}, {timeout_s})")
         self.window_s = window_s
         self.stale_after_s = stale_after_s
-        self.timeout_s = timeout_s
+        self.limits = limits or ReadLimits(timeout_s=timeout_s)
+        self.timeout_s = self.limits.timeout_s
         self._clock = clock
         self._wall_clock = wall_clock
         self._history: dict[PodKey, deque[PodSample]] = {}
 
-    async def observe(self, targets: Sequence[tuple[str, str]]) -> PoolObservation:
+    async def observe(self, targets: Sequence[tuple[str, str]],
+                      max_positions: int = vm.MAX_POSITIONS) -> PoolObservation:
         """Scrapes `targets` ((pod name, base URL such as http://10.0.0.7:8000)) and reports the pool.
 
+        `max_positions` is the served method's K: per-position acceptance beyond it is ignored.
         Raises MetricsUnavailable when no target has ever answered inside the window, or when the newest
         sample is older than stale_after_s.
         """
@@ -76,10 +88,17 @@ class PodScrapeSource:
         now_s = self._clock()
         observed_at = self._wall_clock()
         keys = list(dict.fromkeys((name, url.rstrip("/")) for name, url in targets))
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s)) as session:
-            results = await asyncio.gather(*(_scrape(session, url) for _, url in keys))
-        failures = []
-        for key, result in zip(keys, results):
+        gate = asyncio.Semaphore(MAX_CONCURRENT_SCRAPES)
+
+        async def scrape(url: str) -> tuple[vm.VllmSnapshot | str, tuple[str, ...]]:
+            async with gate:
+                return await _scrape(session, url, self.limits, max_positions)
+
+        async with new_session(self.limits) as session:
+            results = await asyncio.gather(*(scrape(url) for _, url in keys))
+        failures, cut = [], []
+        for key, (result, pod_cut) in zip(keys, results):
+            cut += [f"pod {key[0]}: {what}" for what in pod_cut]
             if isinstance(result, vm.VllmSnapshot):
                 self._history.setdefault(key, deque(maxlen=MAX_SAMPLES_PER_POD)).append(PodSample(now_s, result))
             else:
@@ -88,13 +107,15 @@ class PodScrapeSource:
 
         history = {key[0]: list(self._history[key]) for key in keys if key in self._history}
         if not history:
-            raise MetricsUnavailable(f"could not scrape any of the {len(keys)} pods: {'; '.join(failures)}")
+            raise MetricsUnavailable(f"could not scrape any of the {len(keys)} pods: {'; '.join(failures)}",
+                                     cut=tuple(cut))
         newest_age_s = now_s - max(samples[-1].at_s for samples in history.values())
         if newest_age_s > self.stale_after_s:
             raise MetricsUnavailable(f"stale: newest sample {newest_age_s:.0f} s old (stale after "
-                                     f"{self.stale_after_s:g} s); {'; '.join(failures)}")
-        return observation_from_samples(history, now_s=now_s, window_s=self.window_s,
-                                        stale_after_s=self.stale_after_s, observed_at=observed_at)
+                                     f"{self.stale_after_s:g} s); {'; '.join(failures)}", cut=tuple(cut))
+        observation = observation_from_samples(history, now_s=now_s, window_s=self.window_s,
+                                               stale_after_s=self.stale_after_s, observed_at=observed_at)
+        return dataclasses.replace(observation, cut=tuple(cut))
 
     def _forget_before(self, oldest_s: float) -> None:
         for key in list(self._history):
@@ -164,18 +185,18 @@ def observation_from_samples(
     )
 
 
-async def _scrape(session: aiohttp.ClientSession, base_url: str) -> vm.VllmSnapshot | str:
-    """One pod's snapshot, or why there is none."""
+async def _scrape(session: aiohttp.ClientSession, base_url: str, limits: ReadLimits,
+                  max_positions: int) -> tuple[vm.VllmSnapshot | str, tuple[str, ...]]:
+    """One pod's snapshot, or why there is none (words of our own, never the pod's answer), and what the
+    bounds left out."""
     try:
-        async with session.get(f"{base_url}/metrics") as response:
-            if response.status != 200:
-                return f"HTTP {response.status} from /metrics"
-            text = await response.text()
-    except TimeoutError:
-        return "timed out"
-    except aiohttp.ClientError as error:
-        return f"{type(error).__name__}: {error}"
+        body = await bounded_get(session, f"{base_url}/metrics", limits)
+    except ReadRefused as refused:
+        return f"/metrics: {refused.why}", ((f"/metrics {refused.why}",) if refused.cut else ())
     try:
-        return vm.parse_snapshot(text)
+        return vm.parse_page(body.decode("utf-8", errors="replace"), max_positions=max_positions,
+                             max_samples=limits.max_series)
+    except vm.TooManySamples as error:
+        return f"/metrics: {error}", (f"/metrics {error}",)
     except ValueError as error:
-        return str(error)
+        return f"/metrics: {error}", ()

@@ -1,25 +1,29 @@
 """Observed load and live acceptance of a pool, queried from Prometheus.
 
 The queries are in `specpilot.observe.promql`; the arithmetic that turns counter increases into acceptance
-is shared with the pod-scrape source (`specpilot.observe.vllm_metrics`). prometheus-api-client is
-synchronous, so each observation runs its queries in one worker thread, all evaluated at the same instant.
+is shared with the pod-scrape source (`specpilot.observe.vllm_metrics`). Each observation runs its queries
+one after another over one aiohttp session, all evaluated at the same instant.
+
+Prometheus' HTTP API is read with the same bounds as a pod's /metrics (`specpilot.observe.bounded`): each
+answer is size- and time-limited, redirects are not followed, an answer with more series than allowed is
+refused, draft positions beyond the served method's K are ignored, and a failure is reported with the
+status code and size only: the answer of whatever the URL points at is never passed on.
 """
 
 from __future__ import annotations
 
-import asyncio
+import json
 import math
-import threading
+import re
 import time
-from collections.abc import Callable, Mapping
-from datetime import UTC, datetime, timedelta
+from collections.abc import Mapping
+from datetime import UTC, datetime
 
-import requests
-from prometheus_api_client import PrometheusApiClientException, PrometheusConnect
-from urllib3.util.retry import Retry
+import aiohttp
 
 from specpilot.observe import promql
 from specpilot.observe import vllm_metrics as vm
+from specpilot.observe.bounded import ReadLimits, ReadRefused, bounded_get, new_session
 from specpilot.observe.model import MetricsUnavailable, PoolObservation
 from specpilot.observe.promql import pool_pod_regex
 
@@ -27,6 +31,7 @@ __all__ = ["PrometheusSource", "pool_pod_regex"]
 
 # Samples per window for subqueries and the concurrency range query.
 STEPS_PER_WINDOW = 30
+_ERROR_TYPE = re.compile(r"^[A-Za-z_]{1,40}$")
 
 
 class PrometheusSource:
@@ -42,6 +47,7 @@ class PrometheusSource:
         pod_label: str = "pod",
         timeout_s: float = 10,
         headers: Mapping[str, str] | None = None,
+        limits: ReadLimits | None = None,
     ) -> None:
         if window_s <= 0 or stale_after_s <= 0:
             raise ValueError(f"window_s and stale_after_s must be > 0 (got {window_s}, {stale_after_s})")
@@ -51,37 +57,43 @@ class PrometheusSource:
         self.namespace_label = namespace_label
         self.pod_label = pod_label
         self.step_s = window_s / STEPS_PER_WINDOW
-        self._client = PrometheusConnect(
-            url=self.url,
-            headers=dict(headers) if headers else None,
-            timeout=timeout_s,
-            # The client's default retries a refused connection for seconds; the next observation retries.
-            retry=Retry(total=1, backoff_factor=0.1, status_forcelist=[502, 503, 504]),
-        )
-        # requests.Session is not documented as thread-safe; observations of several pools take turns.
-        self._session_lock = threading.Lock()
+        self.limits = limits or ReadLimits(timeout_s=timeout_s,
+                                           timeout_setting="metricsReadLimits.prometheusTimeoutSeconds")
+        self._headers = dict(headers) if headers else None
+        self._session: aiohttp.ClientSession | None = None
 
-    async def observe(self, namespace: str, pod_name_regex: str) -> PoolObservation:
+    async def close(self) -> None:
+        """Closes the HTTP session (the operator does so on shutdown)."""
+        if self._session is not None and not self._session.closed:
+            await self._session.close()
+        self._session = None
+
+    def _http(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = new_session(self.limits, self._headers)
+        return self._session
+
+    async def observe(self, namespace: str, pod_name_regex: str,
+                      max_positions: int = vm.MAX_POSITIONS) -> PoolObservation:
         """The pool whose pods in `namespace` match `pod_name_regex` (see `pool_pod_regex`).
 
-        Raises MetricsUnavailable when Prometheus cannot be reached or rejects a query, when no series
-        match, or when the newest sample is older than stale_after_s.
+        `max_positions` is the served method's K: per-position acceptance beyond it is ignored.
+        Raises MetricsUnavailable when Prometheus cannot be reached or rejects a query, when an answer breaks
+        a bound, when no series match, or when the newest sample is older than stale_after_s.
         """
-        return await asyncio.to_thread(self._observe, namespace, pod_name_regex)
+        return await self._observe_at(time.time(), namespace, pod_name_regex, max_positions)
 
-    def _observe(self, namespace: str, pod_name_regex: str) -> PoolObservation:
-        with self._session_lock:
-            return self._observe_at(time.time(), namespace, pod_name_regex)
-
-    def _observe_at(self, now: float, namespace: str, pod_name_regex: str) -> PoolObservation:
+    async def _observe_at(self, now: float, namespace: str, pod_name_regex: str,
+                          max_positions: int) -> PoolObservation:
         selector = promql.pod_selector(namespace, pod_name_regex, namespace_label=self.namespace_label,
                                        pod_label=self.pod_label)
         window_s, step_s = self.window_s, self.step_s
+        cut: list[str] = []
 
-        def scalar(query: str) -> float | None:
-            return _value(self._instant(query, now))
+        async def scalar(query: str) -> float | None:
+            return _value(await self._instant(query, now))
 
-        newest = scalar(promql.newest_sample_time(selector, window_s, step_s))
+        newest = await scalar(promql.newest_sample_time(selector, window_s, step_s))
         if newest is None:
             raise MetricsUnavailable(f"no series for pods matching {pod_name_regex} in namespace {namespace} "
                                      f"in the last {window_s:g} s at {self.url}")
@@ -91,73 +103,123 @@ class PrometheusSource:
                                      f"{self.stale_after_s:g} s) for pods matching {pod_name_regex} "
                                      f"in namespace {namespace}")
 
-        generation_tokens = scalar(promql.pool_increase(vm.GENERATION_TOKENS_TOTAL, selector, window_s))
-        summary = vm.spec_decode_summary(self._spec_decode_increase(selector, now), generation_tokens or 0.0)
-        tpot_p95_s = scalar(promql.pool_quantile(vm.TPOT_QUANTILE, vm.TPOT_SECONDS, selector, window_s))
+        generation_tokens = await scalar(promql.pool_increase(vm.GENERATION_TOKENS_TOTAL, selector, window_s))
+        spec_decode = await self._spec_decode_increase(selector, now, max_positions, cut)
+        summary = vm.spec_decode_summary(spec_decode, generation_tokens or 0.0)
+        tpot_p95_s = await scalar(promql.pool_quantile(vm.TPOT_QUANTILE, vm.TPOT_SECONDS, selector, window_s))
         return PoolObservation(
-            replicas_reporting=int(scalar(promql.replicas_reporting(selector, self.stale_after_s)) or 0),
-            running_per_replica=scalar(promql.mean_per_replica(
+            replicas_reporting=int(await scalar(promql.replicas_reporting(selector, self.stale_after_s)) or 0),
+            running_per_replica=await scalar(promql.mean_per_replica(
                 vm.NUM_REQUESTS_RUNNING, selector, window_s, step_s, self.pod_label)) or 0.0,
-            waiting_per_replica=scalar(promql.mean_per_replica(
+            waiting_per_replica=await scalar(promql.mean_per_replica(
                 vm.NUM_REQUESTS_WAITING, selector, window_s, step_s, self.pod_label)) or 0.0,
-            total_running=scalar(promql.pool_total(vm.NUM_REQUESTS_RUNNING, selector, window_s, step_s)) or 0.0,
-            total_waiting=scalar(promql.pool_total(vm.NUM_REQUESTS_WAITING, selector, window_s, step_s)) or 0.0,
-            generation_tokens_per_second=scalar(promql.pool_rate(vm.GENERATION_TOKENS_TOTAL, selector, window_s)),
+            total_running=await scalar(promql.pool_total(vm.NUM_REQUESTS_RUNNING, selector, window_s, step_s)) or 0.0,
+            total_waiting=await scalar(promql.pool_total(vm.NUM_REQUESTS_WAITING, selector, window_s, step_s)) or 0.0,
+            generation_tokens_per_second=await scalar(promql.pool_rate(vm.GENERATION_TOKENS_TOTAL, selector,
+                                                                       window_s)),
             tpot_p95_ms=None if tpot_p95_s is None else tpot_p95_s * 1000.0,
             acceptance_per_position=summary.acceptance_per_position,
             drafts_per_step=summary.drafts_per_step,
             mean_acceptance_length=summary.mean_acceptance_length,
-            kv_cache_usage=scalar(promql.mean_gauge(vm.KV_CACHE_USAGE_PERC, selector, window_s, step_s)),
+            kv_cache_usage=await scalar(promql.mean_gauge(vm.KV_CACHE_USAGE_PERC, selector, window_s, step_s)),
             observed_at=datetime.fromtimestamp(now, UTC),
             window_s=window_s,
-            concurrency_histogram=vm.concurrency_histogram(self._running_samples(selector, now)),
+            concurrency_histogram=vm.concurrency_histogram(await self._running_samples(selector, now)),
+            cut=tuple(cut),
         )
 
-    def _instant(self, query: str, now: float) -> list[dict]:
-        return self._ask(query, lambda: self._client.custom_query(query, params={"time": f"{now:.3f}"}))
+    async def _instant(self, query: str, now: float) -> list[dict]:
+        return await self._ask("query", query, {"query": query, "time": f"{now:.3f}"})
 
-    def _ask(self, query: str, call: Callable[[], list[dict]]) -> list[dict]:
+    async def _ask(self, endpoint: str, query: str, params: dict[str, str]) -> list[dict]:
+        """The `result` list of one query of the HTTP API, bounded; MetricsUnavailable when there is none."""
         try:
-            return call()
-        except requests.exceptions.RequestException as error:
-            raise MetricsUnavailable(f"no Prometheus at {self.url}: {error}") from error
-        except PrometheusApiClientException as error:
-            raise MetricsUnavailable(f"Prometheus at {self.url} failed the query {query}: {error}") from error
+            body = await bounded_get(self._http(), f"{self.url}/api/v1/{endpoint}", self.limits, params)
+        except ReadRefused as refused:
+            cut = (f"Prometheus at {self.url}: {refused.why}",) if refused.cut else ()
+            if refused.why == "cannot connect":
+                raise MetricsUnavailable(f"no Prometheus at {self.url}: cannot connect", cut=cut) from refused
+            raise MetricsUnavailable(f"Prometheus at {self.url} failed the query {query}: {refused.why}",
+                                     cut=cut) from refused
+        try:
+            answer = json.loads(body)
+        except ValueError as error:
+            raise MetricsUnavailable(f"Prometheus at {self.url} answered the query {query} with something "
+                                     f"that is not JSON ({len(body)} bytes, not shown)") from error
+        if not isinstance(answer, dict) or answer.get("status") != "success":
+            error_type = answer.get("errorType") if isinstance(answer, dict) else None
+            kind = error_type if isinstance(error_type, str) and _ERROR_TYPE.match(error_type) else "unknown"
+            raise MetricsUnavailable(f"Prometheus at {self.url} failed the query {query}: error type {kind}")
+        result = (answer.get("data") or {}).get("result") if isinstance(answer.get("data"), dict) else None
+        if not isinstance(result, list):
+            raise MetricsUnavailable(f"Prometheus at {self.url} answered the query {query} without a result list")
+        if len(result) > self.limits.max_series:
+            what = (f"Prometheus at {self.url}: an answer of {len(result)} series, over the "
+                    f"{self.limits.max_series} limit (metricsReadLimits.maxSeries): refused")
+            raise MetricsUnavailable(what, cut=(what,))
+        return [series for series in result if isinstance(series, dict) and isinstance(series.get("metric"), dict)]
 
-    def _spec_decode_increase(self, selector: str, now: float) -> vm.SpecDecodeCounts | None:
-        def instant(query: str) -> list[dict]:
-            return self._instant(query, now)
+    async def _spec_decode_increase(self, selector: str, now: float, max_positions: int,
+                                    cut: list[str]) -> vm.SpecDecodeCounts | None:
+        async def instant(query: str) -> list[dict]:
+            return await self._instant(query, now)
 
-        drafts = _value(instant(promql.pool_increase(vm.SPEC_DECODE_DRAFTS_TOTAL, selector, self.window_s)))
+        drafts = _value(await instant(promql.pool_increase(vm.SPEC_DECODE_DRAFTS_TOTAL, selector, self.window_s)))
         if drafts is None:
             return None
-        per_position = {
-            int(series["metric"][vm.POSITION_LABEL]): _value([series]) or 0.0
-            for series in instant(promql.pool_increase_by(
-                vm.SPEC_DECODE_ACCEPTED_PER_POS_TOTAL, vm.POSITION_LABEL, selector, self.window_s))
-            if vm.POSITION_LABEL in series["metric"]
-        }
+        per_position: dict[int, float] = {}
+        ignored = 0
+        for series in await instant(promql.pool_increase_by(
+                vm.SPEC_DECODE_ACCEPTED_PER_POS_TOTAL, vm.POSITION_LABEL, selector, self.window_s)):
+            if vm.POSITION_LABEL not in series["metric"]:
+                continue
+            position = vm.position_index(series["metric"][vm.POSITION_LABEL], max_positions)
+            if position is None:
+                ignored += 1
+            else:
+                per_position[position] = _value([series]) or 0.0
+        if ignored:
+            cut.append(f"Prometheus at {self.url}: {ignored} {vm.POSITION_LABEL} label(s) outside "
+                       f"0..{min(max_positions, vm.MAX_POSITIONS) - 1} (the method's K) ignored")
         width = max(per_position, default=-1) + 1
         return vm.SpecDecodeCounts(
             drafts=drafts,
-            draft_tokens=_value(instant(promql.pool_increase(
+            draft_tokens=_value(await instant(promql.pool_increase(
                 vm.SPEC_DECODE_DRAFT_TOKENS_TOTAL, selector, self.window_s))) or 0.0,
-            accepted_tokens=_value(instant(promql.pool_increase(
+            accepted_tokens=_value(await instant(promql.pool_increase(
                 vm.SPEC_DECODE_ACCEPTED_TOKENS_TOTAL, selector, self.window_s))) or 0.0,
             accepted_per_position=tuple(per_position.get(j, 0.0) for j in range(width)),
         )
 
-    def _running_samples(self, selector: str, now: float) -> list[float]:
+    async def _running_samples(self, selector: str, now: float) -> list[float]:
         query = promql.running_per_pod(selector, self.pod_label)
-        end = datetime.fromtimestamp(now, UTC)
-        result = self._ask(query, lambda: self._client.custom_query_range(
-            query, start_time=end - timedelta(seconds=self.window_s), end_time=end, step=f"{self.step_s:.3f}"))
-        return [float(value) for series in result for _, value in series["values"]]
+        result = await self._ask("query_range", query, {
+            "query": query, "start": f"{now - self.window_s:.3f}", "end": f"{now:.3f}", "step": f"{self.step_s:.3f}"})
+        samples: list[float] = []
+        for series in result:
+            values = series.get("values")
+            for pair in values if isinstance(values, list) else []:
+                value = _number(pair[1] if isinstance(pair, list) and len(pair) == 2 else None)
+                if value is not None and value <= vm.MAX_GAUGE:
+                    samples.append(value)
+                if len(samples) > self.limits.max_series * STEPS_PER_WINDOW:
+                    return samples
+        return samples
+
+
+def _number(raw: object) -> float | None:
+    """A sample value as Prometheus writes it ("1.5", "NaN"); None when not a finite, non-negative number."""
+    try:
+        value = float(raw)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+    return value if math.isfinite(value) and value >= 0 else None
 
 
 def _value(result: list[dict]) -> float | None:
-    """The value of a one-series instant result; None when empty or NaN (e.g. a quantile of nothing)."""
+    """The value of a one-series instant result; None when empty, NaN (e.g. a quantile of nothing), or not a
+    finite non-negative number."""
     if not result:
         return None
-    value = float(result[0]["value"][1])
-    return None if math.isnan(value) else value
+    pair = result[0].get("value")
+    return _number(pair[1] if isinstance(pair, list) and len(pair) == 2 else None)

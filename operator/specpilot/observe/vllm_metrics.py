@@ -114,26 +114,89 @@ class SpecDecodeSummary:
     mean_acceptance_length: float | None
 
 
-def parse_snapshot(text: str) -> VllmSnapshot:
+MAX_POSITIONS = 64
+"""Most draft positions read from any page (the CRD bounds K at 16); callers pass the served method's K."""
+MAX_BUCKETS = 64
+"""Most TPOT histogram buckets kept (vLLM has 20); a page with more has its histogram ignored."""
+MAX_GAUGE = 1e6
+"""Largest plausible running/waiting requests per engine; larger or non-finite values are ignored."""
+MAX_SAMPLES = 10_000
+"""Default bound on samples read from one page (vLLM serves a few hundred)."""
+
+
+class TooManySamples(ValueError):
+    """The page holds more samples than allowed: refused as a whole."""
+
+
+def parse_snapshot(text: str, *, max_positions: int = MAX_POSITIONS, max_samples: int = MAX_SAMPLES) -> VllmSnapshot:
     """Reads a vLLM /metrics page (Prometheus text format). Raises ValueError when it is not one."""
+    return parse_page(text, max_positions=max_positions, max_samples=max_samples)[0]
+
+
+def parse_page(text: str, *, max_positions: int = MAX_POSITIONS,
+               max_samples: int = MAX_SAMPLES) -> tuple[VllmSnapshot, tuple[str, ...]]:
+    """Reads a vLLM /metrics page into a snapshot, and says what was left out of it.
+
+    The page comes from a pod the tenant controls, so every number is bounded before it is kept: draft
+    positions outside 0..max_positions-1 (or not integers) are ignored, a TPOT histogram with more than
+    MAX_BUCKETS buckets is ignored, non-finite or negative values (and gauges above MAX_GAUGE) are ignored,
+    and a page with more than `max_samples` samples is refused (TooManySamples). Error messages never quote
+    the page. Raises ValueError when the page is not a vLLM page.
+    """
+    max_positions = max(0, min(max_positions, MAX_POSITIONS))
     gauges: dict[str, list[float]] = defaultdict(list)
     counters: dict[str, float] = defaultdict(float)
     per_position: dict[int, float] = defaultdict(float)
     buckets: dict[float, float] = defaultdict(float)
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name in (NUM_REQUESTS_RUNNING, NUM_REQUESTS_WAITING, KV_CACHE_USAGE_PERC):
-                gauges[sample.name].append(sample.value)
-            elif sample.name == SPEC_DECODE_ACCEPTED_PER_POS_TOTAL:
-                per_position[int(sample.labels[POSITION_LABEL])] += sample.value
-            elif sample.name in (GENERATION_TOKENS_TOTAL, SPEC_DECODE_DRAFTS_TOTAL,
-                                 SPEC_DECODE_DRAFT_TOKENS_TOTAL, SPEC_DECODE_ACCEPTED_TOKENS_TOTAL):
-                counters[sample.name] += sample.value
-            elif sample.name == TPOT_SECONDS + "_bucket":
-                buckets[float(sample.labels["le"])] += sample.value
+    ignored_positions = ignored_values = samples = 0
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                samples += 1
+                if samples > max_samples:
+                    raise TooManySamples(f"more than {max_samples} samples (metricsReadLimits.maxSeries): refused")
+                value = sample.value
+                if not math.isfinite(value) or value < 0:
+                    ignored_values += sample.name in _READ
+                    continue
+                if sample.name in (NUM_REQUESTS_RUNNING, NUM_REQUESTS_WAITING, KV_CACHE_USAGE_PERC):
+                    if value > MAX_GAUGE:
+                        ignored_values += 1
+                    else:
+                        gauges[sample.name].append(value)
+                elif sample.name == SPEC_DECODE_ACCEPTED_PER_POS_TOTAL:
+                    position = _position(sample.labels.get(POSITION_LABEL), max_positions)
+                    if position is None:
+                        ignored_positions += 1
+                    else:
+                        per_position[position] += value
+                elif sample.name in (GENERATION_TOKENS_TOTAL, SPEC_DECODE_DRAFTS_TOTAL,
+                                     SPEC_DECODE_DRAFT_TOKENS_TOTAL, SPEC_DECODE_ACCEPTED_TOKENS_TOTAL):
+                    counters[sample.name] += value
+                elif sample.name == TPOT_SECONDS + "_bucket":
+                    try:
+                        le = float(sample.labels.get("le", ""))
+                    except ValueError:
+                        ignored_values += 1
+                        continue
+                    buckets[le] += value
+    except TooManySamples:
+        raise
+    except (ValueError, TypeError, KeyError, IndexError) as error:
+        # The parser's own message quotes the offending line: never pass it on.
+        raise ValueError("not a page in the Prometheus text format") from error
     if NUM_REQUESTS_RUNNING not in gauges:
         raise ValueError(f"no {NUM_REQUESTS_RUNNING} on the page: not a vLLM /metrics endpoint, "
                          "or the engine is not up yet")
+    cut: list[str] = []
+    if ignored_positions:
+        cut.append(f"{ignored_positions} {POSITION_LABEL} label(s) outside 0..{max_positions - 1} "
+                   "(the method's K) ignored")
+    if len(buckets) > MAX_BUCKETS:
+        cut.append(f"a TPOT histogram of {len(buckets)} buckets (over {MAX_BUCKETS}) ignored")
+        buckets.clear()
+    if ignored_values:
+        cut.append(f"{ignored_values} non-finite, negative or implausible value(s) ignored")
     spec_decode = None
     if SPEC_DECODE_DRAFTS_TOTAL in counters:
         width = max(per_position, default=-1) + 1
@@ -144,7 +207,7 @@ def parse_snapshot(text: str) -> VllmSnapshot:
             accepted_per_position=tuple(per_position[j] for j in range(width)),
         )
     kv = gauges.get(KV_CACHE_USAGE_PERC)
-    return VllmSnapshot(
+    snapshot = VllmSnapshot(
         running=sum(gauges[NUM_REQUESTS_RUNNING]),
         waiting=sum(gauges.get(NUM_REQUESTS_WAITING, [])),
         kv_cache_usage=sum(kv) / len(kv) if kv else None,
@@ -152,6 +215,25 @@ def parse_snapshot(text: str) -> VllmSnapshot:
         spec_decode=spec_decode,
         tpot_buckets=tuple(sorted(buckets.items())),
     )
+    return snapshot, tuple(cut)
+
+
+_READ = frozenset({NUM_REQUESTS_RUNNING, NUM_REQUESTS_WAITING, KV_CACHE_USAGE_PERC, SPEC_DECODE_ACCEPTED_PER_POS_TOTAL,
+                   GENERATION_TOKENS_TOTAL, SPEC_DECODE_DRAFTS_TOTAL, SPEC_DECODE_DRAFT_TOKENS_TOTAL,
+                   SPEC_DECODE_ACCEPTED_TOKENS_TOTAL, TPOT_SECONDS + "_bucket"})
+"""The sample names the snapshot reads; bad values of other samples are not worth mentioning."""
+
+
+def position_index(value: object, max_positions: int = MAX_POSITIONS) -> int | None:
+    """A draft position label as an index in 0..max_positions-1, or None (not an integer, or out of range)."""
+    return _position(value, max(0, min(max_positions, MAX_POSITIONS)))
+
+
+def _position(value: object, max_positions: int) -> int | None:
+    if not isinstance(value, str) or not value.isdigit() or len(value) > 4:
+        return None
+    position = int(value)
+    return position if position < max_positions else None
 
 
 def counter_increase(values: Sequence[float]) -> float:

@@ -81,14 +81,14 @@ def _verb(request: kmock.Request) -> str:
     if method == "GET":
         if request.action == kmock.action.WATCH:
             return "watch"
-        return "get" if request.name is not None or request.resource is None else "list"
+        return "get" if request.name is not None or not getattr(request.resource, "plural", None) else "list"
     return {"POST": "create", "PATCH": "patch", "PUT": "update", "DELETE": "delete"}.get(method, method.lower())
 
 
 def _record(request: kmock.Request) -> RecordedRequest:
     auth = (request.headers or {}).get("Authorization") or (request.headers or {}).get("authorization") or ""
     identity = auth.removeprefix("Bearer ").strip() or "anonymous"
-    if request.resource is None:
+    if request.resource is None or not request.resource.plural:
         return RecordedRequest(identity, _verb(request), "", request.url.path, None, None, None)
     return RecordedRequest(identity, _verb(request), request.resource.group or "", request.resource.plural,
                            request.subresource, request.namespace, request.name)
