@@ -238,10 +238,27 @@ class Kubelet:
                 await self.api.patch("deployments", namespace, name, {"status": status}, subresource="status")
 
     async def _publish_pod(self, namespace: str, deployment: dict, pod: PodProcess) -> None:
-        labels = dict(deployment["spec"]["template"]["metadata"].get("labels") or {})
+        # As the Deployment controller does: the pod belongs to its template's ReplicaSet, which the Deployment
+        # controls (the operator scrapes only pods it can trace to its own Deployment, not any pod with its labels).
+        labels = {**(deployment["spec"]["template"]["metadata"].get("labels") or {}), "pod-template-hash": pod.template[:6]}
+        replicaset_name = f"{deployment['metadata']['name']}-{pod.template[:6]}"
+        replicaset = self.api.get("replicasets", namespace, replicaset_name)
+        with contextlib.suppress(RuntimeError):
+            replicaset = replicaset or await self.api.create({
+                "apiVersion": "apps/v1", "kind": "ReplicaSet",
+                "metadata": {"name": replicaset_name, "namespace": namespace, "labels": labels,
+                             "ownerReferences": [{"apiVersion": "apps/v1", "kind": "Deployment", "controller": True,
+                                                  "name": deployment["metadata"]["name"],
+                                                  "uid": deployment["metadata"]["uid"]}]},
+                "spec": {"selector": deployment["spec"]["selector"], "template": deployment["spec"]["template"]}})
+        if replicaset is None:
+            return
+        owner = {"apiVersion": "apps/v1", "kind": "ReplicaSet", "controller": True, "name": replicaset_name,
+                 "uid": replicaset["metadata"]["uid"]}
         with contextlib.suppress(RuntimeError):
             await self.api.create({"apiVersion": "v1", "kind": "Pod",
-                                   "metadata": {"name": pod.name, "namespace": namespace, "labels": labels},
+                                   "metadata": {"name": pod.name, "namespace": namespace, "labels": labels,
+                                                "ownerReferences": [owner]},
                                    "spec": {"containers": [{"name": "engine", "image": "simulated"}]},
                                    "status": {"phase": "Running", "podIP": pod.ip}})
 
