@@ -60,7 +60,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     connection = Connection.load(args.kubeconfig, args.context)
     metrics = OperatorMetrics()
     if args.metrics_port:
-        metrics.serve(args.metrics_port)
+        metrics.serve(args.metrics_port, addr=args.metrics_address)
     ctx = Context(kube=Kube(connection), config=config, metrics=metrics, connection=connection)
     registry = kopf.OperatorRegistry()
     peering = args.peering is not None
@@ -74,10 +74,16 @@ def cmd_run(args: argparse.Namespace) -> int:
         peering_name=args.peering,
         clusterwide=args.all_namespaces or not args.namespace,
         namespaces=args.namespace,
-        liveness_endpoint=f"http://0.0.0.0:{args.liveness_port}/healthz" if args.liveness_port else None,
+        liveness_endpoint=f"http://{_host(args.liveness_address)}:{args.liveness_port}/healthz"
+        if args.liveness_port else None,
         memo=ctx,
     )
     return 0
+
+
+def _host(address: str) -> str:
+    """An address as the host part of a URL (IPv6 in brackets)."""
+    return f"[{address}]" if ":" in address and not address.startswith("[") else address
 
 
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
@@ -92,6 +98,10 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     group.add_argument("--peering", metavar="NAME", help="KopfPeering name for high availability (several replicas)")
     p.add_argument("--liveness-port", type=int, default=8080, help="port of the /healthz endpoint (0: off)")
     p.add_argument("--metrics-port", type=int, default=9090, help="port of the operator's /metrics (0: off)")
+    p.add_argument("--liveness-address", default="0.0.0.0",
+                   help="address /healthz listens on (default: every interface; the kubelet's probes need the pod IP)")
+    p.add_argument("--metrics-address", default="0.0.0.0",
+                   help="address /metrics listens on (default: every interface; 127.0.0.1 when nothing scrapes it)")
     p.add_argument("--log-format", choices=("plain", "json"), default="plain")
     p.add_argument("--verbose", "-v", action="store_true")
 
