@@ -258,6 +258,25 @@ def _engine(args: argparse.Namespace, target: Target, k: int, index: int):
     return LaunchedEngine(command, port, args.log_dir / f"{index:02d}-{stem}-k{k}.log", args.engine_start_timeout)
 
 
+def level_prompts(spec: SpeculationProfileSpec, workload_file: Path | None = None) -> dict[int, list]:
+    """The prompts each concurrency level of `spec` sends, in order (before they are fitted to the context).
+
+    At least MIN_WAVES * c requests at level c: fewer never hold c in flight, and the level would measure a
+    lower concurrency than it is named after. Each level gets its own prompts, so the prefix cache does not
+    carry one level into the next. Deterministic (the workload's seed): the demo replays them to check what
+    its simulated GPUs measured.
+    """
+    w = spec.workload
+    counts = {c: max(spec.requests_per_level, MIN_WAVES * c) for c in spec.concurrency_levels}
+    prompts = load_prompts(w.name, sum(counts.values()), output_len=w.output_len, seed=w.seed,
+                           input_len=w.input_len, file=workload_file)
+    out, start = {}, 0
+    for c, n in counts.items():
+        out[c] = prompts[start:start + n]
+        start += n
+    return out
+
+
 class Profiler:
     """Runs every engine start of every target, keeping results in the targets' statuses as it goes."""
 
@@ -270,18 +289,13 @@ class Profiler:
 
     async def _requests_by_level(self, info: EngineInfo, spec: SpeculationProfileSpec) -> dict[int, list]:
         if self.requests is None:
-            w = spec.workload
-            # At least MIN_WAVES * c requests at level c: fewer never hold c in flight, and the level would
-            # measure a lower concurrency than it is named after.
-            counts = {c: max(spec.requests_per_level, MIN_WAVES * c) for c in spec.concurrency_levels}
-            prompts = load_prompts(w.name, sum(counts.values()), output_len=w.output_len, seed=w.seed,
-                                   input_len=w.input_len, file=self.args.workload_file)
-            fitted = await fit_prompts(info.base_url, info.model_id, prompts, info.max_model_len)
-            # Each level gets its own prompts, so the prefix cache does not carry one level into the next.
+            by_level = level_prompts(spec, self.args.workload_file)
+            fitted = await fit_prompts(info.base_url, info.model_id, [p for ps in by_level.values() for p in ps],
+                                       info.max_model_len)
             self.requests, start = {}, 0
-            for c, n in counts.items():
-                self.requests[c] = fitted[start:start + n]
-                start += n
+            for c, prompts in by_level.items():
+                self.requests[c] = fitted[start:start + len(prompts)]
+                start += len(prompts)
         return self.requests
 
     async def run(self) -> None:

@@ -4,19 +4,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import shutil
 import tempfile
 from pathlib import Path
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from rich.console import Console
-    from rich.live import Live
-    from rich.table import Table
 
-    from .report import stage_durations, summary_rows, write_reports
-    from .run import Demo, DemoError
     from .scenario import default_scenario, fast_scenario
-    from .view import render
 
     console = Console()
     if not console.is_terminal:
@@ -30,9 +26,27 @@ def cmd_demo(args: argparse.Namespace) -> int:
         scenario.sim.time_scale = args.time_scale
     out = Path(args.out)
     workdir = Path(tempfile.mkdtemp(prefix="specpilot-demo-"))
+    try:
+        return _run(args, console, scenario, out, workdir)
+    finally:
+        if args.keep_logs:
+            console.print(f"Logs kept in {workdir}")
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _run(args: argparse.Namespace, console, scenario, out: Path, workdir: Path) -> int:
+    from rich.live import Live
+    from rich.table import Table
+
+    from .report import COST_BASIS, fidelity_lines, stage_durations, summary_rows, write_reports
+    from .run import Demo, DemoError
+    from .view import render
+
     console.print(f"[bold]specpilot demo[/]: a sandbox Kubernetes API, GPU nodes "
                   f"{', '.join(p for _, p, _ in scenario.nodes)} (later {scenario.joining_node[1]}), simulated "
-                  f"engines at {scenario.sim.time_scale:g}x, and the real operator. Logs: {workdir}")
+                  f"engines at {scenario.sim.time_scale:g}x, and the real operator. Logs: {workdir} "
+                  f"({'kept' if args.keep_logs else 'removed at the end; --keep-logs keeps them'})")
     live = Live(console=console, refresh_per_second=4, transient=False) if console.is_terminal and not args.quiet \
         else None
 
@@ -49,6 +63,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
             result = asyncio.run(demo.run())
     except DemoError as exc:
         console.print(f"[red]demo failed:[/] {exc}")
+        if not args.keep_logs:
+            console.print("Run again with --keep-logs to keep the operator's, the Jobs' and the engines' logs.")
         return 1
 
     rows = summary_rows(result, scenario)
@@ -66,6 +82,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     console.print(f"* clients' wall ms x {scenario.sim.time_scale:g} (the simulated GPUs' speed-up): the GPU time "
                   "it stands for. The no-SD and always-SD columns are what the same simulated engine measures at "
                   "that load with no speculation or with speculation always on at max K.")
+    console.print(COST_BASIS)
     for pool in result.status.get("pools") or []:
         decision = pool.get("decision") or {}
         console.print(f"  {pool['name']} ({pool.get('sku') or 'no nodes'}): {decision.get('reason', 'no decision')}")
@@ -76,7 +93,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
                   f"Client errors: {result.errors}. Processes left running: {result.processes_left}. "
                   f"Wall time: {result.wall_s:.0f} s.")
     console.print("Wrote " + ", ".join(str(p) for p in written))
-    return 0 if result.processes_left == 0 else 1
+    for i, line in enumerate(fidelity_lines(result)):
+        console.print(f"[bold red]{line}[/]" if not result.faithful and i == len(fidelity_lines(result)) - 1
+                      else line, highlight=False)
+    if result.processes_left:
+        return 1
+    # Decisions made from profiles that do not hold the twin's figures are not presented as the demo's result.
+    return 0 if result.faithful else 3
 
 
 def missing_requirements() -> str | None:
@@ -96,5 +119,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default="out/demo", help="where the report and plots go (default out/demo)")
     p.add_argument("--time-scale", type=float, help="simulated seconds per wall second of the GPUs")
     p.add_argument("--quiet", action="store_true", help="no live view (also off when not on a terminal)")
+    p.add_argument("--keep-logs", action="store_true", help="keep the operator's, Jobs' and engines' logs (their "
+                   "folder is printed); by default they are removed when the demo ends")
     p.set_defaults(func=cmd_demo)
 

@@ -97,6 +97,10 @@ class LoadDriver:
             finally:
                 self._outstanding[url] -= 1
 
+    def in_flight(self, url: str) -> int:
+        """Requests this driver has in flight at one pod."""
+        return self._outstanding.get(url, 0)
+
     def recent(self, window_s: float, pool: str | None = None) -> list[Sample]:
         since = time.monotonic() - window_s
         return [s for s in self.samples if s.finished_at >= since and (pool is None or s.pool == pool)]

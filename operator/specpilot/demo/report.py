@@ -20,6 +20,7 @@ from ..perf.cost import cost_per_million_tokens
 from ..sandbox.engine import build_config, make_core, tokenize
 from ..sandbox.engine_core import closed_loop_ms_per_token
 from .load import PROMPT
+from ..sandbox.fidelity import FIDELITY_BOUND_PERCENT
 from .run import DemoResult
 from .scenario import DemoScenario
 
@@ -101,6 +102,29 @@ def _ms_per_token(model: str, sku: str, config: dict | None, workload: str, conc
                                 prompt_tokens, max(2, output_len))
 
 
+COST_BASIS = ("$/Mtok: the GPU type's list price per GPU-hour (the catalog's) for one GPU per replica, over "
+              "the output tokens per second one replica delivers at that phase's requests per replica "
+              "(requests x 1000 / ms per token).")
+"""How the summary's cost columns are computed, in words, printed wherever they are."""
+
+
+def fidelity_lines(result: DemoResult) -> list[str]:
+    """Per pool, how far its measured profiles sit from the twin, and whether the results are valid."""
+    lines = [f"Simulated GPUs vs the twin (profiled output throughput, worst level; bound "
+             f"{FIDELITY_BOUND_PERCENT:g}%):"]
+    for pool, f in sorted(result.fidelity.items()):
+        lines.append(f"  {pool} ({f.sku}): {f.worst_percent:.1f}% off at {f.where}, over {f.levels} levels")
+    if not result.fidelity:
+        lines.append("  no profile was measured")
+    if not result.faithful:
+        lines.append(f"These results are NOT valid: a profile sits more than {FIDELITY_BOUND_PERCENT:g}% from the "
+                     "twin, so its decisions are not the ones the GPU it stands for implies. The host was too "
+                     "slow or too busy for the simulated GPUs: close other work, or run again with a smaller "
+                     "--time-scale (e.g. 0.5: the simulated GPUs run at half speed and the host gets twice the "
+                     "wall time per step).")
+    return lines
+
+
 def stage_durations(result: DemoResult) -> list[tuple[str, float]]:
     """(stage, wall seconds it lasted), in order: where the demo's wall time went."""
     ends = [t for _, t in result.stages[1:]] + [result.wall_s]
@@ -119,6 +143,8 @@ def write_reports(result: DemoResult, scenario: DemoScenario, rows: list[Row], o
         "decisions": {p["name"]: p.get("decision") for p in result.status.get("pools") or []},
         "joined_pool": result.joined_pool, "joined_pool_profiled": result.joined_pool_profiled,
         "client_errors": result.errors, "processes_left": result.processes_left,
+        "fidelity": {"bound_percent": FIDELITY_BOUND_PERCENT, "valid": result.faithful,
+                     "pools": {pool: asdict(f) for pool, f in result.fidelity.items()}},
         "rows": [asdict(r) for r in rows],
     }
     path = out / "demo.json"
@@ -127,7 +153,7 @@ def write_reports(result: DemoResult, scenario: DemoScenario, rows: list[Row], o
     lines = ["# specpilot demo", "", f"Wall time: {result.wall_s:.0f} s. New GPU pool `{result.joined_pool}` "
              f"profiled: {result.joined_pool_profiled}.", "",
              "Where the time went: " + "; ".join(f"{stage} {seconds:g} s" for stage, seconds in stage_durations(result))
-             + ".", "",
+             + ".", "", *fidelity_lines(result), "",
              "| phase | pool | GPU | conc./replica | K | drafts/token | ms/token measured | ms/token no SD | "
              "ms/token always SD | $/Mtok specpilot | $/Mtok no SD | $/Mtok always SD |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -136,6 +162,7 @@ def write_reports(result: DemoResult, scenario: DemoScenario, rows: list[Row], o
                      f"{_fmt(r.sd_share, 2)} | {_fmt(r.ms_per_token_measured, 1)} | {r.ms_per_token_no_sd:.1f} | "
                      f"{r.ms_per_token_always_sd:.1f} | {r.cost_specpilot:.3f} | {r.cost_no_sd:.3f} | "
                      f"{r.cost_always_sd:.3f} |")
+    lines += ["", COST_BASIS]
     path = out / "demo.md"
     path.write_text("\n".join(lines) + "\n")
     written.append(path)
@@ -155,23 +182,36 @@ def _plots(result: DemoResult, rows: list[Row], out: Path) -> list[Path]:
 
     paths = []
     if result.timeline:
-        fig, ax_load = plt.subplots(figsize=(10, 4.5))
-        times = [t for t, _, _ in result.timeline]
+        times = [s.at_s for s in result.timeline]
+        pools = sorted({p for s in result.timeline for p in (*s.ms_per_token, *s.k)})
+        fig, (ax_load, ax_k) = plt.subplots(2, 1, figsize=(10, 6.5), sharex=True,
+                                            gridspec_kw={"height_ratios": [3, 2]})
         # Each sample closes the second before it: the load shown over (t - 1, t] is the one sampled at t.
-        ax_load.fill_between(times, [c for _, c, _ in result.timeline], step="pre", alpha=0.2, color="grey",
-                             label="requests in flight")
-        ax_load.set_xlabel("seconds since the load began")
+        ax_load.fill_between(times, [s.in_flight for s in result.timeline], step="pre", alpha=0.2, color="grey",
+                             label="requests in flight (left axis)")
         ax_load.set_ylabel("requests in flight")
         ax_ms = ax_load.twinx()
-        for pool in sorted({p for _, _, per in result.timeline for p in per}):
-            points = [(t, per[pool]) for t, _, per in result.timeline if pool in per]
-            ax_ms.plot([t for t, _ in points], [v for _, v in points], label=f"{pool}: ms/token")
+        colours = {pool: f"C{i}" for i, pool in enumerate(pools)}
+        for pool in pools:
+            points = [(s.at_s, s.ms_per_token[pool]) for s in result.timeline if pool in s.ms_per_token]
+            ax_ms.plot([t for t, _ in points], [v for _, v in points], color=colours[pool],
+                       label=f"{pool}: ms/token (right axis)")
+            ks = [(s.at_s, s.k[pool]) for s in result.timeline if pool in s.k]
+            ax_k.step([t for t, _ in ks], [k for _, k in ks], where="pre", color=colours[pool], label=pool)
         ax_ms.set_ylabel("ms per output token (clients)")
-        if result.joined_at_s is not None:
-            ax_ms.axvline(result.joined_at_s, color="black", linestyle=":", linewidth=1,
-                          label=f"{result.joined_pool} joins")
-        ax_ms.legend(loc="upper left")
+        for ax in (ax_ms, ax_k):
+            if result.joined_at_s is not None:
+                ax.axvline(result.joined_at_s, color="black", linestyle=":", linewidth=1,
+                           label=f"{result.joined_pool} joins")
+        handles = [h for ax in (ax_load, ax_ms) for h in ax.get_legend_handles_labels()[0]]
+        ax_ms.legend(handles, [h.get_label() for h in handles], loc="upper left", fontsize=8)
         ax_load.set_title("Load and latency per pool during the demo")
+        ax_k.set_ylabel("K at the current batch")
+        ax_k.set_xlabel("seconds since the load began")
+        ax_k.set_title("Speculation each pool's engines run (decided schedule at the requests per pod; 0 = off)",
+                       fontsize=10)
+        ax_k.yaxis.get_major_locator().set_params(integer=True)
+        ax_k.legend(loc="upper left", fontsize=8)
         fig.tight_layout()
         path = out / "demo-timeline.png"
         fig.savefig(path, dpi=110)

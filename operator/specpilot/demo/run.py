@@ -24,8 +24,10 @@ import aiohttp
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from ..api.schedule import ScheduleRange, k_at
 from ..manifests.names import bench_job_name
 from ..sandbox.apiserver import SandboxApiServer
+from ..sandbox.fidelity import FIDELITY_BOUND_PERCENT, profile_fidelity
 from ..sandbox.kubelet import ENGINE_CONFIG_ANNOTATION, Kubelet
 from .load import LoadDriver
 from .scenario import NAME, NAMESPACE, DemoScenario, Phase
@@ -58,6 +60,19 @@ class PhaseResult:
     """Pool -> the decision in force at the end of the phase (status.pools[].decision)."""
 
 
+@dataclass(frozen=True)
+class TimelineSample:
+    at_s: float
+    """Seconds since the load trace began."""
+    in_flight: int
+    """Requests the clients held in flight over the whole Service."""
+    ms_per_token: dict[str, float]
+    """Pool -> median ms per output token of the requests that finished in the last 5 s."""
+    k: dict[str, int]
+    """Pool -> K its engines run at their current batch (the decided schedule at the requests in flight per
+    ready pod; 0 = speculation off)."""
+
+
 @dataclass
 class DemoResult:
     profiles: list[dict] = field(default_factory=list)
@@ -71,10 +86,55 @@ class DemoResult:
     processes_left: int = 0
     errors: int = 0
     wall_s: float = 0.0
-    timeline: list[tuple[float, int, dict[str, float]]] = field(default_factory=list)
-    """(seconds since the trace began, requests in flight, pool -> ms/token over the last 5 s)."""
+    timeline: list[TimelineSample] = field(default_factory=list)
+    """One sample a second while the load runs."""
     stages: list[tuple[str, float]] = field(default_factory=list)
     """(stage, wall seconds since the demo started) when each stage began: where the wall time went."""
+    fidelity: dict[str, PoolFidelity] = field(default_factory=dict)
+    """Pool -> how far its measured profiles sit from the twin (`sandbox.fidelity`)."""
+
+    @property
+    def faithful(self) -> bool:
+        """Every pool's profiles hold the twin's figures within FIDELITY_BOUND_PERCENT."""
+        return all(f.worst_percent <= FIDELITY_BOUND_PERCENT for f in self.fidelity.values())
+
+
+@dataclass(frozen=True)
+class PoolFidelity:
+    """The worst level over a pool's measured profiles: measured output throughput vs the twin's."""
+
+    pool: str
+    sku: str
+    worst_percent: float
+    """|measured / twin - 1| at the worst level, in percent."""
+    where: str
+    """Which profile, K and concurrency that was (e.g. "eagle3 K=4 at concurrency 128")."""
+    levels: int
+    """Levels compared over the pool's profiles."""
+
+
+def pool_fidelity(profiles: list[dict], pools: list[dict]) -> dict[str, PoolFidelity]:
+    """Each pool's fidelity from its SKU's Succeeded profiles (`sandbox.fidelity.profile_fidelity`)."""
+    by_sku: dict[str, list] = {}
+    for profile in profiles:
+        if (profile.get("status") or {}).get("phase") == "Succeeded":
+            by_sku.setdefault(profile["spec"]["sku"], []).append(profile_fidelity(profile))
+    out = {}
+    for pool in pools:
+        checked = by_sku.get(pool.get("sku") or "")
+        if not checked:
+            continue
+        worst = max(((f, f.worst) for f in checked if f.worst is not None),
+                    key=lambda fw: abs(fw[1].error_percent), default=None)
+        if worst is None:
+            continue
+        profile, level = worst
+        out[pool["name"]] = PoolFidelity(
+            pool=pool["name"], sku=pool["sku"], worst_percent=round(abs(level.error_percent), 2),
+            where=f"{profile.method} K={level.num_speculative_tokens} at concurrency {level.concurrency} "
+                  f"({level.measured_tokens_per_s:.0f} vs {level.twin_tokens_per_s:.0f} tok/s)",
+            levels=sum(len(f.levels) for f in checked))
+    return out
 
 
 class DemoError(RuntimeError):
@@ -163,6 +223,7 @@ class Demo:
                 result.profiles = self.profiles()
                 result.status = self.status()
                 result.events = self.events()
+                result.fidelity = pool_fidelity(result.profiles, result.status.get("pools") or [])
         result.wall_s = time.monotonic() - self.started
         result.stages = list(self.stages)
         return result
@@ -267,11 +328,27 @@ class Demo:
             await asyncio.sleep(1.0)
             if self.driver is None:
                 continue
-            per_pool = {}
+            ms = {}
             for pool in {s.pool for s in self.driver.recent(5)}:
-                recent = self.driver.recent(5, pool)
-                per_pool[pool] = statistics.median(s.ms_per_token for s in recent)
-            result.timeline.append((time.monotonic() - trace_start, self.driver.concurrency, per_pool))
+                ms[pool] = statistics.median(s.ms_per_token for s in self.driver.recent(5, pool))
+            result.timeline.append(TimelineSample(time.monotonic() - trace_start, self.driver.concurrency, ms,
+                                                  self._k_in_force()))
+
+    def _k_in_force(self) -> dict[str, int]:
+        """Pool -> K at the current batch of its pods, from the decision in force (see TimelineSample.k)."""
+        urls: dict[str, list[str]] = {}
+        for pool, url in self.endpoints():
+            urls.setdefault(pool, []).append(url)
+        out = {}
+        for pool in self.status().get("pools") or []:
+            decision = pool.get("decision") or {}
+            mine = urls.get(pool["name"])
+            if not mine or not decision.get("method"):
+                continue
+            batch = max(1, round(sum(self.driver.in_flight(u) for u in mine) / len(mine)))
+            schedule = [ScheduleRange.model_validate(r) for r in decision.get("schedule") or []]
+            out[pool["name"]] = k_at(schedule, batch) if schedule else int(decision.get("numSpeculativeTokens") or 0)
+        return out
 
     def _revisions(self) -> dict[str, tuple[str, bool]]:
         """URL -> (pool, whether the pod runs its Deployment's current engine config)."""

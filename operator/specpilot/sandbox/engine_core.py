@@ -68,8 +68,10 @@ E2E_SECONDS = "vllm:e2e_request_latency_seconds"
 MAX_CATCH_UP_S = 0.02
 """How far (wall seconds) the step deadline may lag behind now before the engine stops catching up: a
 pause of the process (GC, a busy laptop) must not turn into a burst of back-to-back steps."""
-SETTLE_QUIET_S = 0.05
+SETTLE_QUIET_S = 0.1
 """On a virtual clock, how long (wall seconds) no request may arrive before an engine woken from idle starts."""
+LATE_WAKE_S = 0.02
+"""A wait that ends this much (wall seconds) after its deadline was not this process's doing: look again."""
 ARRIVAL_WINDOW_S = (0.02, 1.0)
 """Bounds (wall seconds) of the arrival window on a virtual clock: it closes after four times the typical
 wait for the clients' next requests, within these bounds, when fewer arrive (the end of a level). A client
@@ -239,8 +241,10 @@ class EngineCore:
         self._wake = asyncio.Event()
         self._arrivals = 0
         self._arrived = asyncio.Event()
-        self._arrival_wait_s = 0.05
+        self.arrival_wait_s = 0.05
         """Typical wall seconds from a step's end until the clients' next requests are in (moving average)."""
+        self.arrival_windows = [0, 0]
+        """Arrival windows held, and how many of them closed before as many requests arrived as finished."""
         acceptance = twin.acceptance
         self._p = np.asarray(acceptance.per_position[:max_k], dtype=float)
         self._drafts_per_step = acceptance.drafts_per_step if max_k else 0.0
@@ -302,33 +306,46 @@ class EngineCore:
             clock.step(plan.record.simulated_s, deadline)
             await asyncio.sleep(max(0.0, deadline - now))
             finished = self.complete_step(plan, clock.step_end())
-            if finished and clock.virtual:
+            if clock.virtual and not self.load:
+                await self._settle_arrivals()  # the last request finished: a new burst (the next level) may follow
+            elif clock.virtual and finished:
                 await self._arrival_window(finished)
 
     async def _settle_arrivals(self) -> None:
-        """Woken from idle on a virtual clock: the clock stands still while a burst of requests (a level's
-        first `concurrency`) comes in, until none has arrived for SETTLE_QUIET_S, so the burst starts together
+        """Woken from idle, or emptied by a step, on a virtual clock: the clock stands still while a burst of
+        requests (a level's first `concurrency`) comes in, until none has arrived for SETTLE_QUIET_S, so the burst starts together
         in one step as in `closed_loop_level` instead of as far apart as the host's sending took."""
         self.clock.hold()
-        while True:
-            self._arrived.clear()
-            try:
-                await asyncio.wait_for(self._arrived.wait(), SETTLE_QUIET_S)
-            except TimeoutError:
-                return
+        while await self._next_arrival(time.monotonic() + SETTLE_QUIET_S):
+            pass
 
     async def _arrival_window(self, finished: int) -> None:
         """Waits until `finished` new requests have arrived or the window closes (the clock stands still)."""
         target = self._arrivals + finished
         started = time.monotonic()
         low, high = ARRIVAL_WINDOW_S
-        closes = started + min(high, max(low, 4 * self._arrival_wait_s))
-        while self._arrivals < target and (left := closes - time.monotonic()) > 0:
-            self._arrived.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._arrived.wait(), left)
+        closes = started + min(high, max(low, 4 * self.arrival_wait_s))
+        while self._arrivals < target and await self._next_arrival(closes):
+            pass
+        self.arrival_windows[0] += 1
         if self._arrivals >= target:
-            self._arrival_wait_s += 0.2 * (time.monotonic() - started - self._arrival_wait_s)
+            self.arrival_wait_s += 0.2 * (time.monotonic() - started - self.arrival_wait_s)
+        else:
+            self.arrival_windows[1] += 1
+
+    async def _next_arrival(self, deadline: float) -> bool:
+        """Whether a request arrives before `deadline` (wall). A deadline that fires late means this process
+        was not running (a busy host): requests may be waiting in its sockets, so it looks again after a
+        short grace instead of closing on them."""
+        while True:
+            self._arrived.clear()
+            try:
+                await asyncio.wait_for(self._arrived.wait(), max(0.0, deadline - time.monotonic()))
+                return True
+            except TimeoutError:
+                if time.monotonic() - deadline < LATE_WAKE_S:
+                    return False
+                deadline = time.monotonic() + LATE_WAKE_S
 
     def schedule_step(self) -> _Plan | None:
         """Decides the next step: preemptions, prefill chunks, admissions, K and the step's duration."""
