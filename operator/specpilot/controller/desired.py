@@ -20,7 +20,7 @@ from ..api.deployment import (
     SpeculativeDeploymentSpec,
 )
 from ..api.methods import CandidateMethod
-from ..api.profile import ProfileTarget, SpeculationProfileSpec
+from ..api.profile import EngineSettings, ProfileTarget, SpeculationProfileSpec
 from ..api.schedule import summary as schedule_summary
 from ..config import OperatorConfig
 from ..manifests import names
@@ -90,6 +90,18 @@ def engine_image(spec: SpeculativeDeploymentSpec, config: OperatorConfig) -> str
     return spec.model.image if "image" in spec.model.model_fields_set else config.default_engine_image
 
 
+def engine_settings(spec: SpeculativeDeploymentSpec) -> EngineSettings:
+    """What of the deployment's engine settings a profile measures (part of its identity)."""
+    overrides = spec.profiling.pod_overrides or {}
+    containers = [c for field in ("containers", "initContainers") for c in overrides.get(field) or []
+                  if isinstance(c, dict)]
+    return EngineSettings(extra_args=list(spec.model.extra_args), env=list(spec.model.env),
+                          resources=spec.model.resources,
+                          gpu_memory_utilization=spec.model.gpu_memory_utilization
+                          if "gpu_memory_utilization" in spec.model.model_fields_set else None,
+                          container_overrides=containers)
+
+
 def profile_spec(spec: SpeculativeDeploymentSpec, sku: str, candidate: CandidateMethod | None,
                  config: OperatorConfig, gpu_product: str | None = None) -> SpeculationProfileSpec:
     """The identity of the measurement of `candidate` (None = baseline) on `sku` for this deployment."""
@@ -106,6 +118,8 @@ def profile_spec(spec: SpeculativeDeploymentSpec, sku: str, candidate: Candidate
         sku=sku,
         gpu_product=gpu_product,
         engine_image=engine_image(spec, config),
+        engine=engine_settings(spec),
+        benchmark_image=spec.profiling.image or config.benchmark_image,
         workload=profiling.workload,
         concurrency_levels=levels,
         requests_per_level=requests,

@@ -32,17 +32,19 @@ from ..api.deployment import (
 )
 from ..api.profile import SpeculationProfile
 from ..api.schedule import summary as schedule_summary
+from ..api.tenancy import TenancyViolation, refuse, spec_problems
 from ..config import OperatorConfig
 from ..manifests import names
 from ..manifests.benchmark import benchmark_job
 from ..manifests.rbac import bench_rbac
-from ..manifests.serving import pod_monitor, service, serving_deployment
+from ..manifests.serving import pod_monitor, service, serving_deployment, serving_service_account
 from ..observe import allowlist
 from ..observe.bounded import ReadLimits
 from ..observe.model import MetricsUnavailable, PoolObservation
 from ..observe.pods import PodScrapeSource
 from ..observe.prometheus import PrometheusSource, pool_pod_regex
 from ..perf.catalog import DEFAULT_CATALOG, GpuCatalog
+from ..perf.plausibility import checked_result_problems
 from ..policy.choose import decide_pool, revisit_for_load
 from ..policy.replicas import ReplicaState, plan_replicas
 from ..policy.restart import Observation as RestartObservation
@@ -150,8 +152,9 @@ async def reconcile(ctx: Context, body: dict, nodes: list[dict], profiles: dict[
 
     try:
         spec = SpeculativeDeploymentSpec.model_validate(body.get("spec") or {})
-    except ValidationError as exc:
-        message = format_validation_error(exc)
+        refuse(spec_problems(spec, ctx.config.tenancy, benchmark_image=ctx.config.benchmark_image))
+    except (ValidationError, TenancyViolation) as exc:
+        message = format_validation_error(exc) if isinstance(exc, ValidationError) else str(exc)
         status = old.model_copy()
         already = any(c.type == "Valid" and c.status == "False" and c.observed_generation == generation
                       and c.message == message for c in old.conditions)
@@ -279,7 +282,9 @@ async def _ensure_bench_identity(ctx: Context, namespace: str) -> None:
     if time.monotonic() - ctx.bench_identity_checked.get(namespace, -BENCH_IDENTITY_RECHECK_S) \
             < BENCH_IDENTITY_RECHECK_S:
         return
-    for obj in bench_rbac(namespace, cluster_role=ctx.config.bench_cluster_role):
+    identities = [*bench_rbac(namespace, cluster_role=ctx.config.bench_cluster_role),
+                  serving_service_account(namespace)]  # the serving pods' own account: no Role, no token
+    for obj in identities:
         await ctx.kube.ensure(obj)
     ctx.bench_identity_checked[namespace] = time.monotonic()
 
@@ -382,6 +387,14 @@ async def _reconcile_profiles(ctx: Context, spec: SpeculativeDeploymentSpec, nam
                                              {"status": {"attempts": failures, "reason": "Retrying",
                                                          "message": f"attempt {failures + 1} after a failure"}},
                                              subresource="status")
+        elif phase == "Succeeded" and (implausible := checked_result_problems(profile, ctx.catalog)):
+            # A result no GPU can produce never reaches a decision (it may have been written by anyone who can
+            # patch profiles' status in the namespace, and every deployment needing it would act on it).
+            shown = "; ".join(implausible)
+            phase = await _fail_profile(ctx, namespace, need, events,
+                                        {"reason": "ImplausibleResult",
+                                         "message": f"result refused: {shown}; {RETRY_HINT}"},
+                                        f"ImplausibleResult: {shown}")
         elif phase == "Succeeded":
             job = _current_job(jobs.get(f"{namespace}/{names.bench_job_name(need.name)}"), profile)
             uid = (job or {}).get("metadata", {}).get("uid")
@@ -400,8 +413,8 @@ async def _reconcile_profiles(ctx: Context, spec: SpeculativeDeploymentSpec, nam
                 fetched = await ctx.kube.get("speculationprofiles", namespace, need.name)
                 owner["uid"] = fetched["metadata"].get("uid", "")
             job = benchmark_job(profile_name=need.name, namespace=namespace, profile_spec=need.spec, spec=spec,
-                                pool=view_pool, bench_image=spec.profiling.image or ctx.config.benchmark_image,
-                                owner=owner, sdep_name=sdep_name)
+                                pool=view_pool, bench_image=ctx.config.benchmark_image,
+                                owner=owner, sdep_name=sdep_name, tenancy=ctx.config.tenancy)
             try:
                 created = await ctx.kube.create(job)
             except Conflict:
@@ -561,7 +574,7 @@ async def _reconcile_pool(ctx: Context, body: dict, spec: SpeculativeDeploymentS
         sdep_name=name, namespace=namespace, uid=meta["uid"], spec=spec, pool=view.pool, method=candidate,
         num_speculative_tokens=decision.num_speculative_tokens if candidate else None,
         schedule=list(decision.schedule) if candidate and dynamic else None,
-        replicas=replicas))
+        replicas=replicas, tenancy=ctx.config.tenancy))
     # The rollout as of this apply: a template just changed is RollingOut now, not RolledOut as it was.
     pool.rollout, rollout_message = desired.rollout_state(applied or current)
     if pool.rollout == desired.ROLLOUT_STALLED and old.rollout != desired.ROLLOUT_STALLED:

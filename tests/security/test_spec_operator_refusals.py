@@ -1,0 +1,90 @@
+"""The real operator (kopf, against the sandbox API server) refuses a hostile SpeculativeDeployment with a
+condition and one Event naming each field, creates nothing for it and keeps running; and fails a profile whose
+result is physically impossible instead of deciding on it."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from tests.operator.conftest import operator, operator_config, sandbox  # noqa: F401  (fixtures)
+from tests.operator.scenario import (
+    H100,
+    NAMESPACE,
+    condition,
+    events,
+    jobs,
+    measured_status,
+    node,
+    profiles,
+    sdep,
+    status,
+)
+
+pytestmark = pytest.mark.operator
+
+
+async def test_a_hostile_spec_gets_a_condition_and_an_event_and_reaches_no_pod(sandbox, operator):  # noqa: F811
+    await sandbox.create(node("gpu-1", H100, "h100"))
+    hostile = sdep(
+        model={"id": "meta-llama/Llama-3.1-8B-Instruct", "servedName": "llama",
+               "env": [{"name": "DB", "valueFrom": {"secretKeyRef": {"name": "db-root", "key": "password"}}}]},
+        serving={"podOverrides": {"hostNetwork": True, "volumes": [{"name": "root", "hostPath": {"path": "/"}}],
+                                  "containers": [{"name": "engine", "securityContext": {"privileged": True}}]}},
+        profiling={"image": "evil.example.com/miner:latest"},
+    )
+    await sandbox.create(hostile)
+
+    valid = await sandbox.wait_for(lambda: condition(sandbox, "Valid"), what="the Valid condition")
+    assert (valid["status"], valid["reason"]) == ("False", "InvalidSpec")
+    for field in ("spec.serving.podOverrides.hostNetwork is not allowed",
+                  "spec.serving.podOverrides.volumes[0].hostPath is not allowed",
+                  "spec.serving.podOverrides.containers[0].securityContext is not allowed",
+                  "spec.model.env[0].valueFrom.secretKeyRef references Secret 'db-root'",
+                  "spec.profiling.image 'evil.example.com/miner:latest' is not a benchmark image"):
+        assert field in valid["message"], valid["message"]
+    warning = await sandbox.wait_for(lambda: events(sandbox, "InvalidSpec"), what="an InvalidSpec Event")
+    assert warning[0]["type"] == "Warning" and "hostNetwork" in warning[0]["message"]
+
+    await asyncio.sleep(2)  # timer ticks: still nothing created, one Event, the operator alive
+    assert sandbox.objects("deployments", NAMESPACE) == []
+    assert jobs(sandbox) == [] and profiles(sandbox) == []
+    assert len(events(sandbox, "InvalidSpec")) == 1
+    assert operator.proc.poll() is None
+    assert status(sandbox)["phase"] == "Failed"
+
+    fixed = sdep()["spec"]  # a merge patch: the hostile fields are removed with null
+    fixed["model"]["env"] = None
+    fixed["serving"]["podOverrides"] = None
+    fixed["profiling"]["image"] = None
+    await sandbox.patch("speculativedeployments", NAMESPACE, "llama", {"spec": fixed})
+    await sandbox.wait_for(lambda: (condition(sandbox, "Valid") or {}).get("status") == "True",
+                           what="Valid=True after the fix")
+    deployment = await sandbox.wait_for(lambda: sandbox.objects("deployments", NAMESPACE), what="a Deployment")
+    pod = deployment[0]["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True and pod["automountServiceAccountToken"] is False
+    assert sandbox.get("serviceaccounts", NAMESPACE, pod["serviceAccountName"]) is not None
+
+
+async def test_a_physically_impossible_result_fails_its_profile(sandbox, operator):  # noqa: F811
+    await sandbox.create(node("gpu-1", H100, "h100"))
+    await sandbox.create(sdep(methods=[{"method": "eagle3", "model": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B",
+                                        "numSpeculativeTokens": 4}]))
+    await sandbox.wait_for(lambda: len(jobs(sandbox)) == 2, what="2 Jobs")
+    target = next(p for p in profiles(sandbox) if (p["spec"].get("method") or {}).get("method") == "eagle3")
+    poisoned = measured_status("H100-SXM", "eagle3", 4)
+    poisoned["runs"][0]["points"][0]["outputThroughput"] = 1e308
+    await sandbox.patch("speculationprofiles", NAMESPACE, target["metadata"]["name"], {"status": poisoned},
+                        subresource="status")
+
+    name = target["metadata"]["name"]
+    failed = await sandbox.wait_for(
+        lambda: (sandbox.get("speculationprofiles", NAMESPACE, name).get("status") or {}).get("phase") == "Failed"
+        and sandbox.get("speculationprofiles", NAMESPACE, name)["status"], what="the poisoned profile Failed")
+    assert failed["reason"] == "ImplausibleResult"
+    assert "outputThroughput is 1e+308 tokens/s" in failed["message"] and "physical bound" in failed["message"]
+    warning = await sandbox.wait_for(lambda: events(sandbox, "ProfilingFailed"), what="a ProfilingFailed Event")
+    assert "ImplausibleResult" in warning[0]["message"]
+    pools = status(sandbox).get("pools") or [{}]
+    assert (pools[0].get("decision") or {}).get("method") is None  # nothing decided on the poisoned result

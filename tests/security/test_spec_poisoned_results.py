@@ -1,0 +1,114 @@
+"""Profiles that cannot be poisoned: a result no GPU can produce is refused with the bound it breaks, and a
+profile's identity covers everything that changes what is measured, so two deployments that measure
+different things never share (or overwrite) one profile."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+
+from specpilot.api import SpeculativeDeploymentSpec
+from specpilot.config import OperatorConfig
+from specpilot.controller.desired import profile_spec
+from specpilot.perf.plausibility import SAFETY_FACTOR, result_problems
+from specpilot.sim.synthetic import Scenario, synthetic_profiles
+from tests.conftest import load_example
+
+
+def _profile(method: str | None = "eagle3", sku: str = "H100-SXM") -> dict:
+    baseline, speculative = synthetic_profiles(Scenario(sku=sku, model_id="meta-llama/Llama-3.1-8B-Instruct",
+                                                        method=method or "eagle3", max_k=4), noise=0.05, seed=3)
+    chosen = baseline if method is None else speculative
+    return chosen.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+@pytest.mark.parametrize("sku", ["A100-80GB-SXM", "H100-SXM", "H200", "B200", "L40S", "MI300X"])
+@pytest.mark.parametrize("method", [None, "eagle3", "ngram", "draft_model"])
+def test_real_looking_results_pass(sku, method):
+    assert result_problems(_profile(method, sku)) == []
+
+
+def test_the_committed_example_passes():
+    assert result_problems(load_example("speculationprofile-h100-eagle3.yaml")) == []
+
+
+def _poison(path: str, value) -> dict:
+    body = _profile()
+    node = body
+    keys = path.split(".")
+    for key in keys[:-1]:
+        node = node[int(key)] if key.isdigit() else node[key]
+    node[int(keys[-1]) if keys[-1].isdigit() else keys[-1]] = value
+    return body
+
+
+# (id, field, poisoned value, text the refusal must contain)
+POISONED = [
+    ("1e308-tokens-per-s", "status.runs.0.points.0.outputThroughput", 1e308,
+     "status.runs[0].points[0].outputThroughput is 1e+308 tokens/s at concurrency 1 and K=1, above the physical bound"),
+    ("10x-roofline", "status.runs.1.points.3.outputThroughput", None, "above the physical bound"),
+    ("inf", "status.runs.1.points.0.outputThroughput", math.inf, "is inf: a measurement must be a finite number"),
+    ("nan", "status.runs.0.points.0.tpotMs.p50", math.nan, "is nan: a measurement must be a finite number"),
+    ("negative", "status.runs.0.points.0.ttftMs.p50", -5.0, "status.runs[0].points[0].ttftMs.p50 is -5.0: a "
+     "measurement cannot be negative"),
+    ("acceptance-above-1", "status.runs.1.acceptance.perPosition", [1.7, 0.5, 0.3, 0.2], "is outside [0, 1]"),
+    ("acceptance-rising", "status.runs.1.acceptance.perPosition", [0.3, 0.5, 0.7, 0.9], "rises with the position"),
+    ("too-many-positions", "status.runs.1.acceptance.perPosition", [0.5] * 9, "has 9 positions, more than K=4"),
+    ("mean-acceptance-length", "status.runs.1.acceptance.meanAcceptanceLength", 12.0,
+     "meanAcceptanceLength is 12, more than K+1 = 5"),
+    ("k-beyond-method", "status.runs.1.numSpeculativeTokens", 9, "numSpeculativeTokens is 9, more than the method's 4"),
+    ("kv-capacity", "status.kvCapacityTokens", 10**12, "status.kvCapacityTokens is 1000000000000, more than"),
+    ("not-a-number", "status.runs.0.points.0.outputThroughput", "fast", "the result does not parse"),
+]
+
+
+@pytest.mark.parametrize("case_id,path,value,expected", POISONED, ids=[c[0] for c in POISONED])
+def test_poisoned_results_are_refused_naming_the_bound(case_id, path, value, expected):
+    if case_id == "10x-roofline":
+        body = _profile()
+        point = body["status"]["runs"][1]["points"][3]
+        point["outputThroughput"] = point["outputThroughput"] * 10 * SAFETY_FACTOR * 6
+        problems = result_problems(body)
+    else:
+        problems = result_problems(_poison(path, value))
+    assert problems and any(expected in p for p in problems), problems
+    assert all(len(p) < 1000 for p in problems)
+
+
+# ----- identity -----
+
+def _identity_name(**changes) -> str:
+    doc = copy.deepcopy(load_example("minimal.yaml")["spec"])
+    for path, value in changes.items():
+        node = doc
+        keys = path.split("__")
+        for key in keys[:-1]:
+            node = node.setdefault(key, {})
+        node[keys[-1]] = value
+    spec = SpeculativeDeploymentSpec.model_validate(doc)
+    return profile_spec(spec, "H100-SXM", spec.methods[-1], OperatorConfig()).object_name()
+
+
+@pytest.mark.parametrize("path,value", [
+    ("model__image", "vllm/vllm-openai:v0.33.0"),
+    ("model__extraArgs", ["--enforce-eager"]),
+    ("model__env", [{"name": "VLLM_ATTENTION_BACKEND", "value": "FLASHINFER"}]),
+    ("model__resources", {"limits": {"cpu": "4"}}),
+    ("model__gpuMemoryUtilization", 0.5),
+    ("profiling__image", "ghcr.io/specpilot/specpilot-bench:0.2.0"),
+    ("profiling__podOverrides", {"containers": [{"name": "bench", "env": [{"name": "OMP_NUM_THREADS",
+                                                                          "value": "1"}]}]}),
+])
+def test_what_changes_a_measurement_changes_the_profile(path, value):
+    assert _identity_name(**{path: value}) != _identity_name()
+
+
+@pytest.mark.parametrize("path,value", [
+    ("serving__maxReplicas", 9),
+    ("model__servedName", "chat"),
+    ("profiling__podOverrides", {"priorityClassName": "batch"}),
+])
+def test_what_does_not_change_a_measurement_keeps_the_profile(path, value):
+    assert _identity_name(**{path: value}) == _identity_name()
