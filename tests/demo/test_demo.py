@@ -1,8 +1,12 @@
 """The demo's scenario, headless, end to end: the real operator against the sandbox with simulated GPUs.
 
-Asserts the outcome a platform team would check: every pool profiled for every method, the engines
-speculating exactly where the decided schedule says (off above a pool's crossover, on below it), the GPU
-type that joins later profiled too, nothing left running.
+Asserts the outcome a platform team would check: every pool profiled for every method, the profiles holding
+the twin's figures, the engines speculating exactly where the decided schedule says (off above a pool's
+crossover, on below it), the decided configuration as good as the better of no speculation and always-on
+speculation at every phase, the GPU type that joins later profiled too, nothing left running.
+
+The demo runs while another process keeps one core busy: what the simulated GPUs measure must not depend on
+the host being fast or idle.
 """
 
 from __future__ import annotations
@@ -11,6 +15,8 @@ import asyncio
 import json
 import math
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -18,6 +24,7 @@ from specpilot.api.schedule import ScheduleRange, k_at
 from specpilot.demo.report import summary_rows, write_reports
 from specpilot.demo.run import Demo, DemoError
 from specpilot.demo.scenario import METHODS, fast_scenario
+from specpilot.sandbox.fidelity import FIDELITY_BOUND_PERCENT
 
 pytestmark = pytest.mark.demo
 
@@ -26,8 +33,24 @@ pytestmark = pytest.mark.demo
 def demo_run(tmp_path_factory):
     scenario = fast_scenario()
     workdir = tmp_path_factory.mktemp("demo")
-    result = asyncio.run(Demo(scenario, workdir).run())
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])  # a busy host: one core taken
+    try:
+        result = asyncio.run(Demo(scenario, workdir).run())
+    finally:
+        hog.kill()
+        hog.wait()
     return scenario, result, workdir
+
+
+def test_the_profiles_hold_the_twins_figures_on_a_busy_host(demo_run):
+    """Every pool's profiled output throughput sits within the fidelity bound of the twin's at every level."""
+    scenario, result, workdir = demo_run
+    pools = {pool for _, _, pool in [*scenario.nodes, scenario.joining_node]}
+    assert set(result.fidelity) == pools, f"logs: {workdir}"
+    for pool, fidelity in result.fidelity.items():
+        assert fidelity.levels >= 2 * len(scenario.levels), fidelity
+        assert fidelity.worst_percent <= FIDELITY_BOUND_PERCENT, (pool, fidelity, workdir)
+    assert result.faithful
 
 
 def test_every_pool_is_profiled_for_every_method(demo_run):
@@ -95,18 +118,22 @@ def test_nothing_is_left_running_and_reports_are_written(demo_run, tmp_path):
     assert sum(s["seconds"] for s in report["stages"]) == pytest.approx(result.wall_s, abs=0.5)
 
 
-def test_the_baselines_are_the_same_engine_at_the_same_load(demo_run):
+def test_the_decided_configuration_is_the_better_fixed_policy_at_every_phase(demo_run):
     """The no-SD and always-SD columns come from the simulated engine itself at each phase's load: below the
-    crossover speculation is the faster of the two, and specpilot's configuration (decided from a small,
-    noisy profile) stays within 5% of the better of them."""
+    crossover speculation is the faster of the two, specpilot's configuration stays within 3% of the better of
+    them at every phase, and at the peak some pool lowers K or turns speculation off."""
     scenario, result, _ = demo_run
     rows = summary_rows(result, scenario)
     assert rows
     for row in rows:
         assert row.ms_per_token_no_sd > 0 and row.ms_per_token_always_sd > 0
-        assert row.ms_per_token_specpilot_engine <= 1.05 * min(row.ms_per_token_no_sd, row.ms_per_token_always_sd), row
+        assert row.ms_per_token_specpilot_engine <= 1.03 * min(row.ms_per_token_no_sd, row.ms_per_token_always_sd), row
         if row.concurrency_per_replica <= 4:
             assert row.ms_per_token_always_sd < row.ms_per_token_no_sd, row
+    max_k = max(METHODS[m]["numSpeculativeTokens"] for m in scenario.methods)
+    peak = max(p.concurrency for p in scenario.phases)
+    at_peak = [r for r in rows if r.phase == next(p.name for p in scenario.phases if p.concurrency == peak)]
+    assert at_peak and any(r.k_specpilot < max_k for r in at_peak), at_peak
 
 
 def test_a_profile_that_fails_for_good_stops_the_demo_with_its_reason(tmp_path, monkeypatch):

@@ -245,6 +245,11 @@ class EngineCore:
         """Typical wall seconds from a step's end until the clients' next requests are in (moving average)."""
         self.arrival_windows = [0, 0]
         """Arrival windows held, and how many of them closed before as many requests arrived as finished."""
+        self.late_arrivals = 0
+        """Requests that arrived after their window had closed, while the engine was busy (the batch they would
+        have joined ran without them); each one widens the window."""
+        self._window_closed_s: float | None = None
+        """Wall time the last arrival window opened (a step's end), while the window is closed; None while open."""
         acceptance = twin.acceptance
         self._p = np.asarray(acceptance.per_position[:max_k], dtype=float)
         self._drafts_per_step = acceptance.drafts_per_step if max_k else 0.0
@@ -260,6 +265,10 @@ class EngineCore:
         return self.clock.now()
 
     def add_request(self, request: SimRequest) -> None:
+        if self._window_closed_s is not None and self.running:
+            # Closed loop on a host that answered slower than the window: learn how long it takes.
+            self.late_arrivals += 1
+            self.arrival_wait_s = max(self.arrival_wait_s, (time.monotonic() - self._window_closed_s) / 2)
         self.waiting.append(request)
         self._arrivals += 1
         self._arrived.set()
@@ -313,9 +322,11 @@ class EngineCore:
 
     async def _settle_arrivals(self) -> None:
         """Woken from idle, or emptied by a step, on a virtual clock: the clock stands still while a burst of
-        requests (a level's first `concurrency`) comes in, until none has arrived for SETTLE_QUIET_S, so the burst starts together
-        in one step as in `closed_loop_level` instead of as far apart as the host's sending took."""
+        requests (a level's first `concurrency`) comes in, until none has arrived for SETTLE_QUIET_S, so the
+        burst starts together in one step as in `closed_loop_level` instead of as far apart as the host's
+        sending took."""
         self.clock.hold()
+        self._window_closed_s = None
         while await self._next_arrival(time.monotonic() + SETTLE_QUIET_S):
             pass
 
@@ -325,6 +336,7 @@ class EngineCore:
         started = time.monotonic()
         low, high = ARRIVAL_WINDOW_S
         closes = started + min(high, max(low, 4 * self.arrival_wait_s))
+        self._window_closed_s = None
         while self._arrivals < target and await self._next_arrival(closes):
             pass
         self.arrival_windows[0] += 1
@@ -332,6 +344,7 @@ class EngineCore:
             self.arrival_wait_s += 0.2 * (time.monotonic() - started - self.arrival_wait_s)
         else:
             self.arrival_windows[1] += 1
+        self._window_closed_s = started
 
     async def _next_arrival(self, deadline: float) -> bool:
         """Whether a request arrives before `deadline` (wall). A deadline that fires late means this process

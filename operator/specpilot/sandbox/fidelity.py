@@ -56,6 +56,10 @@ def _engine_argv(spec: SpeculationProfileSpec, k: int, workload: str) -> list[st
     argv = ["--model", spec.model.id, "--sku", spec.sku, "--workload", workload]
     if spec.model.max_model_len:
         argv += ["--max-model-len", str(spec.model.max_model_len)]
+    if spec.engine is not None:
+        if spec.engine.gpu_memory_utilization is not None:
+            argv += ["--gpu-memory-utilization", str(spec.engine.gpu_memory_utilization)]
+        argv += list(spec.engine.extra_args)
     if k and spec.method is not None:
         argv += ["--speculative-config", json.dumps(run_speculative_config(spec.method, k, None))]
     return argv

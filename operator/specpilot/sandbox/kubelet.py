@@ -1,13 +1,14 @@
 """The sandbox's kubelet and workload controllers: run what the operator creates as local processes.
 
 For every benchmark Job it runs the Job's own `specpilot-bench` command line as a process, launching the
-simulated engine (`specpilot.sandbox.engine`) of the GPU type the Job's node selector lands on on a virtual
-clock the bench's load generator reads too (`sandbox.clock`), so a profile holds the twin's figures however
-slow or busy the host is, and reports the outcome in the Job's status with the Job controller's retry-and-give-up behaviour. For every
-serving Deployment it runs one simulated engine per replica with the pod's own engine arguments, each on
-its own loopback address (its "pod IP"), publishes Pod objects the operator scrapes, rolls pods on a
-template change by the Deployment's maxSurge and maxUnavailable (by default a new pod ready before an old
-one stops), and keeps the Deployment's status as the Deployment controller would.
+simulated engine (`specpilot.sandbox.engine`) of the GPU type the Job's node selector lands on, on a
+virtual clock the bench's load generator reads too (`sandbox.clock`), so a profile holds the twin's figures
+however slow or busy the host is. It reports each Job's outcome in its status with the Job controller's
+retry-and-give-up behaviour. For every serving Deployment it runs one simulated engine per replica with the
+pod's own engine arguments, each on its own loopback address (its "pod IP"), publishes Pod objects the
+operator scrapes, rolls pods on a template change by the Deployment's maxSurge and maxUnavailable (by
+default a new pod ready before an old one stops), and keeps the Deployment's status as the Deployment
+controller would.
 """
 
 from __future__ import annotations

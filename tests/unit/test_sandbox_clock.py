@@ -1,0 +1,108 @@
+"""The simulated engine's virtual clock, and what it buys: a profile measured by the benchmark's load generator on
+the simulated engine equals, level for level, the host-free replay of the same requests (`closed_loop_level`),
+even while another process keeps a core busy. Nothing asserts on wall time: the measured figures are compared
+with the simulation's own.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+from specpilot.sandbox.clock import VirtualClock, WallClock, read_clock
+from specpilot.sandbox.engine import build_config, make_core, running_engine, tokenize
+from specpilot.sandbox.engine_core import closed_loop_level
+from specpilot_bench import loadgen
+from specpilot_bench.sweep import default_warmup, use_vllm_generator
+from specpilot_bench.workloads import load_prompts
+
+MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+EAGLE3_K2 = json.dumps({"method": "eagle3", "num_speculative_tokens": 2})
+
+
+def test_the_virtual_clock_stands_at_a_steps_end_however_late_the_host_is(tmp_path):
+    clock = VirtualClock(time_scale=1.0, publish_path=tmp_path / "clock")
+    read = read_clock(tmp_path / "clock")
+    start = clock.now()
+    clock.step(0.005, time.monotonic() + 0.005)
+    time.sleep(0.05)  # the host takes ten times the step's time
+    assert clock.now() == pytest.approx(start + 0.005)
+    assert clock.step_end() == pytest.approx(start + 0.005)
+    time.sleep(0.01)
+    assert clock.now() == read() == pytest.approx(start + 0.005)  # stands still until the next step or idle
+    clock.hold()
+    assert read() == pytest.approx(start + 0.005)
+    clock.idle()
+    time.sleep(0.02)
+    assert read() > start + 0.005  # idle time runs at the time scale
+    assert read() >= clock.now() - 1e-3
+
+
+def test_a_reader_before_any_engine_reads_the_wall_clock_and_follows_the_next_engine(tmp_path):
+    path = tmp_path / "clock"
+    read = read_clock(path)
+    assert abs(read() - time.monotonic()) < 1.0
+    first = VirtualClock(2.0, path)
+    first.step(10.0, time.monotonic() + 0.001)
+    end = first.step_end()
+    assert read() == pytest.approx(end)
+    first.close()
+    second = VirtualClock(2.0, path)  # the next engine of the Job: the same file, the same reader
+    second.hold()
+    assert read() == pytest.approx(second.now())
+
+
+def test_the_wall_clock_is_wall_time():
+    clock = WallClock()
+    assert not clock.virtual
+    assert abs(clock.now() - time.monotonic()) < 0.1
+
+
+def test_the_load_generator_times_with_the_clock_the_environment_names(tmp_path):
+    assert loadgen.level_clock({}) is time.perf_counter
+    VirtualClock(1.0, tmp_path / "c").hold()
+    assert loadgen.level_clock({loadgen.CLOCK_FILE_ENV: str(tmp_path / "c")}) is not time.perf_counter
+    # vLLM's generator cannot read it, so a simulated engine's clock means specpilot's generator.
+    assert not use_vllm_generator({loadgen.CLOCK_FILE_ENV: str(tmp_path / "c")})
+
+
+@pytest.fixture
+def busy_core():
+    """Another process keeps one core busy for the test's duration (a busy host)."""
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    yield
+    hog.kill()
+    hog.wait()
+
+
+async def test_a_level_measured_on_the_virtual_clock_is_the_host_free_replay(tmp_path, monkeypatch, busy_core):
+    """The bench's own load generator against the simulated engine, at levels whose batches are several times
+    larger than a host keeps up with in real time, while a core is busy: every level's output throughput is
+    the replay's, since the clock, the arrival windows and the settled bursts take the host out."""
+    clock_file = tmp_path / "clock"
+    monkeypatch.setenv(loadgen.CLOCK_FILE_ENV, str(clock_file))
+    argv = ["--model", MODEL, "--sku", "A100-80GB-SXM", "--speculative-config", EAGLE3_K2]
+    levels = {1: 4, 16: 32, 64: 128}
+    prompts = load_prompts("sharegpt", sum(levels.values()), output_len=24, seed=0)
+    by_level, start = {}, 0
+    for c, n in levels.items():
+        by_level[c] = [loadgen.CompletionRequest(p.text, len(tokenize(p.text)), 24) for p in prompts[start:start + n]]
+        start += n
+    measured = {}
+    # At 20x real time no host keeps up with these batches: the clock must take it out.
+    served = [*argv, "--port", "0", "--time-scale", "20", "--clock-file", str(clock_file)]
+    async with running_engine(served) as engine:
+        for c, requests in by_level.items():
+            result = await loadgen.benchmark(f"{engine.base_url}/v1/completions", MODEL, requests, c,
+                                             num_warmups=default_warmup(c))
+            measured[c] = result["output_throughput"]
+    core = make_core(build_config(argv))
+    for c, requests in by_level.items():
+        lens = [r.prompt_len for r in requests]
+        warmup = default_warmup(c)
+        closed_loop_level(core, lens[:1] * warmup, 24, warmup)
+        replay = closed_loop_level(core, lens, 24, c).output_throughput
+        assert measured[c] == pytest.approx(replay, rel=0.01), (c, measured, replay)
