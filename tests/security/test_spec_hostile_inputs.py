@@ -292,3 +292,19 @@ def test_an_oversized_spec_is_refused():
     doc = _doc()
     doc["spec"]["serving"]["podOverrides"] = {"affinity": {"nodeAffinity": {"x": "y" * 200_000}}}
     assert "bytes as JSON, more than the 131072" in judge(doc).model
+
+
+def test_the_operator_config_file_carries_the_tenancy_policy(tmp_path):
+    from specpilot.config import load_config
+
+    path = tmp_path / "config.yaml"
+    path.write_text("tenancy:\n  allowedSecretNames: [hf-token, weights-s3]\n"
+                    "  allowedPodOverrideFields: [runtimeClassName]\n  podSecurity: {runAsUser: 2000}\n")
+    config = load_config(path)
+    assert config.tenancy.allowed_secret_names == ["hf-token", "weights-s3"]
+    assert config.tenancy.pod_security.run_as_user == 2000 and config.tenancy.pod_security.fs_group == 1000
+    path.write_text("tenancy:\n  allowedBenchmarkImages: ['registry.example.com/team*']\n  podSecurity: {runAsUser: 0}\n")
+    with pytest.raises(SystemExit) as exc:
+        load_config(path)
+    message = str(exc.value)
+    assert "config.tenancy.allowedBenchmarkImages" in message and "config.tenancy.podSecurity.runAsUser" in message
