@@ -28,16 +28,20 @@ VARIANTS = [
     pytest.param((NON_DEFAULT_VALUES,), (), id="namespaced-ha"),
     pytest.param((), ("peering.enabled=true", "replicaCount=3", "serviceMonitor.enabled=true"), id="clusterwide-ha"),
     pytest.param((), ("watchNamespaces={" + RELEASE_NAMESPACE + "}", "rbac.create=true"), id="own-namespace"),
+    pytest.param((), ("watchNamespaces={a,b}", "networkPolicy.enabled=true", "networkPolicy.servingPods.enabled=true",
+                      "rbac.aggregatedRoles=false"), id="network-policies"),
 ]
-# The specpilot.io resources the operator handles, with the verbs it needs on each (sub)resource.
+# The specpilot.io resources the operator handles, with the verbs it uses on each (sub)resource (measured:
+# tests/security/test_rbac_grants.py records them against the sandbox API server).
 SPECPILOT_GRANTS = {
-    "speculativedeployments": {"get", "list", "watch", "create", "patch", "update", "delete"},
-    "speculationprofiles": {"get", "list", "watch", "create", "patch", "update", "delete"},
-    "speculativedeployments/status": {"get", "patch", "update"},
-    "speculationprofiles/status": {"get", "patch", "update"},
+    "speculativedeployments": {"list", "watch", "patch"},
+    "speculationprofiles": {"get", "list", "watch", "create", "patch"},
+    "speculativedeployments/status": {"patch"},
+    "speculationprofiles/status": {"patch"},
     "speculativedeployments/finalizers": {"update"},
     "speculationprofiles/finalizers": {"update"},
 }
+BENCH_CLUSTER_ROLE = f"{FULLNAME}-bench"
 
 
 def by_kind(objects: list[dict], kind: str) -> list[dict]:
@@ -48,6 +52,12 @@ def only(objects: list[dict], kind: str) -> dict:
     matches = by_kind(objects, kind)
     assert len(matches) == 1, f"expected one {kind}, got {[m['metadata']['name'] for m in matches]}"
     return matches[0]
+
+
+def operator_cluster_role(objects: list[dict]) -> dict:
+    """The operator's own ClusterRole (the chart also ships the benchmark and aggregated ones)."""
+    (role,) = [o for o in objects if o["kind"] == "ClusterRole" and o["metadata"]["name"] == FULLNAME]
+    return role
 
 
 def operator_container(objects: list[dict]) -> dict:
@@ -99,8 +109,11 @@ def test_helm_lint_strict_passes(helm_tools: HelmTools, values_files: tuple[Path
 def test_default_render_is_one_clusterwide_standalone_operator(default_objects: list[dict]) -> None:
     kinds = sorted(obj["kind"] for obj in default_objects)
     assert kinds == sorted([
-        "ServiceAccount", "ConfigMap", "ClusterRole", "ClusterRoleBinding", "Service", "Deployment", "Pod",
+        "ServiceAccount", "ConfigMap", "ClusterRole", "ClusterRole", "ClusterRole", "ClusterRole",
+        "ClusterRoleBinding", "Service", "Deployment", "Pod",
     ])
+    assert sorted(o["metadata"]["name"] for o in by_kind(default_objects, "ClusterRole")) == [
+        FULLNAME, BENCH_CLUSTER_ROLE, f"{FULLNAME}-edit", f"{FULLNAME}-view"]
     deployment = only(default_objects, "Deployment")
     assert deployment["spec"]["replicas"] == 1
     assert deployment["spec"]["strategy"]["type"] == "Recreate"
@@ -110,7 +123,9 @@ def test_default_render_is_one_clusterwide_standalone_operator(default_objects: 
     assert container["args"] == [
         "--config", "/etc/specpilot/config.yaml",
         "--liveness-port", "8080",
+        "--liveness-address", "0.0.0.0",
         "--metrics-port", "9090",
+        "--metrics-address", "0.0.0.0",
         "--log-format", "plain",
         "--all-namespaces",
         "--standalone",
@@ -144,8 +159,8 @@ def test_clusterwide_peering_creates_a_cluster_peering_object(helm_tools: HelmTo
     objects = helm_tools.render(set_values=["peering.enabled=true", "replicaCount=2"])
     assert [p["metadata"]["name"] for p in by_kind(objects, "ClusterKopfPeering")] == ["specpilot"]
     assert not by_kind(objects, "KopfPeering")
-    cluster_rules = only(objects, "ClusterRole")["rules"]
-    assert granted(cluster_rules, "kopf.dev", "clusterkopfpeerings") == {"get", "list", "watch", "patch"}
+    cluster_rules = operator_cluster_role(objects)["rules"]
+    assert granted(cluster_rules, "kopf.dev", "clusterkopfpeerings") == {"list", "watch", "patch"}
 
 
 @pytest.mark.parametrize(("values_files", "set_values"), VARIANTS)
@@ -195,7 +210,7 @@ def test_generated_crds_cover_every_specpilot_resource_the_rbac_names(default_ob
         assert crd["spec"]["group"] == "specpilot.io"
         # The RBAC grants /status separately: without the subresource those grants would be meaningless.
         assert all("status" in v.get("subresources", {}) for v in crd["spec"]["versions"])
-    rules = only(default_objects, "ClusterRole")["rules"]
+    rules = operator_cluster_role(default_objects)["rules"]
     granted_resources = {r for rule in rules if "specpilot.io" in rule["apiGroups"] for r in rule["resources"]}
     assert granted_resources == set(SPECPILOT_GRANTS)
     assert {resource.split("/")[0] for resource in granted_resources} == plurals
@@ -214,30 +229,38 @@ def test_rbac_has_no_wildcards(
                 assert not any("*" in entry for entry in rule.get(field, [])), (
                     f"{role['kind']}/{role['metadata']['name']} has a wildcard in {field}: {rule}"
                 )
-            assert "nonResourceURLs" not in rule and "resourceNames" not in rule
+            assert "nonResourceURLs" not in rule
+            # resourceNames only narrows `bind` to the benchmark ClusterRole.
+            if "resourceNames" in rule:
+                assert rule == {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["clusterroles"],
+                                "verbs": ["bind"], "resourceNames": [BENCH_CLUSTER_ROLE]}, rule
 
 
 def test_clusterwide_rbac_grants_what_the_operator_needs(default_objects: list[dict]) -> None:
-    rules = only(default_objects, "ClusterRole")["rules"]
+    rules = operator_cluster_role(default_objects)["rules"]
     for resource, verbs in SPECPILOT_GRANTS.items():
         assert granted(rules, "specpilot.io", resource) == verbs, resource
-    assert granted(rules, "batch", "jobs") == {"get", "list", "watch", "create", "patch", "delete"}
-    assert granted(rules, "", "nodes") == {"get", "list", "watch"}
-    assert granted(rules, "", "pods/log") == {"get"}
-    assert granted(rules, "events.k8s.io", "events") == {"create", "patch"}
-    assert granted(rules, "apiextensions.k8s.io", "customresourcedefinitions") == {"get", "list", "watch"}
+    assert granted(rules, "batch", "jobs") == {"list", "watch", "create", "delete"}
+    assert granted(rules, "", "nodes") == {"list", "watch"}
+    assert granted(rules, "", "pods") == {"list"}
+    assert not granted(rules, "", "pods/log") and not granted(rules, "", "configmaps")
+    assert granted(rules, "", "events") == {"create"} and not granted(rules, "events.k8s.io", "events")
+    assert granted(rules, "apiextensions.k8s.io", "customresourcedefinitions") == {"list", "watch"}
+    assert not granted(rules, "rbac.authorization.k8s.io", "roles")
+    assert granted(rules, "rbac.authorization.k8s.io", "rolebindings") == {"get", "create"}
+    assert not granted(rules, "monitoring.coreos.com", "servicemonitors")
     # Standalone operators never touch peering objects.
     assert not granted(rules, "kopf.dev", "clusterkopfpeerings")
     assert not granted(rules, "kopf.dev", "kopfpeerings")
     binding = only(default_objects, "ClusterRoleBinding")
-    assert binding["roleRef"]["name"] == only(default_objects, "ClusterRole")["metadata"]["name"]
+    assert binding["roleRef"]["name"] == FULLNAME
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": FULLNAME, "namespace": RELEASE_NAMESPACE}
     ]
 
 
 def test_namespaced_rbac_is_a_role_per_watched_namespace(non_default_objects: list[dict]) -> None:
-    cluster_rules = only(non_default_objects, "ClusterRole")["rules"]
+    cluster_rules = operator_cluster_role(non_default_objects)["rules"]
     # Cluster scope keeps only what has no namespace: nodes, namespaces, CRDs.
     assert {r for rule in cluster_rules for r in rule["resources"]} == {
         "nodes", "namespaces", "customresourcedefinitions",
@@ -248,8 +271,9 @@ def test_namespaced_rbac_is_a_role_per_watched_namespace(non_default_objects: li
         rules = roles[(namespace, FULLNAME)]["rules"]
         for resource, verbs in SPECPILOT_GRANTS.items():
             assert granted(rules, "specpilot.io", resource) == verbs, (namespace, resource)
-        assert granted(rules, "rbac.authorization.k8s.io", "roles") == {"get", "list", "watch", "create", "patch", "delete"}
-        assert granted(rules, "kopf.dev", "kopfpeerings") == {"get", "list", "watch", "patch"}
+        assert granted(rules, "rbac.authorization.k8s.io", "rolebindings") == {"get", "create"}
+        assert granted(rules, "rbac.authorization.k8s.io", "clusterroles") == {"bind"}
+        assert granted(rules, "kopf.dev", "kopfpeerings") == {"list", "watch", "patch"}
     self_rules = roles[(RELEASE_NAMESPACE, f"{FULLNAME}-self")]["rules"]
     assert {r for rule in self_rules for r in rule["resources"]} == {"events"}
     bindings = {(b["metadata"]["namespace"], b["roleRef"]["name"]) for b in by_kind(non_default_objects, "RoleBinding")}
@@ -277,6 +301,10 @@ def test_watching_the_release_namespace_needs_no_extra_self_role(helm_tools: Hel
         (["config.prometheusUrl=prometheus:9090"], "prometheusUrl"),
         (["serviceMonitor.interval=soon"], "interval"),
         (["replicaCountt=2"], "replicaCountt"),
+        (["config.allowedPrometheusUrls={prometheus:9090}"], "allowedPrometheusUrls"),
+        (["config.metricsReadLimits.maxResponseBytes=10"], "maxResponseBytes"),
+        (["metricsBindAddress=everywhere"], "metricsBindAddress"),
+        (["networkPolicy.enabled=maybe"], "enabled"),
         (["config.unknownKnob=1"], "unknownKnob"),
     ],
 )
@@ -300,7 +328,9 @@ def test_config_map_holds_the_operator_config(default_objects: list[dict], non_d
     assert config_map["metadata"]["name"] == f"{FULLNAME}-config"
     config = yaml.safe_load(config_map["data"]["config.yaml"])
     assert set(config) == {"prometheusUrl", "benchmarkImage", "defaultEngineImage", "gpuPricesPerHour", "profilingDefaults",
-                           "reconcileIntervalSeconds", "profileWatchSeconds"}
+                           "reconcileIntervalSeconds", "profileWatchSeconds", "allowedPrometheusUrls",
+                           "metricsReadLimits", "benchClusterRole"}
+    assert config["allowedPrometheusUrls"] == [] and config["benchClusterRole"] == BENCH_CLUSTER_ROLE
     assert config["prometheusUrl"] == "http://prometheus-operated.monitoring.svc:9090"
     assert config["benchmarkImage"] == "ghcr.io/specpilot/specpilot-bench:0.1.0"
     assert config["defaultEngineImage"] == "vllm/vllm-openai:v0.32.0"
@@ -451,7 +481,7 @@ def test_values_schema_is_valid_draft7_and_documents_every_value() -> None:
 def test_docs_values_table_lists_every_value() -> None:
     values = yaml.safe_load((CHART_DIR / "values.yaml").read_text())
     # Free-form maps are documented as a whole, not key by key.
-    documented_whole = {"resources", "config.gpuPricesPerHour"}
+    documented_whole = {"resources", "config.gpuPricesPerHour", "networkPolicy.prometheus.namespaceSelector"}
 
     def keys(node: dict, prefix: str = "") -> list[str]:
         out = []
@@ -467,3 +497,46 @@ def test_docs_values_table_lists_every_value() -> None:
     values_section = docs.split("\n## Values\n", 1)[1].split("\n## ", 1)[0]
     table_keys = {line.split("`")[1] for line in values_section.splitlines() if line.startswith("| `")}
     assert set(keys(values)) == table_keys
+
+
+def test_aggregated_roles_fold_sdep_rights_into_view_and_edit(default_objects: list[dict]) -> None:
+    roles = {o["metadata"]["name"]: o for o in by_kind(default_objects, "ClusterRole")}
+    view, edit = roles[f"{FULLNAME}-view"], roles[f"{FULLNAME}-edit"]
+    assert view["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-view"] == "true"
+    assert edit["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-edit"] == "true"
+    assert "rbac.authorization.k8s.io/aggregate-to-view" not in edit["metadata"]["labels"]
+    assert granted(view["rules"], "specpilot.io", "speculationprofiles") == {"get", "list", "watch"}
+    assert granted(edit["rules"], "specpilot.io", "speculativedeployments") == {
+        "create", "update", "patch", "delete", "deletecollection"}
+    # Profiles (and every status) are written by the operator and its benchmark Jobs only.
+    assert not granted(edit["rules"], "specpilot.io", "speculationprofiles")
+    assert not any(r.endswith("/status") for rule in edit["rules"] for r in rule["resources"])
+
+
+def test_network_policies_admit_only_prometheus_and_the_operator(helm_tools: HelmTools) -> None:
+    assert not by_kind(helm_tools.render(namespace=RELEASE_NAMESPACE), "NetworkPolicy")  # off by default
+    objects = helm_tools.render(namespace=RELEASE_NAMESPACE, set_values=[
+        "watchNamespaces={a,b}", "networkPolicy.enabled=true", "networkPolicy.servingPods.enabled=true"])
+    policies = {(p["metadata"].get("namespace"), p["metadata"]["name"]): p for p in by_kind(objects, "NetworkPolicy")}
+    assert set(policies) == {(None, FULLNAME), ("a", f"{FULLNAME}-serving"), ("b", f"{FULLNAME}-serving")}
+    operator_pod = only(objects, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    own = policies[(None, FULLNAME)]["spec"]
+    assert own["podSelector"]["matchLabels"].items() <= operator_pod.items()
+    assert own["policyTypes"] == ["Ingress"]
+    prometheus, helm_test = own["ingress"]
+    assert prometheus["ports"] == [{"port": "metrics", "protocol": "TCP"}]
+    assert prometheus["from"][0]["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}
+    assert helm_test["from"][0]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "helm-test"
+    serving = policies[("a", f"{FULLNAME}-serving")]["spec"]
+    assert serving["podSelector"]["matchLabels"] == {"app.kubernetes.io/managed-by": "specpilot",
+                                                     "app.kubernetes.io/component": "serving"}
+    (rule,) = serving["ingress"]
+    assert rule["from"][0]["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": RELEASE_NAMESPACE}
+    assert rule["from"][0]["podSelector"]["matchLabels"].items() <= operator_pod.items()
+
+
+def test_bind_addresses_reach_the_operator(helm_tools: HelmTools) -> None:
+    objects = helm_tools.render(namespace=RELEASE_NAMESPACE, set_values=["metricsBindAddress=127.0.0.1"])
+    args = operator_container(objects)["args"]
+    assert args[args.index("--metrics-address") + 1] == "127.0.0.1"
+    assert args[args.index("--liveness-address") + 1] == "0.0.0.0"

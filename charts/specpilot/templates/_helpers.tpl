@@ -55,67 +55,87 @@ standalone and they would fight over each SpeculativeDeployment. */}}
 {{- end }}
 {{- end }}
 
+{{/* Name of the ClusterRole the benchmark Jobs' ServiceAccount is bound to in each namespace. */}}
+{{- define "specpilot.benchClusterRole" -}}
+{{- printf "%s-bench" (include "specpilot.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
 {{/* Rules the operator needs in every namespace it watches: on cluster scope (ClusterRole) when it
-watches all namespaces, else as a Role in each watched namespace. Every verb is listed on purpose. */}}
+watches all namespaces, else as a Role in each watched namespace. Exactly the requests the operator (and
+kopf in it) makes, as recorded across the operator test suite (tests/security/test_rbac_grants.py), plus
+two documented exceptions that are admission checks rather than requests: update on the finalizers subresources
+(ownerReferences with blockOwnerDeletion) and bind on the one benchmark ClusterRole (creating its
+RoleBindings). No delete on anything but benchmark Jobs (re-profiling); owned objects go by garbage
+collection. */}}
 {{- define "specpilot.namespacedRules" -}}
+# kopf watches SpeculativeDeployments and patches its finalizer and progress annotations on them.
 - apiGroups: ["specpilot.io"]
-  resources: ["speculativedeployments", "speculationprofiles"]
-  verbs: ["get", "list", "watch", "create", "patch", "update", "delete"]
-# The operator grants get/patch on speculationprofiles/status to each benchmark Job's ServiceAccount,
-# and RBAC only lets it grant what it holds.
+  resources: ["speculativedeployments"]
+  verbs: ["list", "watch", "patch"]
 - apiGroups: ["specpilot.io"]
   resources: ["speculativedeployments/status", "speculationprofiles/status"]
-  verbs: ["get", "patch", "update"]
+  verbs: ["patch"]
+# Profiles are created, read back, annotated (their current Job) and watched into an index.
+- apiGroups: ["specpilot.io"]
+  resources: ["speculationprofiles"]
+  verbs: ["get", "list", "watch", "create", "patch"]
+# Admission (OwnerReferencesPermissionEnforcement), not a request: objects the operator creates name their
+# owner with blockOwnerDeletion.
 - apiGroups: ["specpilot.io"]
   resources: ["speculativedeployments/finalizers", "speculationprofiles/finalizers"]
   verbs: ["update"]
+# Benchmark Jobs: created, watched into an index, deleted to measure again.
 - apiGroups: ["batch"]
   resources: ["jobs"]
-  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+  verbs: ["list", "watch", "create", "delete"]
+# Serving Deployments by server-side apply (create where the API server has no apply).
 - apiGroups: ["apps"]
   resources: ["deployments"]
-  verbs: ["get", "list", "watch", "create", "patch", "update", "delete"]
-- apiGroups: [""]
-  resources: ["services"]
-  verbs: ["get", "list", "watch", "create", "patch", "update", "delete"]
-- apiGroups: [""]
-  resources: ["pods"]
-  verbs: ["get", "list", "watch"]
-- apiGroups: [""]
-  resources: ["pods/log"]
+  verbs: ["get", "create", "patch"]
+# Which ReplicaSet (hence which Deployment) controls a serving pod before its /metrics is scraped.
+- apiGroups: ["apps"]
+  resources: ["replicasets"]
   verbs: ["get"]
 - apiGroups: [""]
-  resources: ["serviceaccounts"]
-  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+  resources: ["services"]
+  verbs: ["create", "patch"]
+# Serving pods to scrape (metrics.source: pods).
 - apiGroups: [""]
-  resources: ["configmaps"]
-  verbs: ["get", "list", "watch"]
+  resources: ["pods"]
+  verbs: ["list"]
+# The per-namespace benchmark (and serving) ServiceAccounts: created once, read back when they exist.
+- apiGroups: [""]
+  resources: ["serviceaccounts"]
+  verbs: ["get", "create"]
 {{ include "specpilot.eventRules" . }}
+# The benchmark ServiceAccount's RoleBinding to the chart's bench ClusterRole.
 - apiGroups: ["rbac.authorization.k8s.io"]
-  resources: ["roles", "rolebindings"]
-  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+  resources: ["rolebindings"]
+  verbs: ["get", "create"]
+# Admission (RBAC escalation check), not a request: a RoleBinding to a ClusterRole needs bind on it.
+- apiGroups: ["rbac.authorization.k8s.io"]
+  resources: ["clusterroles"]
+  verbs: ["bind"]
+  resourceNames: [{{ include "specpilot.benchClusterRole" . | quote }}]
 - apiGroups: ["monitoring.coreos.com"]
-  resources: ["servicemonitors", "podmonitors"]
-  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+  resources: ["podmonitors"]
+  verbs: ["create", "patch"]
 {{- if .Values.peering.enabled }}
 {{ include "specpilot.kopfPeeringRules" . }}
 {{- end }}
 {{- end }}
 
-{{/* kopf posts handler progress and failures as Events on the objects it handles. */}}
+{{/* kopf posts handler progress, failures and the operator's own Events as core Events. */}}
 {{- define "specpilot.eventRules" -}}
 - apiGroups: [""]
   resources: ["events"]
-  verbs: ["create", "patch"]
-- apiGroups: ["events.k8s.io"]
-  resources: ["events"]
-  verbs: ["create", "patch"]
+  verbs: ["create"]
 {{- end }}
 
 {{- define "specpilot.kopfPeeringRules" -}}
 - apiGroups: ["kopf.dev"]
   resources: ["kopfpeerings"]
-  verbs: ["get", "list", "watch", "patch"]
+  verbs: ["list", "watch", "patch"]
 {{- end }}
 
 {{/* Rules that only exist on cluster scope, whatever the operator watches: nodes (GPU SKU detection from
@@ -123,16 +143,16 @@ the nvidia.com/gpu.product label), namespaces and CRDs (kopf's resource and name
 {{- define "specpilot.clusterRules" -}}
 - apiGroups: [""]
   resources: ["nodes"]
-  verbs: ["get", "list", "watch"]
+  verbs: ["list", "watch"]
 - apiGroups: [""]
   resources: ["namespaces"]
-  verbs: ["get", "list", "watch"]
+  verbs: ["list", "watch"]
 - apiGroups: ["apiextensions.k8s.io"]
   resources: ["customresourcedefinitions"]
-  verbs: ["get", "list", "watch"]
+  verbs: ["list", "watch"]
 {{- if and .Values.peering.enabled (not .Values.watchNamespaces) }}
 - apiGroups: ["kopf.dev"]
   resources: ["clusterkopfpeerings"]
-  verbs: ["get", "list", "watch", "patch"]
+  verbs: ["list", "watch", "patch"]
 {{- end }}
 {{- end }}
