@@ -102,10 +102,10 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 class LoopbackServer:
-    """An aiohttp server on 127.0.0.1 that counts the requests it receives."""
+    """An aiohttp server on a loopback address (127.0.0.1 unless given) that counts the requests it receives."""
 
-    def __init__(self, handler: Handler, port: int = 0) -> None:
-        self.handler, self.port, self.requests = handler, port, []
+    def __init__(self, handler: Handler, port: int = 0, host: str = "127.0.0.1") -> None:
+        self.handler, self.port, self.host, self.requests = handler, port, host, []
         self._runner: web.AppRunner | None = None
 
     async def __aenter__(self) -> LoopbackServer:
@@ -117,7 +117,7 @@ class LoopbackServer:
         app.router.add_route("*", "/{tail:.*}", counted)
         self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
         await self._runner.setup()
-        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
+        await web.TCPSite(self._runner, self.host, self.port).start()
         self.port = self._runner.addresses[0][1]
         return self
 
@@ -127,7 +127,7 @@ class LoopbackServer:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
