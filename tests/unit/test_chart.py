@@ -305,6 +305,7 @@ def test_watching_the_release_namespace_needs_no_extra_self_role(helm_tools: Hel
         (["config.metricsReadLimits.maxResponseBytes=10"], "maxResponseBytes"),
         (["metricsBindAddress=everywhere"], "metricsBindAddress"),
         (["networkPolicy.enabled=maybe"], "enabled"),
+        (["config.tenancy=open"], "tenancy"),
         (["config.unknownKnob=1"], "unknownKnob"),
     ],
 )
@@ -329,7 +330,7 @@ def test_config_map_holds_the_operator_config(default_objects: list[dict], non_d
     config = yaml.safe_load(config_map["data"]["config.yaml"])
     assert set(config) == {"prometheusUrl", "benchmarkImage", "defaultEngineImage", "gpuPricesPerHour", "profilingDefaults",
                            "reconcileIntervalSeconds", "profileWatchSeconds", "allowedPrometheusUrls",
-                           "metricsReadLimits", "benchClusterRole"}
+                           "metricsReadLimits", "benchClusterRole", "tenancy"}
     assert config["allowedPrometheusUrls"] == [] and config["benchClusterRole"] == BENCH_CLUSTER_ROLE
     assert config["prometheusUrl"] == "http://prometheus-operated.monitoring.svc:9090"
     assert config["benchmarkImage"] == "ghcr.io/specpilot/specpilot-bench:0.1.0"
@@ -481,7 +482,8 @@ def test_values_schema_is_valid_draft7_and_documents_every_value() -> None:
 def test_docs_values_table_lists_every_value() -> None:
     values = yaml.safe_load((CHART_DIR / "values.yaml").read_text())
     # Free-form maps are documented as a whole, not key by key.
-    documented_whole = {"resources", "config.gpuPricesPerHour", "networkPolicy.prometheus.namespaceSelector"}
+    documented_whole = {"resources", "config.gpuPricesPerHour", "networkPolicy.prometheus.namespaceSelector",
+                        "config.tenancy"}
 
     def keys(node: dict, prefix: str = "") -> list[str]:
         out = []
