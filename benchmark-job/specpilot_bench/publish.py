@@ -4,6 +4,8 @@ The Job's ServiceAccount (in-cluster config) may get and patch `speculationprofi
 namespace, nothing more. Each publish reads the object, merges this Job's runs into what other Jobs of
 the same profile already published, and patches the status with the resourceVersion it read, so a
 concurrent writer makes the API answer 409 and we merge again. Transient errors retry with backoff.
+A launching Job publishes after each run and at the end: each publish adds only the engine starts made
+since its previous one.
 """
 
 from __future__ import annotations
@@ -71,6 +73,8 @@ class ProfileStore:
         self.api = api
         self.name = name
         self.namespace = namespace
+        self.engine_starts_published = 0
+        """This process's engine starts already added to the stored count."""
 
     def _get(self) -> dict[str, Any]:
         return self.api.get_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, self.name)
@@ -81,11 +85,16 @@ class ProfileStore:
         return SpeculationProfile.model_validate(obj)
 
     def publish(self, status: SpeculationProfileStatus, expected_ks: Sequence[int]) -> dict[str, Any]:
-        """Merge `status` into the stored one and patch it; returns the status as published."""
+        """Merge `status` into the stored one and patch it; returns the status as published.
+
+        `status.engine_starts` counts this process's starts so far; the stored count already holds those
+        published before (and other Jobs' and attempts'), so only the new ones are added."""
+        starts = status.engine_starts or 0
+        unpublished = status.model_copy(update={"engine_starts": starts - self.engine_starts_published})
 
         def attempt() -> dict[str, Any]:
             current = self._get()
-            merged = merged_status(current.get("status"), status, expected_ks).dump()
+            merged = merged_status(current.get("status"), unpublished, expected_ks).dump()
             body: dict[str, Any] = {"status": merged}
             version = current.get("metadata", {}).get("resourceVersion")
             if version:
@@ -94,4 +103,6 @@ class ProfileStore:
             self.api.patch_namespaced_custom_object_status(GROUP, VERSION, self.namespace, PLURAL, self.name, body)
             return merged
 
-        return _retrying(f"patch {PLURAL}/{self.name}/status in {self.namespace}", attempt)
+        published = _retrying(f"patch {PLURAL}/{self.name}/status in {self.namespace}", attempt)
+        self.engine_starts_published = starts
+        return published
