@@ -1,8 +1,9 @@
 """specpilot-bench in cluster mode: reads the SpeculationProfile from the Kubernetes API, publishes its status.
 
 The API is kmock's KubernetesEmulator over HTTP (the bench uses the real `kubernetes` client through a
-kubeconfig); the engine is the real vLLM on the CPU. A SIGTERM in the middle of the sweep must leave the
-profile Failed with the levels measured so far, and the published object must pass the CRD schema.
+kubeconfig); the engine is the real vLLM on the CPU. An EAGLE-3 candidate is profiled as a cluster profiles
+it (the operator's profile and Job, the Job's own command line), and a SIGTERM in the middle of the sweep
+must leave the profile Failed with the levels measured so far; the published object must pass the CRD schema.
 """
 
 from __future__ import annotations
@@ -10,13 +11,20 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
 import kmock
 import pytest
 import yaml
+from profile_checks import check_speculative_run
+from specpilot.api import SpeculativeDeploymentSpec
+from specpilot.api.profile import SpeculationProfile
 from specpilot.api.validate import validate_custom_resource
+from specpilot.config import OperatorConfig
+from specpilot.controller.desired import profile_spec
+from specpilot.manifests.benchmark import BENCH_CONTAINER, benchmark_job
 
 pytestmark = pytest.mark.vllm
 
@@ -82,3 +90,57 @@ async def test_sigterm_mid_sweep_publishes_a_partial_failed_profile(api, tiny_mo
     # The same partial result was printed and written.
     assert json.loads(stdout)[0]["status"]["phase"] == "Failed"
     assert json.loads(output.read_text())[0]["status"]["runs"][0]["points"] == run["points"]
+
+
+async def test_eagle3_profile_measured_by_the_operators_job(api, tiny_models, cpu_engine_args, engine_env, tmp_path,
+                                                           crds):
+    # An eagle3 candidate with the tiny EAGLE-3 head, profiled on a CPU pool as the operator profiles it: its
+    # SpeculationProfile spec, its benchmark Job, and that Job's bench command line run as it is (launch
+    # mode: one engine start at k=1, one at K), plus a kubeconfig and the local paths a pod would not need.
+    emulator, url = api
+    spec = SpeculativeDeploymentSpec.model_validate({
+        "model": {"id": str(tiny_models.target), "servedName": "tiny", "maxModelLen": 512,
+                  "extraArgs": [a for a in cpu_engine_args if a not in ("--max-model-len", "512")]},
+        "methods": [{"method": "eagle3", "model": str(tiny_models.eagle3), "numSpeculativeTokens": 3}],
+        "gpuPools": [{"name": "cpu", "nodeSelector": {}, "sku": "cpu"}],
+        "profiling": {"concurrencyLevels": [1, 2], "requestsPerLevel": 3,
+                      "workload": {"name": "json-extraction", "outputLen": 24}},
+    })
+    config = OperatorConfig()
+    measured = profile_spec(spec, "cpu", spec.methods[0], config)
+    name = measured.object_name()
+    emulator.objects[RESOURCE, NAMESPACE, name] = {
+        **SpeculationProfile(metadata={"name": name, "namespace": NAMESPACE, "resourceVersion": "1"},
+                             spec=measured).dump(),
+        "status": {"phase": "Pending"},
+    }
+    job = benchmark_job(profile_name=name, namespace=NAMESPACE, profile_spec=measured, spec=spec,
+                        pool=spec.gpu_pools[0], bench_image=config.benchmark_image,
+                        owner={"apiVersion": "specpilot.io/v1alpha1", "kind": "SpeculationProfile", "name": name,
+                               "uid": "u1"})
+    (bench,) = [c for c in job["spec"]["template"]["spec"]["containers"] if c["name"] == BENCH_CONTAINER]
+    logs = tmp_path / "logs"
+    command = [sys.executable, "-m", "specpilot_bench", *bench["args"],
+               "--kubeconfig", str(kubeconfig(tmp_path / "kubeconfig", url)), "--log-dir", str(logs),
+               "--output", str(tmp_path / "result.json"), "--no-calibration"]
+    proc = await asyncio.to_thread(subprocess.run, command, env=engine_env, capture_output=True, text=True,
+                                   timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+    stored = json.loads(json.dumps(emulator.objects[RESOURCE, NAMESPACE, name].raw))
+    assert validate_custom_resource(crds["SpeculationProfile"], stored) == []
+    assert stored["spec"]["method"]["method"] == "eagle3"
+    status = stored["status"]
+    assert status["phase"] == "Succeeded" and status["engineStarts"] == 2
+    assert status["jobName"] == job["metadata"]["name"]
+    runs = status["runs"]
+    assert [r["numSpeculativeTokens"] for r in runs] == [1, 3]
+    check_speculative_run(runs[0], 1)
+    check_speculative_run(runs[1], 3)
+    # A model drafter drafts at every request-step.
+    assert runs[1]["acceptance"]["draftsPerStep"] > 0.8
+    # Each engine ran the EAGLE-3 head at the run's K.
+    for k in (1, 3):
+        (log,) = logs.glob(f"*-k{k}.log")
+        assert f"speculative_config=SpeculativeConfig(method='eagle3', model='{tiny_models.eagle3}', " \
+               f"num_spec_tokens={k})" in log.read_text()

@@ -2,8 +2,8 @@
 
 Each profile runs the real CLI in a subprocess (as the Job does) at two levels with a few short
 requests; module fixtures share the runs between tests so the suite pays for each engine start once.
-The tiny models' random weights make acceptance meaningless as a number, so only its mechanics are
-checked (counters parsed, non-increasing per position, accepted <= drafted), never a speed.
+The tiny models' weights make acceptance meaningless as a number, so only its mechanics are checked
+(`profile_checks`), never a speed.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from profile_checks import check_speculative_run, requests_at
 from specpilot.api.validate import validate_custom_resource
 
 pytestmark = pytest.mark.vllm
@@ -41,31 +42,6 @@ def bench(args: list[str], output: Path, env: dict[str, str],
 
 def check_valid(crds: dict, doc: dict) -> None:
     assert validate_custom_resource(crds["SpeculationProfile"], doc) == []
-
-
-def requests_at(concurrency: int) -> int:
-    """--requests-per-level 3, raised to two waves of the level's concurrency (specpilot_bench.cli.MIN_WAVES)."""
-    from specpilot_bench.cli import MIN_WAVES
-
-    return max(3, MIN_WAVES * concurrency)
-
-
-def check_speculative_run(run: dict, k: int) -> None:
-    assert run["numSpeculativeTokens"] == k
-    assert [p["concurrency"] for p in run["points"]] == [1, 2]
-    for point in run["points"]:
-        assert point["completed"] == requests_at(point["concurrency"]) and point["failed"] == 0
-        assert point["numDrafts"] > 0 and point["numDraftTokens"] > 0 and point["numAcceptedTokens"] > 0
-        assert point["numAcceptedTokens"] <= point["numDraftTokens"]
-        per_position = point["acceptedPerPosition"]
-        assert len(per_position) == k
-        assert per_position == sorted(per_position, reverse=True)
-        assert sum(per_position) == point["numAcceptedTokens"]
-    acceptance = run["acceptance"]
-    assert len(acceptance["perPosition"]) == k
-    assert acceptance["perPosition"] == sorted(acceptance["perPosition"], reverse=True)
-    assert 0 < acceptance["draftsPerStep"] <= 1
-    assert 1 < acceptance["meanAcceptanceLength"] <= 1 + k
 
 
 @pytest.fixture(scope="module")
