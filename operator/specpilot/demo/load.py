@@ -1,5 +1,10 @@
 """The demo's clients: keep N requests in flight against the Service (every ready serving pod of every
-pool, least outstanding first), and record what each request saw."""
+pool, least outstanding first), and record what each request saw.
+
+They send the workload the deployment was profiled with (ShareGPT's first turns, other prompts than the
+profiles' own): a crossover measured on long prompts sits at a higher concurrency than one on short prompts
+(more context to read per step keeps the step memory-bound longer), so serving another workload than the
+profiled one would be a different experiment."""
 
 from __future__ import annotations
 
@@ -12,7 +17,16 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
-PROMPT = ("Summarise the following support ticket and list the customer's open questions. " * 3).strip()
+PROMPT_SEED = 1
+"""Seed of the clients' ShareGPT sample (the profiles' is the workload's own, 0)."""
+PROMPT_COUNT = 512
+
+
+def demo_prompts() -> tuple[str, ...]:
+    """The prompts the clients send, in turn (ShareGPT first turns, as the deployment's profiling workload)."""
+    from specpilot_bench.workloads import load_prompts
+
+    return tuple(p.text for p in load_prompts("sharegpt", PROMPT_COUNT, output_len=1, seed=PROMPT_SEED))
 
 
 @dataclass(frozen=True)
@@ -37,6 +51,7 @@ class LoadDriver:
     max_tokens: int
     samples: list[Sample] = field(default_factory=list)
     errors: int = 0
+    prompts: tuple[str, ...] = field(default_factory=demo_prompts)
     _outstanding: dict[str, int] = field(default_factory=dict)
     _workers: list[asyncio.Task] = field(default_factory=list)
     _session: aiohttp.ClientSession | None = None
@@ -73,7 +88,9 @@ class LoadDriver:
 
     async def _worker(self) -> None:
         assert self._session is not None
+        turn = random.randrange(len(self.prompts))
         while True:
+            turn += 1
             target = self._pick()
             if target is None:
                 await asyncio.sleep(0.2)
@@ -83,7 +100,7 @@ class LoadDriver:
             started = time.monotonic()
             try:
                 async with self._session.post(f"{url}/v1/completions", json={
-                        "model": self.model, "prompt": PROMPT, "max_tokens": self.max_tokens,
+                        "model": self.model, "prompt": self.prompts[turn % len(self.prompts)], "max_tokens": self.max_tokens,
                         "ignore_eos": True, "temperature": 0}) as response:
                     body = await response.json()
                     tokens = int(body["usage"]["completion_tokens"]) if response.status == 200 else 0

@@ -19,7 +19,7 @@ from ..perf.catalog import DEFAULT_CATALOG
 from ..perf.cost import cost_per_million_tokens
 from ..sandbox.engine import build_config, make_core, tokenize
 from ..sandbox.engine_core import closed_loop_ms_per_token
-from .load import PROMPT
+from .load import demo_prompts
 from ..sandbox.fidelity import FIDELITY_BOUND_PERCENT
 from .run import DemoResult
 from .scenario import DemoScenario
@@ -48,7 +48,7 @@ class Row:
 def summary_rows(result: DemoResult, scenario: DemoScenario) -> list[Row]:
     pools = {p["name"]: p for p in result.status.get("pools") or []}
     spec = scenario.deployment()["spec"]
-    prompt_tokens = len(tokenize(PROMPT))
+    prompt_tokens = tuple(len(tokenize(p)) for p in demo_prompts())
     rows = []
     for phase in result.phases:
         for name, measured in sorted(phase.pools.items()):
@@ -86,18 +86,19 @@ def summary_rows(result: DemoResult, scenario: DemoScenario) -> list[Row]:
 
 
 @functools.lru_cache(maxsize=256)
-def _ms_per_token_cached(model: str, sku: str, config: str, workload: str, concurrency: int, prompt_tokens: int,
-                         output_len: int) -> float:
+def _ms_per_token_cached(model: str, sku: str, config: str, workload: str, concurrency: int,
+                         prompt_tokens: tuple[int, ...], output_len: int) -> float:
     argv = ["--model", model, f"--sku={sku}", f"--workload={workload}"]
     if config != "null":
         argv += ["--speculative-config", config]
     return closed_loop_ms_per_token(make_core(build_config(argv)), concurrency, prompt_tokens, output_len)
 
 
-def _ms_per_token(model: str, sku: str, config: dict | None, workload: str, concurrency: int, prompt_tokens: int,
-                  output_len: int) -> float:
-    """Median end-to-end ms per output token that clients keeping `concurrency` requests in flight see on one
-    simulated engine of `sku` started with `--speculative-config config` (None: no speculation)."""
+def _ms_per_token(model: str, sku: str, config: dict | None, workload: str, concurrency: int,
+                  prompt_tokens: tuple[int, ...], output_len: int) -> float:
+    """Median end-to-end ms per output token that clients keeping `concurrency` requests in flight, with the
+    clients' prompts in turn, see on one simulated engine of `sku` started with `--speculative-config config`
+    (None: no speculation)."""
     return _ms_per_token_cached(model, sku, json.dumps(config, sort_keys=True), workload, concurrency,
                                 prompt_tokens, max(2, output_len))
 

@@ -12,8 +12,9 @@ token is higher without speculation and a busy host makes speculation look bette
 - after a step it stands still while the engine waits for the clients' next requests (the arrival window,
   see `engine_core`), so a request sent in reply to a finished one arrives at the step's end, as with a
   client next to a real GPU;
-- while the engine is idle it runs at the time scale, and it stands still again while the engine, woken by a
-  request, waits for the rest of a burst of them to come in.
+- while the engine is idle it stands still too: with nothing to run, no simulated time passes, so a client
+  that reads the last tokens of a level late (a busy host) does not stretch the level; and it stands still
+  while the engine, woken by a request, waits for the rest of a burst of them to come in.
 
 The engine publishes the clock in a small memory-mapped file (`SPECPILOT_SIM_CLOCK_FILE`), and a client on the
 same host reads the same time (`read_clock`), so the benchmark Job's own load generator measures latencies
@@ -22,7 +23,6 @@ and throughput in simulated seconds. In a cluster nothing sets the variable: cli
 
 from __future__ import annotations
 
-import math
 import mmap
 import os
 import struct
@@ -61,14 +61,10 @@ class VirtualClock:
 
     virtual = True
 
-    def __init__(self, time_scale: float, publish_path: str | Path | None = None) -> None:
-        if time_scale <= 0:
-            raise ValueError(f"time_scale must be > 0 (got {time_scale})")
-        self.time_scale = time_scale
+    def __init__(self, publish_path: str | Path | None = None) -> None:
         wall = time.monotonic()
-        # Anchored at the wall clock, so that clients that read the clock before the engine publishes it see
-        # the same time base.
-        self._anchor_wall, self._anchor_v, self._rate, self._cap = wall, wall, time_scale, math.inf
+        # Starts at the wall clock, the time base clients read before an engine publishes.
+        self._anchor_wall, self._anchor_v, self._rate, self._cap = wall, wall, 0.0, wall
         self._seq = 0
         self._map: mmap.mmap | None = None
         if publish_path:
@@ -85,19 +81,19 @@ class VirtualClock:
         self._set(wall, start, simulated_s / max(wall_deadline - wall, 1e-6), start + simulated_s)
 
     def step_end(self) -> float:
-        """The running step is done: the clock stands at its end (until `step` or `idle`); returns that time."""
-        end = self._cap if math.isfinite(self._cap) else self.now()
+        """The running step is done: the clock stands at its end (until the next `step`); returns that time."""
+        end = self._cap
         self._set(time.monotonic(), end, 0.0, end)
         return end
 
     def hold(self) -> None:
-        """The clock stands still at the present (until `step` or `idle`): arrivals meanwhile share one time."""
+        """The clock stands still at the present (until the next `step`): arrivals meanwhile share one time."""
         now = self.now()
         self._set(time.monotonic(), now, 0.0, now)
 
     def idle(self) -> None:
-        """No work: simulated time runs at the time scale until the next step."""
-        self._set(time.monotonic(), self.now(), self.time_scale, math.inf)
+        """No work: no simulated time passes until the next step."""
+        self.hold()
 
     def _set(self, wall: float, v: float, rate: float, cap: float) -> None:
         self._anchor_wall, self._anchor_v, self._rate, self._cap = wall, v, rate, cap

@@ -377,7 +377,7 @@ class SimulatedEngine:
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
-        self.clock = VirtualClock(config.time_scale, config.clock_file) if config.clock_file else None
+        self.clock = VirtualClock(config.clock_file) if config.clock_file else None
         self.cores = [make_core(config, rank, self.clock) for rank in range(config.data_parallel_size)]
         self.loaded = asyncio.Event()
         self._lengths = request_lengths(config.workload).output

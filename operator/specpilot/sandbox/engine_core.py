@@ -315,23 +315,27 @@ class EngineCore:
             clock.step(plan.record.simulated_s, deadline)
             await asyncio.sleep(max(0.0, deadline - now))
             finished = self.complete_step(plan, clock.step_end())
-            if clock.virtual and not self.load:
-                await self._settle_arrivals()  # the last request finished: a new burst (the next level) may follow
-            elif clock.virtual and finished:
+            if clock.virtual and finished:
+                emptied = not self.load
                 await self._arrival_window(finished)
+                if emptied:  # the last requests finished: a new burst (the next level) may follow theirs
+                    await self._settle_arrivals()
 
     async def _settle_arrivals(self) -> None:
         """Woken from idle, or emptied by a step, on a virtual clock: the clock stands still while a burst of
-        requests (a level's first `concurrency`) comes in, until none has arrived for SETTLE_QUIET_S, so the
-        burst starts together in one step as in `closed_loop_level` instead of as far apart as the host's
-        sending took."""
+        requests (a level's first `concurrency`) comes in, until none has arrived for the quiet period
+        (SETTLE_QUIET_S, or longer where the clients have been slower), so the burst starts together in one
+        step as in `closed_loop_level` instead of as far apart as the host's sending took."""
         self.clock.hold()
+        started = time.monotonic()
         self._window_closed_s = None
-        while await self._next_arrival(time.monotonic() + SETTLE_QUIET_S):
+        while await self._next_arrival(time.monotonic() + max(SETTLE_QUIET_S, self.arrival_wait_s)):
             pass
+        self._window_closed_s = started
 
     async def _arrival_window(self, finished: int) -> None:
         """Waits until `finished` new requests have arrived or the window closes (the clock stands still)."""
+        self.clock.hold()
         target = self._arrivals + finished
         started = time.monotonic()
         low, high = ARRIVAL_WINDOW_S
@@ -573,16 +577,18 @@ def closed_loop_level(core: EngineCore, prompt_lens: Sequence[int], output_len: 
     return LevelResult(duration_s=duration, output_tokens=tokens, output_throughput=tokens / duration)
 
 
-def closed_loop_ms_per_token(core: EngineCore, concurrency: int, prompt_tokens: int, output_len: int,
+def closed_loop_ms_per_token(core: EngineCore, concurrency: int, prompt_tokens: int | Sequence[int], output_len: int,
                              num_requests: int | None = None) -> float:
     """What clients keeping `concurrency` requests in flight would measure on this engine: the median over
-    requests of end-to-end latency per output token (simulated ms, time to first token included).
+    requests of end-to-end latency per output token (simulated ms, time to first token included). The
+    prompts are `prompt_tokens` long, or take the lengths of a sequence in turn.
 
     The same continuous batching, chunked prefill and KV accounting the live engine does (`_closed_loop`), at
     any load, in milliseconds. The first `concurrency` requests (which all arrive at once) are the warm-up and
     not counted.
     """
-    if concurrency < 1 or output_len < 1 or prompt_tokens < 1:
+    lengths = [prompt_tokens] if isinstance(prompt_tokens, int) else list(prompt_tokens)
+    if concurrency < 1 or output_len < 1 or not lengths or min(lengths) < 1:
         raise ValueError("concurrency, prompt_tokens and output_len must be >= 1")
     measured = num_requests or max(64, 3 * concurrency)
     per_token: list[float] = []
@@ -595,7 +601,7 @@ def closed_loop_ms_per_token(core: EngineCore, concurrency: int, prompt_tokens: 
             per_token.append(1000.0 * (now - request.arrival_s) / max(1, request.generated))
         return len(per_token) >= measured
 
-    _closed_loop(core, itertools.repeat(prompt_tokens), output_len, concurrency, record)
+    _closed_loop(core, itertools.cycle(lengths), output_len, concurrency, record)
     if not per_token:
         raise RuntimeError("the engine finished no request (is the KV cache too small for one?)")
     return float(np.median(per_token))
