@@ -204,3 +204,16 @@ def test_exporter_hides_spec_decode_counters_while_sd_is_off():
     text = render_metrics(state).decode()
     assert vm.SPEC_DECODE_DRAFTS_TOTAL not in text
     assert 'vllm:cache_config_info{block_size="16"' in text
+
+
+def test_acceptance_from_a_handful_of_drafts_is_not_measured():
+    """A schedule that drafts only in the few steps whose batch dips below its crossover leaves a handful of
+    drafts in a window: their rate is noise, and it must not read as drift from the profile."""
+    few = vm.SpecDecodeCounts(drafts=vm.MIN_DRAFTS_FOR_ACCEPTANCE - 1, draft_tokens=99, accepted_tokens=40,
+                              accepted_per_position=(40,))
+    summary = vm.spec_decode_summary(few, generation_tokens=2000)
+    assert summary.acceptance_per_position == [] and summary.mean_acceptance_length is None
+    assert summary.drafts_per_step == pytest.approx(99 / 1960)
+    enough = vm.SpecDecodeCounts(drafts=vm.MIN_DRAFTS_FOR_ACCEPTANCE, draft_tokens=100, accepted_tokens=70,
+                                 accepted_per_position=(70,))
+    assert vm.spec_decode_summary(enough, 2000).acceptance_per_position == pytest.approx([0.7])
