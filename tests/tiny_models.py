@@ -8,16 +8,15 @@ mechanics, meaningless as a measurement. Beside it, all sharing the tokenizer:
 
 - `draft`: a 2-layer random Llama, for `draft_model`;
 - `eagle3`: a one-layer EAGLE-3 head for the target (`LlamaForCausalLMEagle3`), for `eagle3`;
-- `eagle`: a one-layer EAGLE head for the target (`EagleLlamaForCausalLM`), for `eagle`;
 - `medusa`: four Medusa heads for the target (`MedusaModel`), for `medusa`;
 - `mtp_target`: a second target, MiMo-shaped (a Qwen2 with one MTP layer, `MiMoForCausalLM`), for `mtp`:
   a Llama has no MTP layer, and MTP drafts with layers shipped inside the target.
 
 The drafters' weights are set by hand, not drawn: random drafters draft tokens the target almost never
 accepts, which leaves the acceptance counters at zero. The EAGLE-3 head looks up what followed its input
-token earlier in the sequence (an induction head, see `_eagle3_head`); the others draft the target's last
-token again. Both are accepted when the target loops, fewer at each later position, as with a trained
-drafter, so the per-position counters move.
+token earlier in the sequence (an induction head, see `_eagle3_head`); the Medusa heads and the MTP layer
+draft the target's last token again. Both are accepted when the target loops, less at each later
+position, as a trained drafter is, so the per-position counters move.
 
 `build_tiny_models(cache_dir)` builds them once (about 10 s) and reuses them while the recipe is unchanged.
 """
@@ -30,7 +29,7 @@ import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
-RECIPE_VERSION = "2"
+RECIPE_VERSION = "3"
 """Bump when the recipe changes so cached builds are rebuilt."""
 
 VOCAB_SIZE = 4096
@@ -51,8 +50,6 @@ class TinyModels:
     """The draft Llama for `draft_model`."""
     eagle3: Path
     """The EAGLE-3 head for `target`, for `eagle3`."""
-    eagle: Path
-    """The EAGLE head for `target`, for `eagle`."""
     medusa: Path
     """The Medusa heads for `target`, for `medusa`."""
     mtp_target: Path
@@ -209,48 +206,6 @@ def _eagle3_head(path: Path, target: Path) -> None:
     }, target)
 
 
-def _eagle_head(path: Path, target: Path) -> None:
-    """A one-layer EAGLE (1) head for `target` that drafts the target's last token again.
-
-    vLLM's `EagleLlamaForCausalLM` (0.32): `fc` maps [embedding of the next token, the target's (normed)
-    hidden state] to the layer's input, the layer adds attention and MLP outputs to it, and the target's
-    `lm_head` (shared: the head has none) reads the sum. `fc` passes the hidden state through and the
-    attention's and MLP's outputs are zero, so the head returns the target's hidden state, whose logits
-    are the token the target just produced; a later draft position gets that output back, and repeats it.
-    """
-    import torch
-
-    config = json.loads((target / "config.json").read_text())
-    hidden, inter = config["hidden_size"], config["intermediate_size"]
-    heads, kv_heads, head_dim = (config["num_attention_heads"], config["num_key_value_heads"],
-                                 config["head_dim"])
-    generator = torch.Generator().manual_seed(4)
-
-    def noise(*shape: int) -> torch.Tensor:
-        return torch.randn(*shape, generator=generator) * 0.02
-
-    layer = "layers.0."
-    tensors = {
-        "fc.weight": torch.cat([torch.zeros(hidden, hidden), torch.eye(hidden)], dim=1),
-        layer + "self_attn.q_proj.weight": noise(heads * head_dim, hidden),
-        layer + "self_attn.k_proj.weight": noise(kv_heads * head_dim, hidden),
-        layer + "self_attn.v_proj.weight": noise(kv_heads * head_dim, hidden),
-        layer + "self_attn.o_proj.weight": torch.zeros(hidden, heads * head_dim),
-        layer + "mlp.gate_proj.weight": noise(inter, hidden), layer + "mlp.up_proj.weight": noise(inter, hidden),
-        layer + "mlp.down_proj.weight": torch.zeros(hidden, inter),
-        layer + "post_attention_layernorm.weight": torch.ones(hidden),
-    }
-    _save(path, tensors, {
-        "architectures": ["EagleLlamaForCausalLM"], "model_type": "llama", "torch_dtype": "float32",
-        "hidden_size": hidden, "intermediate_size": inter, "num_attention_heads": heads,
-        "num_key_value_heads": kv_heads, "head_dim": head_dim, "num_hidden_layers": 1, "hidden_act": "silu",
-        "vocab_size": config["vocab_size"], "max_position_embeddings": config["max_position_embeddings"],
-        "rms_norm_eps": config["rms_norm_eps"], "tie_word_embeddings": False,
-        "bos_token_id": config["bos_token_id"], "eos_token_id": config["eos_token_id"],
-        "pad_token_id": config["pad_token_id"],
-    }, target)
-
-
 MEDUSA_HEADS = 4
 
 
@@ -334,7 +289,7 @@ def build_tiny_models(cache_dir: Path) -> TinyModels:
     """Build (or reuse) the tiny models under `cache_dir`."""
     cache_dir = Path(cache_dir)
     models = TinyModels(target=cache_dir / "tiny-llama", draft=cache_dir / "tiny-llama-draft",
-                        eagle3=cache_dir / "tiny-llama-eagle3", eagle=cache_dir / "tiny-llama-eagle",
+                        eagle3=cache_dir / "tiny-llama-eagle3",
                         medusa=cache_dir / "tiny-llama-medusa", mtp_target=cache_dir / "tiny-mimo-mtp")
     stamp = cache_dir / "recipe.json"
     if stamp.exists() and json.loads(stamp.read_text()).get("version") == RECIPE_VERSION:
@@ -345,7 +300,6 @@ def build_tiny_models(cache_dir: Path) -> TinyModels:
     _llama(models.target, tokenizer, hidden=256, layers=4, heads=4, kv_heads=2, seed=0)
     _llama(models.draft, tokenizer, hidden=128, layers=2, heads=2, kv_heads=1, seed=1)
     _eagle3_head(models.eagle3, models.target)
-    _eagle_head(models.eagle, models.target)
     _medusa_heads(models.medusa, models.target)
     _mtp_target(models.mtp_target, tokenizer, hidden=256, layers=4, heads=4, kv_heads=2, seed=5)
     stamp.write_text(json.dumps({"version": RECIPE_VERSION}))
