@@ -12,6 +12,9 @@ engine's own speculative-decoding counters from /metrics:
   alone (while the others arrived or after they finished) may draft. Four requests drafting at every step
   would draft about four times what the one alone did; they must draft at most half of it.
 
+Medusa, which vLLM 0.32 cannot run under a schedule, is served with a constant K, as the operator's restart
+strategy serves a method: then the four requests draft K tokens at every step too.
+
 Drafters are the tiny models of `tests/tiny_models.py`. The methods vLLM 0.32's CPU build cannot run
 (suffix, mlp_speculator, ngram_gpu) are listed in docs/testing.md with what the engine says.
 """
