@@ -328,6 +328,8 @@ def test_config_follows_vllms_rules(caplog):
     bad = [
         ["--speculative-config", json.dumps({"method": "suffix", "num_speculative_tokens": 3,
                                              "num_speculative_tokens_per_batch_size": SCHEDULE})],
+        ["--speculative-config", json.dumps({"method": "medusa", "num_speculative_tokens": 3,
+                                             "num_speculative_tokens_per_batch_size": SCHEDULE})],
         ["--speculative-config", json.dumps({"method": "eagle3", "num_speculative_tokens": 2,
                                              "num_speculative_tokens_per_batch_size": [[2, 8, 1]]})],
         ["--speculative-config", json.dumps({"method": "eagle3", "num_speculative_tokens": 2,

@@ -47,8 +47,10 @@ NEEDS_MODEL = frozenset({
     SpeculativeMethod.MEDUSA, SpeculativeMethod.MLP_SPECULATOR, SpeculativeMethod.DFLASH,
 })
 """Methods that need `model` (draft model, EAGLE head, Medusa heads, ...)."""
-NO_DYNAMIC_SCHEDULE = frozenset({SpeculativeMethod.SUFFIX})
-"""Methods with which vLLM 0.32 cannot take `num_speculative_tokens_per_batch_size` (it crashes)."""
+NO_DYNAMIC_SCHEDULE = frozenset({SpeculativeMethod.SUFFIX, SpeculativeMethod.MEDUSA})
+"""Methods with which vLLM 0.32 cannot take `num_speculative_tokens_per_batch_size`: suffix crashes at start,
+medusa at the first step whose K differs from num_speculative_tokens (its heads always draft all K; an
+AssertionError seen on the CPU engine). They toggle by rollout instead."""
 
 
 def method_family(method: str) -> str:

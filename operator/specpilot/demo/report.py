@@ -40,9 +40,16 @@ class Row:
     """... with speculation always on at the method's largest K."""
     ms_per_token_specpilot_engine: float
     """... with the decided configuration (the figure the measured column should approach)."""
+    ms_per_token_scheduled_off: float
+    """... with the method loaded and its schedule at K=0 at every batch size: what the dynamic actuator's
+    "off" costs (the drafter still prefills every prompt), against which a K=0 range is judged like for like."""
     cost_specpilot: float
     cost_no_sd: float
     cost_always_sd: float
+
+
+MAX_BATCH = 256
+"""The simulated engines' --max-num-seqs default: the largest batch a schedule covers."""
 
 
 def summary_rows(result: DemoResult, scenario: DemoScenario) -> list[Row]:
@@ -55,10 +62,14 @@ def summary_rows(result: DemoResult, scenario: DemoScenario) -> list[Row]:
             pool = pools.get(name) or {}
             decision = phase.decisions.get(name) or {}
             sku = pool.get("sku")
-            if not sku or not decision.get("method") or measured.concurrency_per_replica <= 0:
+            if not sku or decision.get("source") not in ("profile", "live-acceptance") \
+                    or measured.concurrency_per_replica <= 0:
                 continue
+            # A decision of no speculation at all is compared with the first listed method's always-on SD.
+            chosen = decision.get("method")
             candidate = CandidateMethod.model_validate(next(
-                m for m in spec["methods"] if (m.get("name") or m["method"].replace("_", "-")) == decision["method"]))
+                (m for m in spec["methods"] if (m.get("name") or m["method"].replace("_", "-")) == chosen),
+                spec["methods"][0]))
             price = DEFAULT_CATALOG.resolve(sku).default_price_per_gpu_hour
             batch = max(1, round(measured.concurrency_per_replica))
             schedule = [ScheduleRange.model_validate(r) for r in decision.get("schedule") or []]
@@ -67,7 +78,9 @@ def summary_rows(result: DemoResult, scenario: DemoScenario) -> list[Row]:
                 "none": None,
                 "always": candidate.speculative_config(),
                 "specpilot": candidate.speculative_config(decision.get("numSpeculativeTokens") or None, schedule)
-                if schedule or k else None,
+                if chosen and (schedule or k) else None,
+                "scheduled_off": candidate.speculative_config(None, [ScheduleRange(
+                    from_batch_size=1, to_batch_size=MAX_BATCH, num_speculative_tokens=0)]),
             }
             # What the same simulated engine measures at this load under each configuration (virtual time).
             ms = {key: _ms_per_token(spec["model"]["id"], sku, config, scenario.sim.workload, batch, prompt_tokens,
@@ -80,7 +93,7 @@ def summary_rows(result: DemoResult, scenario: DemoScenario) -> list[Row]:
                 ms_per_token_measured=None if measured.ms_per_token_p50 is None
                 else measured.ms_per_token_p50 * scenario.sim.time_scale,
                 ms_per_token_no_sd=ms["none"], ms_per_token_always_sd=ms["always"],
-                ms_per_token_specpilot_engine=ms["specpilot"],
+                ms_per_token_specpilot_engine=ms["specpilot"], ms_per_token_scheduled_off=ms["scheduled_off"],
                 cost_specpilot=cost["specpilot"], cost_no_sd=cost["none"], cost_always_sd=cost["always"]))
     return rows
 

@@ -105,14 +105,16 @@ def fast_scenario() -> DemoScenario:
         nodes=[("a100-node-1", "NVIDIA-A100-SXM4-80GB", "a100"), ("h100-node-1", "NVIDIA-H100-80GB-HBM3", "h100")],
         joining_node=("h200-node-1", "NVIDIA-H200", "h200"),
         methods=["eagle3_k1"],
-        levels=[1, 16, 128],
+        levels=[1, 16, 64, 128],
         requests_per_level=2,
         output_len=32,
-        phases=[Phase("quiet", 8, 2), Phase("peak", 200, 4), Phase("quiet", 8, 3)],
+        # The first quiet phase outlasts the pods' metrics interval (5 s), so the load first observed, which the
+        # decision weighs until its cooldown, is the quiet one and not a window taken mostly at the peak.
+        phases=[Phase("quiet", 8, 6), Phase("peak", 300, 4), Phase("quiet", 8, 3)],
         after_join_timeout_s=150,
         sim=SimSettings(time_scale=1, startup_delay_s=0.25),
         reconcile_interval_s=0.5,
-        # K=1 gains little per token over a trace whose tokens come mostly from the peak; weighing the three
+        # K=1 gains little per token over a trace whose tokens come mostly from the peak; weighing the
         # profiled levels equally keeps the demo's quiet phases in view.
         declare_expected_load=False,
     )

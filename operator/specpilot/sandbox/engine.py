@@ -51,7 +51,7 @@ from prometheus_client.core import Metric
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from ..api.methods import SpeculativeMethod, method_family
+from ..api.methods import NO_DYNAMIC_SCHEDULE, SpeculativeMethod, method_family
 from ..api.schedule import ScheduleRange, from_vllm, k_at, schedule_problems, summary
 from ..observe.exporter import CONTENT_TYPE, render_metrics
 from ..perf.acceptance import WORKLOADS, acceptance_profile
@@ -202,8 +202,8 @@ def _speculation(text: str | None, data_parallel_size: int) -> tuple[str | None,
         if problems:
             raise EngineConfigError("--speculative-config num_speculative_tokens_per_batch_size: "
                                     + "; ".join(problems))
-        if method == SpeculativeMethod.SUFFIX.value:
-            raise EngineConfigError("method suffix cannot take num_speculative_tokens_per_batch_size (vLLM 0.32 "
+        if SpeculativeMethod(method) in NO_DYNAMIC_SCHEDULE:
+            raise EngineConfigError(f"method {method} cannot take num_speculative_tokens_per_batch_size (vLLM 0.32 "
                                     "crashes with it): drop the schedule or use another method")
         if data_parallel_size > 1:
             log.info("num_speculative_tokens_per_batch_size is ignored with data_parallel_size > 1 (as vLLM "
