@@ -211,7 +211,9 @@ def _plots(result: DemoResult, rows: list[Row], out: Path) -> list[Path]:
             ax_ms.plot([t for t, _ in points], [v for _, v in points], color=colours[pool],
                        label=f"{pool}: ms/token (right axis)")
             ks = [(s.at_s, s.k[pool]) for s in result.timeline if pool in s.k]
-            ax_k.step([t for t, _ in ks], [k for _, k in ks], where="pre", color=colours[pool], label=pool)
+            # Pools often run the same K: wide solid, dashed and dotted lines keep each one visible.
+            ax_k.step([t for t, _ in ks], [k for _, k in ks], where="pre", color=colours[pool], label=pool,
+                      linestyle=("-", "--", ":")[pools.index(pool) % 3], linewidth=(4, 2, 2)[pools.index(pool) % 3])
         ax_ms.set_ylabel("ms per output token (clients)")
         for ax in (ax_ms, ax_k):
             if result.joined_at_s is not None:
