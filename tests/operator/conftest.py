@@ -25,30 +25,41 @@ NAMESPACE = "team"
 class OperatorProcess:
     """`python -m specpilot run` as a child process, with its log kept for failure messages."""
 
-    def __init__(self, kubeconfig: Path, config: Path, log_path: Path) -> None:
+    def __init__(self, kubeconfig: Path, config: Path, log_path: Path, extra_args: list[str] | None = None) -> None:
         self.kubeconfig, self.config, self.log_path = kubeconfig, config, log_path
+        self.extra_args = list(extra_args or ["--standalone"])
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> None:
-        log = self.log_path.open("ab")
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         env.pop("KUBERNETES_SERVICE_HOST", None)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "specpilot", "run", "--kubeconfig", str(self.kubeconfig),
-             "--namespace", NAMESPACE, "--standalone", "--liveness-port", "0", "--metrics-port", "0",
-             "--config", str(self.config), "--verbose"],
-            stdout=log, stderr=subprocess.STDOUT, env=env)
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "specpilot", "run", "--kubeconfig", str(self.kubeconfig),
+                 "--namespace", NAMESPACE, "--liveness-port", "0", "--metrics-port", "0",
+                 "--config", str(self.config), "--verbose", *self.extra_args],
+                stdout=log, stderr=subprocess.STDOUT, env=env)
 
-    async def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    async def stop(self, grace_s: float = 10.0) -> int | None:
+        """SIGTERM, wait up to grace_s for the exit (as the kubelet would), then kill; the exit code."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
-            for _ in range(100):
+            for _ in range(int(grace_s * 10)):
                 if self.proc.poll() is not None:
                     break
                 await asyncio.sleep(0.1)
             else:
                 self.proc.kill()
-        self.proc = None
+                self.proc.wait()
+        code, self.proc = self.proc.returncode, None
+        return code
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""

@@ -4,11 +4,6 @@ servers that play hostile metrics endpoints. Only loopback addresses are used.""
 
 from __future__ import annotations
 
-import asyncio
-import os
-import signal
-import subprocess
-import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
@@ -17,65 +12,26 @@ import yaml
 from aiohttp import web
 
 from specpilot.sandbox.apiserver import SandboxApiServer
+from tests.operator.conftest import OperatorProcess, sandbox  # noqa: F401 (the fixture, shared)
 from tests.operator.scenario import NAMESPACE
 
 OPERATOR_TOKEN = "operator"
 """The bearer token the operator's kubeconfig carries: how the recorded requests tell it from the test's."""
 
 
-class Operator:
-    """`python -m specpilot run` against the sandbox, its log kept in a file."""
+class Operator(OperatorProcess):
+    """The operator suite's process, with its own operator config (a dict) and command-line arguments."""
 
     def __init__(self, api: SandboxApiServer, workdir: Path, config: dict, extra_args: list[str] | None = None) -> None:
         workdir.mkdir(parents=True, exist_ok=True)
-        self.kubeconfig = api.write_kubeconfig(workdir / "kubeconfig", NAMESPACE, token=OPERATOR_TOKEN)
-        self.config = workdir / "config.yaml"
-        self.config.write_text(yaml.safe_dump({"benchmarkImage": "ghcr.io/specpilot/specpilot-bench:test",
+        config_path = workdir / "config.yaml"
+        config_path.write_text(yaml.safe_dump({"benchmarkImage": "ghcr.io/specpilot/specpilot-bench:test",
                                                "reconcileIntervalSeconds": 0.5, **config}))
-        self.log_path = workdir / "operator.log"
-        self.extra_args = list(extra_args or ["--standalone"])
-        self.proc: subprocess.Popen | None = None
-
-    def start(self) -> None:
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        env.pop("KUBERNETES_SERVICE_HOST", None)
-        with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "specpilot", "run", "--kubeconfig", str(self.kubeconfig),
-                 "--namespace", NAMESPACE, "--liveness-port", "0", "--metrics-port", "0",
-                 "--config", str(self.config), "--verbose", *self.extra_args],
-                stdout=log, stderr=subprocess.STDOUT, env=env)
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
+        super().__init__(api.write_kubeconfig(workdir / "kubeconfig", NAMESPACE, token=OPERATOR_TOKEN),
+                         config_path, workdir / "operator.log", extra_args)
 
     async def stop(self, grace_s: float = 30.0) -> int | None:
-        """SIGTERM, wait up to grace_s for the exit (as the kubelet would), then kill; the exit code."""
-        if self.proc is None:
-            return None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            for _ in range(int(grace_s * 10)):
-                if self.proc.poll() is not None:
-                    break
-                await asyncio.sleep(0.1)
-            else:
-                self.proc.kill()
-                self.proc.wait()
-        code, self.proc = self.proc.returncode, None
-        return code
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-
-
-@pytest.fixture
-async def sandbox() -> AsyncIterator[SandboxApiServer]:
-    async with SandboxApiServer() as api:
-        await api.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
-        yield api
+        return await super().stop(grace_s)
 
 
 @pytest.fixture
