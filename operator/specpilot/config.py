@@ -25,8 +25,8 @@ class ProfilingDefaults(ApiModel):
     """Requests per level."""
     max_parallel_jobs_per_pool: int = Field(default=1, ge=1)
     """Benchmark Jobs at once per pool."""
-    max_age_hours: float = Field(default=168, gt=0)
-    """Profiles older than this are measured again."""
+    max_age_hours: float = Field(default=168, ge=0)
+    """Profiles older than this are measured again; 0 = never by age."""
 
 
 class MetricsReadLimits(ApiModel):

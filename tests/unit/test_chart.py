@@ -164,6 +164,21 @@ def test_clusterwide_peering_creates_a_cluster_peering_object(helm_tools: HelmTo
 
 
 @pytest.mark.parametrize(("values_files", "set_values"), VARIANTS)
+def test_every_variant_renders_a_config_the_operator_loads(
+    helm_tools: HelmTools, values_files: tuple[Path, ...], set_values: tuple[str, ...], tmp_path: Path
+) -> None:
+    """The operator exits at start on a config it cannot read: every values variant the chart ships or
+    documents must render one it loads (the ci/ values' maxAgeHours 0 once made it exit)."""
+    from specpilot.config import load_config
+
+    objects = helm_tools.render(values_files=values_files, set_values=set_values)
+    path = tmp_path / "config.yaml"
+    path.write_text(only(objects, "ConfigMap")["data"]["config.yaml"])
+    config = load_config(path)
+    assert config.profiling_defaults.concurrency_levels
+
+
+@pytest.mark.parametrize(("values_files", "set_values"), VARIANTS)
 def test_every_rendered_object_validates_offline(
     helm_tools: HelmTools, values_files: tuple[Path, ...], set_values: tuple[str, ...]
 ) -> None:

@@ -55,6 +55,9 @@ def test_profile_freshness_counts_from_completion():
     assert not desired.profile_is_fresh(profile("Running", NOW), 24, NOW)
     assert not desired.profile_is_fresh(profile("Failed", NOW), 24, NOW)
     assert desired.profile_is_fresh(profile("Succeeded", None), 24, NOW)
+    # maxAgeHours 0: never measured again by age (what the chart documents)
+    assert desired.profile_is_fresh(profile("Succeeded", NOW - timedelta(days=400)), 0, NOW)
+    assert not desired.profile_is_fresh(profile("Failed", NOW), 0, NOW)
 
 
 def test_jobs_are_started_oldest_first_up_to_the_parallel_limit():

@@ -282,8 +282,8 @@ class ReprofileTriggers(ApiModel):
     acceptance_drift: float = Field(default=0.25, gt=0, le=1)
     """Relative change of live mean acceptance length against the profile that triggers re-profiling
     (smaller drifts only recompute the schedule from live acceptance)."""
-    max_age_hours: float = Field(default=168, gt=0)
-    """Profiles older than this are measured again."""
+    max_age_hours: float = Field(default=168, ge=0)
+    """Profiles older than this many hours are measured again; 0 = never by age."""
 
 
 class Profiling(ApiModel):

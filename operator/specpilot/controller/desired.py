@@ -164,12 +164,12 @@ def _sku_of(product: str) -> str | None:
 
 
 def profile_is_fresh(profile: dict, max_age_hours: float, now: datetime) -> bool:
-    """A Succeeded profile younger than the max age (measured from completion)."""
+    """A Succeeded profile younger than the max age (measured from completion); any age when it is 0."""
     status = profile.get("status") or {}
     if status.get("phase") != "Succeeded":
         return False
     completed = status.get("completedAt")
-    if not completed:
+    if not completed or max_age_hours == 0:
         return True
     when = datetime.fromisoformat(completed.replace("Z", "+00:00"))
     return now - when <= timedelta(hours=max_age_hours)
