@@ -183,3 +183,17 @@ def test_the_cli_says_what_is_missing_before_it_starts(monkeypatch):
     assert "specpilot[demo]" in cli.missing_requirements()
     monkeypatch.setattr(importlib.util, "find_spec", real)
     assert cli.missing_requirements() is None
+
+
+@pytest.mark.parametrize("value", ["-1", "0", "nan", "inf", "fast"])
+def test_the_cli_refuses_a_time_scale_it_cannot_run(value, capsys):
+    import argparse
+
+    from specpilot.demo import cli
+
+    parser = argparse.ArgumentParser(prog="specpilot")
+    cli.register(parser.add_subparsers())
+    with pytest.raises(SystemExit) as exc:
+        parser.parse_args(["demo", "--time-scale", value])
+    assert exc.value.code == 2
+    assert "--time-scale: must be" in capsys.readouterr().err

@@ -22,7 +22,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         console.print(f"[red]specpilot demo cannot start:[/] {problem}")
         return 2
     scenario = fast_scenario() if args.fast else default_scenario()
-    if args.time_scale:
+    if args.time_scale is not None:
         scenario.sim.time_scale = args.time_scale
     out = Path(args.out)
     workdir = Path(tempfile.mkdtemp(prefix="specpilot-demo-"))
@@ -113,11 +113,22 @@ def missing_requirements() -> str | None:
     return None
 
 
+def _time_scale(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, e.g. 0.5 (got {text!r})") from None
+    if not 0 < value <= 100:
+        raise argparse.ArgumentTypeError(f"must be within (0, 100], e.g. 0.5 (got {text})")
+    return value
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="the whole loop on this machine: sandbox API, simulated GPUs, real operator")
     p.add_argument("--fast", action="store_true", help="a shorter scenario (under 30 s)")
     p.add_argument("--out", default="out/demo", help="where the report and plots go (default out/demo)")
-    p.add_argument("--time-scale", type=float, help="simulated seconds per wall second of the GPUs")
+    p.add_argument("--time-scale", type=_time_scale, help="simulated seconds per wall second of the GPUs (> 0; "
+                   "below 1 gives a slow or busy host more wall time per simulated step)")
     p.add_argument("--quiet", action="store_true", help="no live view (also off when not on a terminal)")
     p.add_argument("--keep-logs", action="store_true", help="keep the operator's, Jobs' and engines' logs (their "
                    "folder is printed); by default they are removed when the demo ends")
