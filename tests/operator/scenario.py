@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import copy
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
+
+from aiohttp import web
 
 from specpilot.sandbox.apiserver import SandboxApiServer
 
@@ -202,3 +205,35 @@ async def create_serving_pod(api: SandboxApiServer, deployment_obj: dict, name: 
     existing = api.get("replicasets", NAMESPACE, replicaset["metadata"]["name"])
     replicaset = existing or await api.create(replicaset)
     return await api.create(serving_pod(deployment_obj, name, ip, replicaset))
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class LoopbackServer:
+    """An aiohttp server on a loopback address (127.0.0.1 unless given) that counts the requests it receives."""
+
+    def __init__(self, handler: Handler, port: int = 0, host: str = "127.0.0.1") -> None:
+        self.handler, self.port, self.host, self.requests = handler, port, host, []
+        self._runner: web.AppRunner | None = None
+
+    async def __aenter__(self) -> LoopbackServer:
+        async def counted(request: web.Request) -> web.StreamResponse:
+            self.requests.append(request.path_qs)
+            return await self.handler(request)
+
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", counted)
+        self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, self.host, self.port).start()
+        self.port = self._runner.addresses[0][1]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"

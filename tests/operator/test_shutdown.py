@@ -16,6 +16,7 @@ from aiohttp import web
 from specpilot.observe.exporter import VllmMetricsState, render_metrics
 from tests.operator.scenario import (
     H100,
+    LoopbackServer,
     create_serving_pod,
     deployment,
     node,
@@ -36,30 +37,25 @@ async def test_sigterm_mid_scrape_exits_without_orphans_or_open_sessions(sandbox
         await asyncio.sleep(3)
         return web.Response(body=render_metrics(state), headers={"Content-Type": "text/plain"})
 
-    app = web.Application()
-    app.router.add_get("/metrics", slow_metrics)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
     ip = f"127.0.{random.randint(1, 250)}.{random.randint(2, 250)}"
-    port = 30000 + random.randint(0, 999)
-    await web.TCPSite(runner, ip, port).start()
-    stop = asyncio.Event()
-    controller = asyncio.create_task(play_deployment_controller(sandbox, stop))
-    try:
-        await sandbox.create(node("gpu-a", H100, "h100"))
-        await sandbox.create(sdep(serving={"minReplicas": 1, "maxReplicas": 2, "port": port},
-                                  metrics={"source": "pods", "intervalSeconds": 5, "windowSeconds": 30}))
-        serving = await sandbox.wait_for(lambda: deployment(sandbox, "h100"), what="the serving Deployment")
-        await create_serving_pod(sandbox, serving, "llama-h100-6b7c8-d9e0f", ip)
-        await asyncio.wait_for(scraping.wait(), timeout=60)
-        process = operator.proc
-        await operator.stop()
-        assert process.returncode == 0, operator.log()[-5000:]
-        log = operator.log()
-        assert "Signal SIGTERM is received" in log
-        assert "did not exit in time" not in log and "Leaving it orphaned" not in log
-        assert "Unclosed connector" not in log and "Unclosed client session" not in log
-    finally:
-        stop.set()
-        await controller
-        await runner.cleanup()
+    async with LoopbackServer(slow_metrics, 30000 + random.randint(0, 999), host=ip) as server:
+        port = server.port
+        stop = asyncio.Event()
+        controller = asyncio.create_task(play_deployment_controller(sandbox, stop))
+        try:
+            await sandbox.create(node("gpu-a", H100, "h100"))
+            await sandbox.create(sdep(serving={"minReplicas": 1, "maxReplicas": 2, "port": port},
+                                      metrics={"source": "pods", "intervalSeconds": 5, "windowSeconds": 30}))
+            serving = await sandbox.wait_for(lambda: deployment(sandbox, "h100"), what="the serving Deployment")
+            await create_serving_pod(sandbox, serving, "llama-h100-6b7c8-d9e0f", ip)
+            await asyncio.wait_for(scraping.wait(), timeout=60)
+            process = operator.proc
+            await operator.stop()
+            assert process.returncode == 0, operator.log()[-5000:]
+            log = operator.log()
+            assert "Signal SIGTERM is received" in log
+            assert "did not exit in time" not in log and "Leaving it orphaned" not in log
+            assert "Unclosed connector" not in log and "Unclosed client session" not in log
+        finally:
+            stop.set()
+            await controller

@@ -1,15 +1,14 @@
 """Shared pieces of the security tests: the real operator (a `specpilot run` subprocess) against the
-sandbox API server, with its own operator config and extra command-line arguments, and loopback HTTP
-servers that play hostile metrics endpoints. Only loopback addresses are used."""
+sandbox API server, with its own operator config and extra command-line arguments. Hostile metrics
+endpoints are `tests.operator.scenario.LoopbackServer`s; only loopback addresses are used."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
 import yaml
-from aiohttp import web
 
 from specpilot.sandbox.apiserver import SandboxApiServer
 from tests.operator.conftest import OperatorProcess, sandbox  # noqa: F401 (the fixture, shared)
@@ -52,38 +51,6 @@ async def operators(sandbox: SandboxApiServer, tmp_path: Path,
     if getattr(request.node, "rep_call", None) is not None and request.node.rep_call.failed:
         for op in started:
             print(op.log()[-20000:])
-
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-class LoopbackServer:
-    """An aiohttp server on a loopback address (127.0.0.1 unless given) that counts the requests it receives."""
-
-    def __init__(self, handler: Handler, port: int = 0, host: str = "127.0.0.1") -> None:
-        self.handler, self.port, self.host, self.requests = handler, port, host, []
-        self._runner: web.AppRunner | None = None
-
-    async def __aenter__(self) -> LoopbackServer:
-        async def counted(request: web.Request) -> web.StreamResponse:
-            self.requests.append(request.path_qs)
-            return await self.handler(request)
-
-        app = web.Application()
-        app.router.add_route("*", "/{tail:.*}", counted)
-        self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, self.host, self.port).start()
-        self.port = self._runner.addresses[0][1]
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)

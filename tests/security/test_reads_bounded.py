@@ -29,7 +29,7 @@ from tests.operator.scenario import (
     play_deployment_controller,
     sdep,
 )
-from tests.security.conftest import LoopbackServer
+from tests.operator.scenario import LoopbackServer
 
 pytestmark = pytest.mark.operator
 

@@ -14,7 +14,7 @@ from aiohttp import web
 
 from specpilot.sandbox.apiserver import SandboxApiServer
 from tests.operator.scenario import H100, NAMESPACE, condition, deployment, events, node, play_deployment_controller, sdep
-from tests.security.conftest import LoopbackServer
+from tests.operator.scenario import LoopbackServer
 
 pytestmark = pytest.mark.operator
 
