@@ -12,14 +12,13 @@ from profiles beyond `FIDELITY_BOUND_PERCENT`.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from ..api.profile import SpeculationProfileSpec, SpeculationProfileStatus
 from .engine import build_config, make_core, tokenize
 from .engine_core import closed_loop_level
 
-__all__ = ["FIDELITY_BOUND_PERCENT", "LevelFidelity", "ProfileFidelity", "profile_fidelity", "worst_percent"]
+__all__ = ["FIDELITY_BOUND_PERCENT", "LevelFidelity", "ProfileFidelity", "profile_fidelity"]
 
 FIDELITY_BOUND_PERCENT = 5.0
 """A profile whose output throughput at some level is further than this from the twin's is not trusted."""
@@ -88,9 +87,3 @@ def profile_fidelity(profile: dict, *, workload: str = "sharegpt") -> ProfileFid
             out.levels.append(LevelFidelity(run.num_speculative_tokens, point.concurrency,
                                             point.output_throughput, twin.output_throughput))
     return out
-
-
-def worst_percent(fidelities: Iterable[ProfileFidelity]) -> float | None:
-    """The largest |error| over every level of every profile, in percent (None: nothing measured)."""
-    errors = [abs(f.worst.error_percent) for f in fidelities if f.worst is not None]
-    return max(errors, default=None)
