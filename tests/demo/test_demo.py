@@ -140,8 +140,7 @@ def test_the_decided_configuration_is_the_better_fixed_policy_at_every_phase(dem
         assert row.ms_per_token_no_sd <= row.ms_per_token_scheduled_off <= 1.06 * row.ms_per_token_no_sd, row
         if row.concurrency_per_replica <= 4:
             assert row.ms_per_token_always_sd < row.ms_per_token_no_sd, row
-        dynamic = row.k_specpilot > 0 or row.ms_per_token_specpilot_engine != row.ms_per_token_no_sd
-        off = row.ms_per_token_scheduled_off if dynamic else row.ms_per_token_no_sd
+        off = row.ms_per_token_scheduled_off if row.method else row.ms_per_token_no_sd
         gap_percent = 100 * (row.ms_per_token_specpilot_engine / min(off, row.ms_per_token_always_sd) - 1)
         decision = next(p for p in result.phases if p.phase.name == row.phase).decisions[row.pool]
         uncertainty = decision.get("crossoverUncertaintyPercent") or 0.0

@@ -31,6 +31,8 @@ class Row:
     pool: str
     sku: str
     concurrency_per_replica: float
+    method: str | None
+    """The method the decision in force serves (None: no speculation at all, the plain engine)."""
     k_specpilot: int
     sd_share: float | None
     ms_per_token_measured: float | None
@@ -88,7 +90,7 @@ def summary_rows(result: DemoResult, scenario: DemoScenario) -> list[Row]:
             cost = {key: cost_per_million_tokens(price, 1, batch * 1000 / value) for key, value in ms.items()}
             rows.append(Row(
                 phase=phase.phase.name, pool=name, sku=sku, concurrency_per_replica=round(measured.concurrency_per_replica, 1),
-                k_specpilot=k, sd_share=measured.drafts_per_generated_token,
+                method=chosen, k_specpilot=k, sd_share=measured.drafts_per_generated_token,
                 # The simulated GPUs run time_scale times faster than the GPUs they stand for.
                 ms_per_token_measured=None if measured.ms_per_token_p50 is None
                 else measured.ms_per_token_p50 * scenario.sim.time_scale,
