@@ -25,6 +25,7 @@ from typing import Any
 import aiohttp
 import numpy as np
 from specpilot.api.profile import Acceptance, LatencyStats, LevelPoint, Run
+from specpilot.observe.spec_decode import drafts_per_request_step
 
 from . import loadgen
 from .loadgen import CompletionRequest
@@ -128,19 +129,20 @@ def level_point(concurrency: int, result: dict[str, Any], deltas: ServerDeltas, 
 def run_acceptance(points: Sequence[LevelPoint]) -> Acceptance | None:
     """Acceptance of a speculative run, from the server counters summed over its levels.
 
-    p_j = accepted at position j / drafts. Drafts per step f = drafts / request-steps, where a
-    request-step emits one token plus its accepted drafts, so request-steps = generated - accepted.
+    p_j = accepted at position j / drafts. Drafts per request-step f as `specpilot.observe.spec_decode`
+    defines it for every reader of vLLM's counters: request-steps = generated - accepted - completed
+    requests (a request's first token comes from its prefill, not from a decode step).
     """
     drafts = sum(p.num_drafts or 0 for p in points)
     if drafts == 0:
         return None
     accepted = sum(p.num_accepted_tokens or 0 for p in points)
     generated = sum(p.generation_tokens or 0 for p in points)
+    completed = sum(p.completed or 0 for p in points if p.generation_tokens)
     positions = max(len(p.accepted_per_position) for p in points)
     per_position = [sum(p.accepted_per_position[j] for p in points if j < len(p.accepted_per_position)) / drafts
                     for j in range(positions)]
-    request_steps = generated - accepted
-    drafts_per_step = min(1.0, drafts / request_steps) if request_steps > 0 else 1.0
+    drafts_per_step = drafts_per_request_step(drafts, generated, accepted, completed) or 1.0
     return Acceptance(per_position=[min(1.0, p) for p in per_position], drafts_per_step=drafts_per_step,
                       mean_acceptance_length=1.0 + accepted / drafts)
 

@@ -8,8 +8,10 @@ statistics from counter increases. Everything here is pure.
 Speculative decoding from counter increases over a window (vLLM's own definitions):
 - per-position acceptance p_j = accepted_at_position_j / drafts
 - mean acceptance length = 1 + accepted / drafts
-- drafts per request-step f = drafts / (generated tokens - accepted tokens): every request-step emits one
-  token of its own plus the accepted drafts, so generated - accepted counts the steps.
+- drafts per request-step f = drafts / (generated tokens - accepted tokens - finished requests), the one
+  definition in `specpilot.observe.spec_decode` that the benchmark Job and the planner use too. A window
+  reads no request counter, so it passes no finished requests: f is then low by about one step per request
+  (under 1% for outputs of a few hundred tokens).
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 
 from prometheus_client.parser import text_string_to_metric_families
+
+from .spec_decode import drafts_per_request_step
 
 NUM_REQUESTS_RUNNING = "vllm:num_requests_running"
 NUM_REQUESTS_WAITING = "vllm:num_requests_waiting"
@@ -282,13 +286,14 @@ MIN_DRAFTS_FOR_ACCEPTANCE = 100
 re-profile a sound profile."""
 
 
-def spec_decode_summary(spec_decode: SpecDecodeCounts | None, generation_tokens: float) -> SpecDecodeSummary:
+def spec_decode_summary(spec_decode: SpecDecodeCounts | None, generation_tokens: float,
+                        finished_requests: float = 0.0) -> SpecDecodeSummary:
     """Per-position acceptance, drafts per request-step and mean acceptance length from counter increases
     (acceptance and length only from MIN_DRAFTS_FOR_ACCEPTANCE drafts on)."""
     if spec_decode is None:
         return SpecDecodeSummary([], None, None)
-    request_steps = generation_tokens - spec_decode.accepted_tokens
-    drafts_per_step = spec_decode.drafts / request_steps if request_steps > 0 else None
+    drafts_per_step = drafts_per_request_step(spec_decode.drafts, generation_tokens, spec_decode.accepted_tokens,
+                                              finished_requests)
     if spec_decode.drafts < MIN_DRAFTS_FOR_ACCEPTANCE:
         return SpecDecodeSummary([], drafts_per_step, None)
     return SpecDecodeSummary(

@@ -53,6 +53,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..api.profile import LevelPoint, Run
+from ..observe.spec_decode import drafts_per_request_step
 
 __all__ = [
     "FIT_MAX_RMS",
@@ -200,7 +201,8 @@ def acceptance_from_run(run: Run, model_drafter: bool) -> tuple[list[float], flo
 
     From the counters when the points carry them (p_j = sum accepted_per_position[j] / sum num_drafts;
     f = drafts / request-steps, request-steps = generation tokens - accepted tokens - requests, because each
-    request's first token comes from its prefill), else from `run.acceptance`. A model drafter proposes at
+    request's first token comes from its prefill: `specpilot.observe.spec_decode`, the definition the
+    benchmark Job and live observation share), else from `run.acceptance`. A model drafter proposes at
     every step, so f = 1 for it whatever the counters say. p is clipped to [0, 1] and made non-increasing.
     """
     drafts = accepted = generation = completed = 0
@@ -221,8 +223,7 @@ def acceptance_from_run(run: Run, model_drafter: bool) -> tuple[list[float], flo
             per_position[j] += value
     if counted and per_position:
         p = [value / drafts for value in per_position]
-        request_steps = generation - accepted - completed
-        f = drafts / request_steps if generation and request_steps > 0 else None
+        f = drafts_per_request_step(drafts, generation, accepted, completed) if generation else None
     elif run.acceptance is not None and run.acceptance.per_position:
         p = list(run.acceptance.per_position)
         f = run.acceptance.drafts_per_step
