@@ -36,6 +36,7 @@ from specpilot.api.profile import (
     ProfilePhase,
     ProfileTarget,
     Run,
+    SpeculationProfile,
     SpeculationProfileSpec,
     SpeculationProfileStatus,
 )
@@ -54,6 +55,7 @@ from .metrics import scrape
 from .profiles import (
     SPECULATIVE_CONFIG_ANNOTATION,
     finished_phase,
+    merged_status,
     now,
     parse_speculative_config,
     planned_ks,
@@ -64,6 +66,8 @@ from .profiles import (
 from .sweep import Slo, fit_prompts, sweep
 from .workloads import WORKLOADS, load_prompts
 
+DEFAULT_LEVELS = [1, 2, 4, 8]
+"""Standalone concurrency levels when --levels is not given."""
 MIN_WAVES = 2
 """Requests per level are at least this many times the level's concurrency (see _requests_by_level)."""
 
@@ -79,6 +83,29 @@ def _levels(text: str) -> list[int]:
     if not levels or levels != sorted(set(levels)) or levels[0] < 1:
         raise argparse.ArgumentTypeError(f"--levels must be positive, ascending and unique (got {text!r})")
     return levels
+
+
+def _ks(text: str) -> list[int]:
+    try:
+        ks = sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"--ks takes comma-separated integers like 0,2 (got {text!r})") from exc
+    if not ks or ks[0] < 0:
+        raise argparse.ArgumentTypeError(f"--ks must be integers >= 0 (got {text!r})")
+    return ks
+
+
+def selected_ks(planned: list[int], method: CandidateMethod | None, ks: list[int] | None) -> list[int]:
+    """The k of the engine starts to make: `planned`, or `--ks` checked against what the profile can run
+    (0 for a baseline; 0..K for a method)."""
+    if ks is None:
+        return planned
+    top = method.num_speculative_tokens if method else 0
+    bad = [k for k in ks if k > top]
+    if bad:
+        what = "a baseline profile runs only k=0" if method is None else f"the method's K is {top}"
+        raise ValueError(f"--ks {','.join(map(str, bad))} cannot be measured: {what}")
+    return list(ks)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -98,7 +125,8 @@ def build_parser() -> argparse.ArgumentParser:
     alone.add_argument("--skip-baseline", action="store_true", help="measure only the method (no k=0 start)")
     alone.add_argument("--sku", help="GPU type recorded in the profile (default: from the device name; cpu on a CPU)")
     alone.add_argument("--engine-image", help="engine image recorded in the profile (default: the local vLLM version)")
-    alone.add_argument("--levels", type=_levels, default=[1, 2, 4, 8], help="concurrency levels, e.g. 1,2,4")
+    alone.add_argument("--levels", type=_levels, help="concurrency levels, e.g. 1,2,4 (default 1,2,4,8; with "
+                       "--profile-name: measure only these instead of the spec's concurrencyLevels)")
     alone.add_argument("--requests-per-level", type=int, default=64, help="requests measured per level")
     alone.add_argument("--workload", choices=WORKLOADS, default="sharegpt", help="prompts to send")
     alone.add_argument("--workload-file", type=Path, help="JSONL file for --workload custom (in the Job: the "
@@ -139,6 +167,15 @@ def build_parser() -> argparse.ArgumentParser:
     sweep_args.add_argument("--no-calibration", action="store_true", help="skip the torch hardware calibration")
     sweep_args.add_argument("--timeout", type=float, help="give up (phase Failed) after this many seconds")
 
+    refine = p.add_argument_group("refinement (re-measure some levels of a profile)")
+    refine.add_argument("--ks", type=_ks, help="measure only these k, e.g. 0,2 (default: every run the profile "
+                        "needs: 0 for a baseline, 1 and K for a method)")
+    refine.add_argument("--repeat", type=int, default=1, help="measure each level this many times in the run "
+                        "(levels interleaved, fresh prompts each time; default 1)")
+    refine.add_argument("--append", action="store_true", help="append the new points to the profile's stored "
+                        "runs of the same k (with --profile-name: the API's status; standalone: the --output "
+                        "file) instead of replacing them, so repeated levels count as more measurements")
+
     p.add_argument("--output", type=Path, help="write the profiles here (.yaml: multi-document; else a JSON list)")
     return p
 
@@ -154,6 +191,14 @@ class Target:
     namespace: str | None = None
     store: Any = None
     status: SpeculationProfileStatus = field(default_factory=SpeculationProfileStatus)
+    existing: SpeculationProfileStatus | None = None
+    """--append: the status measured before this round (the API's, or the --output file's)."""
+    stored_spec: SpeculationProfileSpec | None = None
+    """Standalone --append: the stored profile's spec, written back as it was."""
+
+    def measured_before(self) -> int:
+        """Points the profile held before this round (varies the prompts of each refinement round)."""
+        return sum(len(r.points) for r in self.existing.runs) if self.existing else 0
 
     @property
     def expected_ks(self) -> list[int]:
@@ -166,7 +211,11 @@ class Target:
         return {SPECULATIVE_CONFIG_ANNOTATION: json.dumps(config, sort_keys=True)}
 
     def document(self) -> dict[str, Any]:
-        return profile_document(self.spec, self.status, name=self.name, namespace=self.namespace,
+        status = self.status
+        if self.store is None and self.existing is not None:
+            # standalone --append: what the file held plus this round (the API merges for itself)
+            status = merged_status(self.existing.dump(), status, self.expected_ks, append=True)
+        return profile_document(self.stored_spec or self.spec, status, name=self.name, namespace=self.namespace,
                                 annotations=self.annotations())
 
 
@@ -211,20 +260,47 @@ def standalone_targets(args: argparse.Namespace, hardware: Hardware | None) -> l
     common = dict(model=ProfileTarget(id=args.model, max_model_len=args.max_model_len,
                                       tensor_parallel_size=args.tensor_parallel_size),
                   sku=args.sku or _sku(hardware), engine_image=args.engine_image or _engine_image(args.engine_module),
-                  workload=workload, concurrency_levels=args.levels, requests_per_level=args.requests_per_level)
+                  workload=workload, concurrency_levels=args.levels or DEFAULT_LEVELS,
+                  requests_per_level=args.requests_per_level)
     if args.engine_url:
         k = _sidecar_k(args, method)
         spec = SpeculationProfileSpec(method=method if k else None, **common)
         return [Target(spec=spec, ks=[k], schedule=schedule)]
     targets = []
-    if not args.skip_baseline:
-        targets.append(Target(spec=SpeculationProfileSpec(method=None, **common), ks=[0]))
-    if method is not None:
+    if not args.skip_baseline and (args.ks is None or 0 in args.ks or method is None):
+        targets.append(Target(spec=SpeculationProfileSpec(method=None, **common),
+                              ks=selected_ks([0], None, [0] if args.ks is not None and method else args.ks)))
+    if method is not None and (args.ks is None or any(k > 0 for k in args.ks)):
+        ks = None if args.ks is None else [k for k in args.ks if k > 0]
         targets.append(Target(spec=SpeculationProfileSpec(method=method, **common),
-                              ks=planned_ks(method, args.validate_k), schedule=schedule))
+                              ks=selected_ks(planned_ks(method, args.validate_k), method, ks), schedule=schedule))
     if not targets:
         raise ValueError("--skip-baseline needs --speculative-config (there is nothing else to measure)")
+    if args.append:
+        _attach_stored(targets, args.output)
     return targets
+
+
+def _attach_stored(targets: list[Target], output: Path | None) -> None:
+    """Standalone --append: each target's stored profile from the --output file (the same method, or the
+    baseline, on the same model and SKU); its spec is kept and its runs are appended to."""
+    if output is None or not output.exists():
+        raise ValueError("--append without --profile-name appends to the profiles in --output: give an existing "
+                         "file written by specpilot-bench")
+    text = output.read_text()
+    documents = (list(yaml.safe_load_all(text)) if output.suffix in (".yaml", ".yml") else json.loads(text))
+    stored = [SpeculationProfile.model_validate(d) for d in documents if isinstance(d, dict)]
+    for target in targets:
+        same = [p for p in stored if p.spec.model.id == target.spec.model.id and p.spec.sku == target.spec.sku
+                and (p.spec.method.key if p.spec.method else None) == (target.spec.method.key
+                                                                         if target.spec.method else None)]
+        if not same:
+            what = target.spec.method.key if target.spec.method else "baseline"
+            raise ValueError(f"--append: {output} holds no {what} profile of {target.spec.model.id} on "
+                             f"{target.spec.sku} to append to")
+        target.existing = same[0].status or SpeculationProfileStatus()
+        target.stored_spec = same[0].spec
+        target.name = target.name or same[0].metadata.get("name")
 
 
 def cluster_target(args: argparse.Namespace) -> Target:
@@ -233,10 +309,15 @@ def cluster_target(args: argparse.Namespace) -> Target:
 
     if not args.namespace:
         raise ValueError("--namespace (or env POD_NAMESPACE) is required with --profile-name")
-    store = ProfileStore(api_client(args.kubeconfig), args.profile_name, args.namespace)
-    spec = store.read().spec
-    ks = [_sidecar_k(args, spec.method)] if args.engine_url else planned_ks(spec.method, args.validate_k)
-    return Target(spec=spec, ks=ks, name=args.profile_name, namespace=args.namespace, store=store)
+    store = ProfileStore(api_client(args.kubeconfig), args.profile_name, args.namespace, append=args.append)
+    stored = store.read()
+    spec = stored.spec
+    if args.levels:
+        spec = spec.model_copy(update={"concurrency_levels": args.levels})
+    ks = ([_sidecar_k(args, spec.method)] if args.engine_url
+          else selected_ks(planned_ks(spec.method, args.validate_k), spec.method, args.ks))
+    return Target(spec=spec, ks=ks, name=args.profile_name, namespace=args.namespace, store=store,
+                  existing=stored.status if args.append else None)
 
 
 def _engine_args(args: argparse.Namespace) -> list[str]:
@@ -257,6 +338,37 @@ def _engine(args: argparse.Namespace, target: Target, k: int, index: int):
                              engine_module=args.engine_module)
     stem = (target.name or spec.object_name())
     return LaunchedEngine(command, port, args.log_dir / f"{index:02d}-{stem}-k{k}.log", args.engine_start_timeout)
+
+
+def measuring_order(spec: SpeculationProfileSpec, repeat: int = 1, round_index: int = 0,
+                    workload_file: Path | None = None) -> list[tuple[int, list]]:
+    """(concurrency, prompts) in the order a run measures them: the spec's levels, `repeat` times over,
+    interleaved (1,2,4,1,2,4: a slow drift of the machine spreads over every level alike).
+
+    The first pass of the first round sends `level_prompts(spec)`, as a plain sweep does; every further
+    measurement gets prompts of its own (another seed, or further along a custom file), so that the
+    engine's prefix cache never serves a repeat from an earlier one, and a refinement round
+    (`round_index` > 0: the points the profile already holds) samples the workload afresh."""
+    if repeat <= 1 and round_index == 0:
+        return list(level_prompts(spec, workload_file).items())
+    w = spec.workload
+    counts = {c: max(spec.requests_per_level, MIN_WAVES * c) for c in spec.concurrency_levels}
+    per_pass = sum(counts.values())
+    order: list[tuple[int, list]] = []
+    for r in range(max(1, repeat)):
+        if r == 0 and round_index == 0:
+            order_pass = level_prompts(spec, workload_file)
+        else:
+            serial = round_index * max(1, repeat) + r
+            prompts = load_prompts(w.name, per_pass * (serial + 1) if w.name == "custom" else per_pass,
+                                   output_len=w.output_len, seed=w.seed + 7919 * serial, input_len=w.input_len,
+                                   file=workload_file)[-per_pass:]
+            order_pass, start = {}, 0
+            for c, n in counts.items():
+                order_pass[c] = prompts[start:start + n]
+                start += n
+        order.extend(order_pass.items())
+    return order
 
 
 def level_prompts(spec: SpeculationProfileSpec, workload_file: Path | None = None) -> dict[int, list]:
@@ -285,17 +397,18 @@ class Profiler:
         self.args = args
         self.targets = targets
         self.hardware = hardware
-        self.requests: dict[int, list] | None = None
+        self.requests: list[tuple[int, list]] | None = None
         self.engine_starts = 0
 
-    async def _requests_by_level(self, info: EngineInfo, spec: SpeculationProfileSpec) -> dict[int, list]:
+    async def _requests_by_level(self, info: EngineInfo, target: Target) -> list[tuple[int, list]]:
         if self.requests is None:
-            by_level = level_prompts(spec, self.args.workload_file)
-            fitted = await fit_prompts(info.base_url, info.model_id, [p for ps in by_level.values() for p in ps],
+            order = measuring_order(target.spec, self.args.repeat, target.measured_before(),
+                                    self.args.workload_file)
+            fitted = await fit_prompts(info.base_url, info.model_id, [p for _, ps in order for p in ps],
                                        info.max_model_len)
-            self.requests, start = {}, 0
-            for c, prompts in by_level.items():
-                self.requests[c] = fitted[start:start + len(prompts)]
+            self.requests, start = [], 0
+            for c, prompts in order:
+                self.requests.append((c, fitted[start:start + len(prompts)]))
                 start += len(prompts)
         return self.requests
 
@@ -330,10 +443,12 @@ class Profiler:
             target.status.runs.append(run)
             target.status.engine_version = info.version or target.status.engine_version
             target.status.kv_capacity_tokens = snapshot.kv_capacity_tokens() or target.status.kv_capacity_tokens
-            requests = await self._requests_by_level(info, spec)
+            requests = await self._requests_by_level(info, target)
+            # a refinement measures exactly the levels it was asked for, however flat they are
+            early_stop = not (self.args.no_early_stop or self.args.append or self.args.repeat > 1)
             await sweep(run, info.base_url, info.model_id, requests, self.args.warmup_requests,
                         Slo(self.args.slo_tpot_ms, self.args.slo_ttft_ms), spec.workload.temperature,
-                        ignore_eos=not self.args.respect_eos, early_stop=not self.args.no_early_stop)
+                        ignore_eos=not self.args.respect_eos, early_stop=early_stop)
             measured = [p.concurrency for r in target.status.runs for p in r.points]
             target.status.max_concurrency_measured = max(measured, default=None)
         if target.store is not None:
@@ -422,6 +537,14 @@ def finalize(args: argparse.Namespace, targets: list[Target], code: int) -> int:
                 print(f"[specpilot-bench] could not publish the status: {exc}", file=sys.stderr, flush=True)
                 code = code or 1
     if args.output:
+        if args.append and args.output.exists() and all(t.store is None for t in targets):
+            # standalone --append: the file keeps the profiles this round did not measure
+            mine = {d["metadata"]["name"]: d for d in documents}
+            text = args.output.read_text()
+            stored = list(yaml.safe_load_all(text)) if args.output.suffix in (".yaml", ".yml") else json.loads(text)
+            names = [d.get("metadata", {}).get("name") for d in stored if isinstance(d, dict)]
+            documents = [mine.get(name, d) for name, d in zip(names, stored)] + [
+                d for name, d in mine.items() if name not in names]
         write_output(args.output, documents)
     print(json.dumps(documents, indent=2), flush=True)
     return code
@@ -431,6 +554,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if not args.profile_name and not args.model:
         build_parser().error("say what to profile: --profile-name NAME --namespace NS, or --model MODEL")
+    if args.repeat < 1:
+        build_parser().error(f"--repeat must be at least 1 (got {args.repeat})")
     try:
         return asyncio.run(_profile(args))
     except ValueError as exc:

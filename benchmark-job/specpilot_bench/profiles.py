@@ -17,6 +17,7 @@ from specpilot.api.base import format_validation_error
 from specpilot.api.methods import CandidateMethod
 from specpilot.api.profile import (
     Acceptance,
+    LevelPoint,
     ProfilePhase,
     Run,
     SpeculationProfile,
@@ -118,6 +119,48 @@ def merge_runs(existing: Sequence[Run], new: Sequence[Run]) -> list[Run]:
     return [by_k[k] for k in sorted(by_k)]
 
 
+MAX_POINTS_PER_RUN = Run.model_fields["points"].metadata[0].max_length
+"""The status schema's bound on a run's points (64): appending never publishes more."""
+
+
+def capped_points(points: Sequence[LevelPoint], limit: int = MAX_POINTS_PER_RUN) -> list[LevelPoint]:
+    """At most `limit` points, in order: while over, the oldest point of the level measured most often goes
+    (every level keeps its newest measurement; a repeated level loses its oldest repeats first)."""
+    kept = list(points)
+    while len(kept) > limit:
+        counts: dict[int, int] = {}
+        for point in kept:
+            counts[point.concurrency] = counts.get(point.concurrency, 0) + 1
+        level = max(counts, key=lambda c: (counts[c], -c))
+        if counts[level] < 2:
+            kept = kept[len(kept) - limit:]
+            break
+        kept.pop(next(i for i, point in enumerate(kept) if point.concurrency == level))
+    return kept
+
+
+def append_runs(existing: Sequence[Run], new: Sequence[Run]) -> list[Run]:
+    """Runs by K, a new run's points appended to the stored run of the same K (a refinement: repeated levels
+    then count as more measurements in the planner's fit), capped at MAX_POINTS_PER_RUN; a K not stored yet
+    is added. The run's acceptance is recomputed over all its points."""
+    from .sweep import run_acceptance
+
+    by_k = {r.num_speculative_tokens: r for r in existing}
+    for run in new:
+        old = by_k.get(run.num_speculative_tokens)
+        if old is None:
+            by_k[run.num_speculative_tokens] = run
+            continue
+        points = capped_points([*old.points, *run.points])
+        walls = [w for w in (old.wall_s, run.wall_s) if w is not None]
+        by_k[run.num_speculative_tokens] = old.model_copy(update={
+            "points": points,
+            "acceptance": (run_acceptance(points) or old.acceptance) if run.num_speculative_tokens else None,
+            "wall_s": sum(walls) if walls else None,
+        })
+    return [by_k[k] for k in sorted(by_k)]
+
+
 def finished_phase(runs: Sequence[Run], expected_ks: Sequence[int]) -> ProfilePhase:
     """Succeeded once every expected K has a run with points; Running while some are still to come."""
     measured = {r.num_speculative_tokens for r in runs if r.points}
@@ -125,13 +168,29 @@ def finished_phase(runs: Sequence[Run], expected_ks: Sequence[int]) -> ProfilePh
 
 
 def merged_status(current: dict[str, Any] | None, new: SpeculationProfileStatus,
-                  expected_ks: Sequence[int]) -> SpeculationProfileStatus:
+                  expected_ks: Sequence[int], append: bool = False) -> SpeculationProfileStatus:
     """The status to publish over what the API holds: runs merged by K, engine starts added up, and the
-    phase Succeeded only when all expected runs are in (a Failed new status stays Failed)."""
+    phase Succeeded only when all expected runs are in (a Failed new status stays Failed).
+
+    `append` (a refinement round, `specpilot-bench --append`): the new runs' points are appended to the stored
+    runs of the same K (`append_runs`) instead of replacing them, and a round that fails leaves a profile
+    whose runs are complete Succeeded (its reason and message say what failed; the points it measured before
+    failing are kept), so a failed refinement never takes a usable profile away from the planner."""
     old = SpeculationProfileStatus.model_validate(current or {})
-    runs = merge_runs(old.runs, new.runs)
-    phase = new.phase if new.phase == ProfilePhase.FAILED.value else finished_phase(runs, expected_ks)
+    runs = append_runs(old.runs, new.runs) if append else merge_runs(old.runs, new.runs)
+    complete = finished_phase(runs, expected_ks)
+    if new.phase == ProfilePhase.FAILED.value and not (append and complete == ProfilePhase.SUCCEEDED):
+        phase = new.phase
+    else:
+        phase = complete
+    extra: dict[str, Any] = {}
+    if append:
+        extra = {"completed_at": new.completed_at or old.completed_at,
+                 "reason": (f"refinement failed: {new.reason}"[:1024] if new.phase == ProfilePhase.FAILED.value
+                            else old.reason if old.phase == ProfilePhase.SUCCEEDED.value else new.reason),
+                 "message": new.message if new.phase == ProfilePhase.FAILED.value else old.message}
     return new.model_copy(update={
+        **extra,
         "runs": runs,
         "phase": phase,
         "attempts": old.attempts,

@@ -5,7 +5,9 @@ namespace, nothing more. Each publish reads the object, merges this Job's runs i
 the same profile already published, and patches the status with the resourceVersion it read, so a
 concurrent writer makes the API answer 409 and we merge again. Transient errors retry with backoff.
 A launching Job publishes after each run and at the end: each publish adds only the engine starts made
-since its previous one.
+since its previous one. A refinement Job (`--append`) appends its points to the stored runs of the same K
+instead of replacing them (`profiles.merged_status`); each publish then adds only the points measured since
+its previous one, so publishing after each run and at the end never appends a point twice.
 """
 
 from __future__ import annotations
@@ -69,12 +71,16 @@ def _retrying(what: str, call, attempts: int = 8, base_delay_s: float = 0.5):
 class ProfileStore:
     """One SpeculationProfile object in the API."""
 
-    def __init__(self, api, name: str, namespace: str) -> None:
+    def __init__(self, api, name: str, namespace: str, append: bool = False) -> None:
         self.api = api
         self.name = name
         self.namespace = namespace
+        self.append = append
+        """Append this process's points to the stored runs (a refinement round) instead of replacing runs."""
         self.engine_starts_published = 0
         """This process's engine starts already added to the stored count."""
+        self.points_published: dict[int, int] = {}
+        """Append mode: per K, this process's points already appended."""
 
     def _get(self) -> dict[str, Any]:
         return self.api.get_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, self.name)
@@ -90,11 +96,15 @@ class ProfileStore:
         `status.engine_starts` counts this process's starts so far; the stored count already holds those
         published before (and other Jobs' and attempts'), so only the new ones are added."""
         starts = status.engine_starts or 0
-        unpublished = status.model_copy(update={"engine_starts": starts - self.engine_starts_published})
+        update: dict[str, Any] = {"engine_starts": starts - self.engine_starts_published}
+        if self.append:
+            update["runs"] = [run.model_copy(update={"points": run.points[self.points_published.get(
+                run.num_speculative_tokens, 0):]}) for run in status.runs]
+        unpublished = status.model_copy(update=update)
 
         def attempt() -> dict[str, Any]:
             current = self._get()
-            merged = merged_status(current.get("status"), unpublished, expected_ks).dump()
+            merged = merged_status(current.get("status"), unpublished, expected_ks, append=self.append).dump()
             body: dict[str, Any] = {"status": merged}
             version = current.get("metadata", {}).get("resourceVersion")
             if version:
@@ -105,4 +115,5 @@ class ProfileStore:
 
         published = _retrying(f"patch {PLURAL}/{self.name}/status in {self.namespace}", attempt)
         self.engine_starts_published = starts
+        self.points_published = {run.num_speculative_tokens: len(run.points) for run in status.runs}
         return published

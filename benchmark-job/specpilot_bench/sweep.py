@@ -287,15 +287,20 @@ async def measure_level(base_url: str, model_id: str, requests: Sequence[Complet
     return level_point(concurrency, result, server_deltas(before, after), load)
 
 
-async def sweep(run: Run, base_url: str, model_id: str, requests_by_level: dict[int, list[CompletionRequest]],
+async def sweep(run: Run, base_url: str, model_id: str,
+                requests_by_level: Mapping[int, list[CompletionRequest]] | Sequence[tuple[int, list[CompletionRequest]]],
                 warmup_requests: int, slo: Slo, temperature: float, ignore_eos: bool, early_stop: bool = True) -> Run:
-    """Measure every level into `run` (appending as it goes, so a cancelled sweep keeps what it measured)."""
+    """Measure every level into `run` (appending as it goes, so a cancelled sweep keeps what it measured).
+
+    `requests_by_level`: concurrency -> requests, or (concurrency, requests) pairs in the order to measure
+    them, where a level may come back (a repeated level: one point per measurement)."""
     started = time.monotonic()
+    plan = list(requests_by_level.items()) if isinstance(requests_by_level, Mapping) else list(requests_by_level)
     print(f"[specpilot-bench] k={run.num_speculative_tokens}: load generator "
           f"{'vllm.benchmarks.serve' if use_vllm_generator() else 'specpilot_bench.loadgen'}",
           file=sys.stderr, flush=True)
     try:
-        for concurrency, requests in requests_by_level.items():
+        for index, (concurrency, requests) in enumerate(plan):
             warmup = warmup_requests or default_warmup(concurrency)
             point = await measure_level(base_url, model_id, requests, warmup, concurrency, slo, temperature,
                                         ignore_eos)
@@ -305,7 +310,7 @@ async def sweep(run: Run, base_url: str, model_id: str, requests_by_level: dict[
                   f"{point.output_throughput:.1f} tok/s, {point.completed} ok, {point.failed} failed, "
                   f"{point.duration_s:.1f} s", file=sys.stderr, flush=True)
             reason = stop_reason(run.points, slo) if early_stop else None
-            if reason and concurrency != list(requests_by_level)[-1]:
+            if reason and index != len(plan) - 1:
                 run.stopped_early = reason
                 break
     finally:
