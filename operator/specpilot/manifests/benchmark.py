@@ -14,6 +14,7 @@ every Job's arguments with the bench's own parser, so the two cannot drift apart
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from typing import Any, Literal
 
 from ..api.deployment import GpuPool, ModelSpec, SpeculativeDeploymentSpec, WorkloadName
@@ -171,14 +172,24 @@ def _check_run(profile_spec: SpeculationProfileSpec, mode: str, run_k: int | Non
 def benchmark_job(*, profile_name: str, namespace: str, profile_spec: SpeculationProfileSpec,
                   spec: SpeculativeDeploymentSpec, pool: GpuPool, bench_image: str, owner: dict[str, str],
                   mode: BenchMode = "launch", run_k: int | None = None,
-                  sdep_name: str | None = None, tenancy: TenancyPolicy | None = None) -> dict[str, Any]:
+                  sdep_name: str | None = None, tenancy: TenancyPolicy | None = None,
+                  refine_round: int | None = None, levels: Sequence[int] | None = None,
+                  ks: Sequence[int] | None = None, repeat: int = 1, append: bool = False) -> dict[str, Any]:
     """batch/v1 Job measuring `profile_spec` on `pool`, owned by the SpeculationProfile `owner`
     (apiVersion, kind, name, uid) so it is collected with it. `sdep_name`, when given, labels the Job with
     the SpeculativeDeployment that asked for it. `bench_image` is the operator's benchmark image;
     spec.profiling.image replaces it when the policy allows that image. The pod runs as `tenancy` (the operator
     config's policy; its defaults when None) allows, with the ServiceAccount token mounted into the bench
-    container only; a spec it refuses raises TenancyViolation."""
+    container only; a spec it refuses raises TenancyViolation.
+
+    A refinement round (issue 14; `refine_round` from 1) re-measures some levels of a profile that is already
+    measured: `levels` (default: the profile's), only at `ks` (default: every run the profile has),
+    `repeat` times each, and with `append` adds the points to the profile's stored runs (`specpilot-bench
+    --levels --ks --repeat --append`). Its Job is named `names.refine_job_name(profile_name, refine_round)`
+    and labelled with the round, so it never collides with the profile's benchmark Job or an earlier round.
+    The parameters come from `policy.refine.RefineRequest.job_parameters()`."""
     _check_run(profile_spec, mode, run_k)
+    _check_refinement(profile_spec, refine_round, levels, ks, repeat, append)
     policy = tenancy or TenancyPolicy()
     refuse(serving_problems(spec, policy) + profiling_problems(spec, policy, benchmark_image=bench_image))
     bench_image = spec.profiling.image or bench_image
@@ -189,6 +200,10 @@ def benchmark_job(*, profile_name: str, namespace: str, profile_spec: Speculatio
     env = with_identity_env(engine_env(model), security)
     args = bench_args(profile_name=profile_name, namespace=namespace, profile_spec=profile_spec,
                       engine_model=model, port=port, mode=mode, run_k=run_k)
+    job_name = names.bench_job_name(profile_name, run_k)
+    if refine_round is not None:
+        job_name = names.refine_job_name(profile_name, refine_round)
+        args = _refinement_args(args, job_name, levels, ks, repeat, append)
     owned_bench = {"name": BENCH_CONTAINER, "image": bench_image, "command": list(BENCH_COMMAND), "args": args}
     bench: dict[str, Any] = {**owned_bench, "env": env, "volumeMounts": [home_mount(security), token_mount()]}
     volumes = [dshm_volume(), home_volume(), token_volume()]
@@ -243,11 +258,13 @@ def benchmark_job(*, profile_name: str, namespace: str, profile_spec: Speculatio
     harden(pod_spec, policy)
 
     labels = names.bench_labels(profile_name, pool.name, sdep_name, run_k)
+    if refine_round is not None:
+        labels[names.LABEL_REFINE_ROUND] = str(refine_round)
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": {
-            "name": names.bench_job_name(profile_name, run_k),
+            "name": job_name,
             "namespace": namespace,
             "labels": labels,
             "ownerReferences": [owner_reference(api_version=owner["apiVersion"], kind=owner["kind"],
@@ -260,3 +277,40 @@ def benchmark_job(*, profile_name: str, namespace: str, profile_spec: Speculatio
             "template": {"metadata": {"labels": dict(labels)}, "spec": pod_spec},
         },
     }
+
+
+def _check_refinement(profile_spec: SpeculationProfileSpec, refine_round: int | None, levels: Sequence[int] | None,
+                      ks: Sequence[int] | None, repeat: int, append: bool) -> None:
+    if refine_round is None:
+        if levels is not None or ks is not None or repeat != 1 or append:
+            raise ValueError("levels, ks, repeat and append describe a refinement round: give refine_round too")
+        return
+    if refine_round < 1:
+        raise ValueError(f"refine_round counts from 1 (got {refine_round})")
+    if levels is not None and (not levels or min(levels) < 1):
+        raise ValueError(f"levels must be concurrencies >= 1 (got {list(levels)})")
+    if repeat < 1:
+        raise ValueError(f"repeat must be at least 1 (got {repeat})")
+    top = profile_spec.method.num_speculative_tokens if profile_spec.method else 0
+    if ks is not None and (not ks or min(ks) < 0 or max(ks) > top):
+        raise ValueError(f"ks must lie in 0..{top} for this profile (got {list(ks)})")
+
+
+def _refinement_args(args: list[str], job_name: str, levels: Sequence[int] | None, ks: Sequence[int] | None,
+                     repeat: int, append: bool) -> list[str]:
+    """`args` of the profile's benchmark Job turned into a refinement round's: its own --job-name, the levels
+    to measure in place of the profile's, and --ks / --repeat / --append."""
+    out = list(args)
+    out[out.index("--job-name") + 1] = job_name
+    if levels is not None:
+        out[out.index("--levels") + 1] = ",".join(str(c) for c in sorted(set(levels)))
+    extra: list[str] = []
+    if ks is not None:
+        extra += ["--ks", ",".join(str(k) for k in sorted(set(ks)))]
+    if repeat != 1:
+        extra += ["--repeat", str(repeat)]
+    if append:
+        extra.append("--append")
+    # before the engine arguments, after what says what is measured
+    at = next((i for i, a in enumerate(out) if a.startswith("--engine-arg=")), len(out))
+    return out[:at] + extra + out[at:]

@@ -27,6 +27,8 @@ LABEL_PROFILE = "specpilot.io/profile"
 LABEL_SPECULATION = "specpilot.io/speculation"
 LABEL_METHOD = "specpilot.io/method"
 LABEL_RUN_K = "specpilot.io/run-k"
+LABEL_REFINE_ROUND = "specpilot.io/refine-round"
+"""On a refinement Job (and its pod): the round it measures, from 1."""
 ANNOTATION_ENGINE_CONFIG = "specpilot.io/engine-config"
 
 MANAGED_BY = "specpilot"
@@ -93,6 +95,15 @@ def pod_monitor_name(sdep_name: str) -> str:
 def bench_job_name(profile_name: str, run_k: int | None = None) -> str:
     """Benchmark Job: `bench-<profile>`, plus `-k<K>` for a per-run (sidecar) Job."""
     return dns_label(f"bench-{profile_name}", "" if run_k is None else f"-k{run_k}")
+
+
+def refine_job_name(profile_name: str, round_index: int) -> str:
+    """Refinement Job of a profile (issue 14): `refine-<profile>-r<round>`, one name per round, distinct from
+    the profile's benchmark Job (`bench-<profile>`), so a round never collides with the Job that measured
+    the profile or with an earlier round (finished Jobs stay a day)."""
+    if round_index < 1:
+        raise ValueError(f"a refinement round is numbered from 1 (got {round_index})")
+    return dns_label(f"refine-{profile_name}", f"-r{round_index}")
 
 
 def deployment_labels(sdep_name: str) -> dict[str, str]:
