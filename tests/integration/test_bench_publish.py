@@ -144,3 +144,46 @@ async def test_eagle3_profile_measured_by_the_operators_job(api, tiny_models, cp
         (log,) = logs.glob(f"*-k{k}.log")
         assert f"speculative_config=SpeculativeConfig(method='eagle3', model='{tiny_models.eagle3}', " \
                f"num_spec_tokens={k})" in log.read_text()
+
+
+async def test_a_refinement_round_appends_a_repeated_level_to_a_real_profile(api, tiny_models, engine_env,
+                                                                            tmp_path, crds):
+    # issue 14: a baseline profile measured by the real engine, then a refinement round of the same Job
+    # command (`--levels 2 --repeat 2 --append`) that re-measures level 2 twice on a fresh engine and appends
+    # both points to the stored run instead of replacing it.
+    emulator, url = api
+    name = "cpu-baseline-refined"
+    emulator.objects[RESOURCE, NAMESPACE, name] = {
+        "apiVersion": "specpilot.io/v1alpha1", "kind": "SpeculationProfile",
+        "metadata": {"name": name, "namespace": NAMESPACE, "resourceVersion": "1"},
+        "spec": {"model": {"id": str(tiny_models.target), "maxModelLen": 512}, "sku": "cpu",
+                 "engineImage": "vllm-cpu:0.32.0", "concurrencyLevels": [1, 2], "requestsPerLevel": 3,
+                 "workload": {"name": "json-extraction", "outputLen": 24}},
+        "status": {"phase": "Pending", "attempts": 1},
+    }
+    common = [sys.executable, "-m", "specpilot_bench", "--profile-name", name, "--namespace", NAMESPACE,
+              "--kubeconfig", str(kubeconfig(tmp_path / "kubeconfig", url)),
+              "--engine-args", "--enforce-eager --max-num-seqs 8 --kv-cache-memory-bytes 67108864",
+              "--log-dir", str(tmp_path / "logs"), "--no-calibration", "--engine-start-timeout", "240"]
+    first = await asyncio.to_thread(subprocess.run, [*common, "--job-name", "bench-1"], env=engine_env,
+                                    capture_output=True, text=True, timeout=400)
+    assert first.returncode == 0, first.stderr[-3000:]
+    before = json.loads(json.dumps(emulator.objects[RESOURCE, NAMESPACE, name].raw))["status"]
+    assert before["phase"] == "Succeeded"
+    assert [p["concurrency"] for p in before["runs"][0]["points"]] == [1, 2]
+
+    second = await asyncio.to_thread(
+        subprocess.run, [*common, "--job-name", "refine-1", "--levels", "2", "--repeat", "2", "--append"],
+        env=engine_env, capture_output=True, text=True, timeout=400)
+    assert second.returncode == 0, second.stderr[-3000:]
+    stored = json.loads(json.dumps(emulator.objects[RESOURCE, NAMESPACE, name].raw))
+    assert validate_custom_resource(crds["SpeculationProfile"], stored) == []
+    assert stored["spec"]["concurrencyLevels"] == [1, 2]  # the spec is the operator's: untouched
+    status = stored["status"]
+    assert status["phase"] == "Succeeded" and status["engineStarts"] == 2 and status["jobName"] == "refine-1"
+    (run,) = status["runs"]
+    points = run["points"]
+    assert [p["concurrency"] for p in points] == [1, 2, 2, 2]
+    assert points[:2] == before["runs"][0]["points"]  # what was there is kept as it was
+    for point in points[2:]:
+        assert point["completed"] == 4 and point["outputThroughput"] > 0  # max(3, 2 waves of 2)
