@@ -1,38 +1,63 @@
-"""What the operator keeps per object between reconciliations (controller.reconcile.Context)."""
+"""What the operator keeps per object between reconciliations (controller.context.Context)."""
 
 from __future__ import annotations
 
-import asyncio
 from types import SimpleNamespace
 
-from specpilot.controller.reconcile import Context
+from specpilot.controller.context import Bounded, Context
 
 BODY = {"metadata": {"uid": "u1", "name": "llama"}, "spec": {"model": {"id": "m"}},
         "status": {"phase": "Profiling", "pools": [{"name": "h100", "decision": None}]}}
 
 
-def _ctx(**written):
-    return SimpleNamespace(written=dict(written), locks={})
+def _ctx(**written) -> Context:
+    ctx = Context(kube=SimpleNamespace(), config=SimpleNamespace(), metrics=SimpleNamespace(),
+                  connection=SimpleNamespace())
+    ctx.written.update(written)
+    return ctx
 
 
 def test_the_next_reconciliation_starts_from_the_status_computed_last_not_from_an_older_body():
     # kopf writes a handler's status only after it returns; a timer waiting on the lock still holds the
     # body from before that write.
     decided = {"phase": "Serving", "pools": [{"name": "h100", "decision": {"method": "eagle3"}}]}
-    view = Context.latest(_ctx(u1=decided), BODY)
+    view = _ctx(u1=decided).latest(BODY)
     assert view["status"] == decided
     assert view["spec"] == BODY["spec"] and view["metadata"] == BODY["metadata"]
     assert BODY["status"]["phase"] == "Profiling", "the body itself is left as it is"
 
 
 def test_with_nothing_computed_yet_the_body_is_the_truth():
-    assert Context.latest(_ctx(), BODY) is BODY  # e.g. right after the operator (re)started
-    assert Context.latest(_ctx(other={"phase": "Serving"}), BODY) is BODY
+    assert _ctx().latest(BODY) is BODY  # e.g. right after the operator (re)started
+    assert _ctx(other={"phase": "Serving"}).latest(BODY) is BODY
 
 
-def test_a_deleted_object_is_forgotten():
+def test_a_deleted_object_is_forgotten_entirely():
     ctx = _ctx(u1={"phase": "Serving"}, u2={"phase": "Profiling"})
-    ctx.locks = {"u1": asyncio.Lock(), "u2": asyncio.Lock()}
-    Context.forget(ctx, "u1")
-    assert set(ctx.written) == set(ctx.locks) == {"u2"}
-    Context.forget(ctx, "never-seen")  # no error
+    for uid in ("u1", "u2"):
+        cache = ctx.cache(uid)
+        cache.profiles_seen = (1,)
+        cache.last_observed_at["h100"] = 1.0
+        cache.last_cut["h100"] = ("x",)
+        cache.pod_sources["h100"] = object()
+    ctx.forget("u1")
+    assert set(ctx.written) == set(ctx.objects) == {"u2"}
+    assert ctx.cache("u2").profiles_seen == (1,)
+    ctx.forget("never-seen")  # no error
+
+
+def test_each_object_has_its_own_lock_and_fingerprint():
+    ctx = _ctx()
+    assert ctx.lock("a") is ctx.lock("a") and ctx.lock("a") is not ctx.lock("b")
+    ctx.cache("a").profiles_seen = (3,)
+    assert ctx.cache("b").profiles_seen is None
+
+
+def test_process_wide_memories_are_bounded():
+    remembered = Bounded(limit=3)
+    for i in range(10):
+        remembered[f"k{i}"] = i
+    assert list(remembered) == ["k7", "k8", "k9"]
+    remembered["k7"] = 0  # a refreshed key is kept longest
+    remembered["k10"] = 10
+    assert list(remembered) == ["k9", "k7", "k10"]

@@ -578,6 +578,19 @@ class ObservedLoad(StatusModel):
     """When the data was read."""
 
 
+class ReplicaTarget(StatusModel):
+    """One replica target the planner computed, kept while it can still hold a scale-down."""
+
+    time: datetime
+    """When it was computed."""
+    replicas: int = Field(ge=0)
+    """The replicas the load asked for then."""
+
+
+MAX_REPLICA_TARGETS = 64
+"""Bound on the remembered replica targets (the window keeps only targets no later one covers)."""
+
+
 class PoolStatus(StatusModel):
     """Everything specpilot knows about one pool."""
 
@@ -612,6 +625,9 @@ class PoolStatus(StatusModel):
     """Restart strategy: since when load has stayed above crossover*(1+band) (the dwell clock)."""
     below_threshold_since: datetime | None = None
     """Restart strategy: since when load has stayed below crossover*(1-band) (the dwell clock)."""
+    replica_targets: list[ReplicaTarget] = Field(default_factory=list, max_length=MAX_REPLICA_TARGETS)
+    """The replica targets of the scale-down stabilisation window that can still hold a scale-down
+    (oldest first, each higher than every later one): kept in status so a restarted operator holds them."""
 
 
 class HistoryEntry(StatusModel):

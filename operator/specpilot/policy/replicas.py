@@ -18,7 +18,9 @@ __all__ = ["ReplicaPlan", "ReplicaState", "plan_replicas"]
 
 @dataclasses.dataclass(frozen=True)
 class ReplicaState:
-    """Recent (time, desired replicas) pairs within the stabilisation window."""
+    """Recent (time, desired replicas) pairs within the stabilisation window, oldest first. Only pairs no
+    later pair covers are kept (each is higher than every later one), so the maximum over any suffix of the
+    window is unchanged and the state stays small (it is written to the pool's status)."""
 
     recent: tuple[tuple[datetime, int], ...] = ()
 
@@ -52,7 +54,7 @@ def plan_replicas(state: ReplicaState, demand_concurrency: float | None, current
                f"{target_utilization_percent:g}%) -> {desired}")
     window_start = now - timedelta(seconds=stabilization_seconds)
     recent = tuple((t, d) for t, d in state.recent if t >= window_start) + ((now, desired),)
-    new_state = ReplicaState(recent)
+    new_state = ReplicaState(_compact(recent))
     if desired >= current_replicas:
         return ReplicaPlan(desired, desired, new_state, f"{why}; scale up at once" if desired > current_replicas
                            else why)
@@ -62,3 +64,18 @@ def plan_replicas(state: ReplicaState, demand_concurrency: float | None, current
                            f"{why}; holding {stabilized} until the lower target has held "
                            f"{stabilization_seconds:g}s")
     return ReplicaPlan(desired, desired, new_state, f"{why}; scale down")
+
+
+MAX_TARGETS = 64
+"""Bound on the kept pairs (the oldest go first; they are the first to leave the window anyway)."""
+
+
+def _compact(recent: tuple[tuple[datetime, int], ...]) -> tuple[tuple[datetime, int], ...]:
+    """Drop every pair that a later pair with at least as many replicas covers: while both are in the window
+    the later one holds as much, and it leaves the window last."""
+    kept: list[tuple[datetime, int]] = []
+    for t, d in recent:
+        while kept and kept[-1][1] <= d:
+            kept.pop()
+        kept.append((t, d))
+    return tuple(kept[-MAX_TARGETS:])

@@ -1,0 +1,135 @@
+"""What the operator process keeps between reconciliations: clients, config, and caches.
+
+Decision state never lives here: it is in each resource's status (see `policy.planner`), so a restart or a
+new leader continues exactly. What is kept here is a cache that can be dropped at any moment (the worst a
+dropped entry costs is one observation window without rates, or one extra API read), kept per object where
+it belongs to one, and released when the object goes (`forget`). Process-wide caches are bounded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from ..config import OperatorConfig
+from ..observe.pods import PodScrapeSource
+from ..observe.prometheus import PrometheusSource
+from ..perf.catalog import DEFAULT_CATALOG, GpuCatalog
+from .kube import Connection, Kube
+from .metrics import OperatorMetrics
+
+MAX_PROMETHEUS_SOURCES = 64
+"""Bound on open Prometheus clients (one per URL and window); the least recently used is closed first."""
+MAX_REMEMBERED = 10_000
+"""Bound on each process-wide memory of names and uids (ReplicaSet owners, counted Jobs, profile events)."""
+
+
+@dataclass
+class ObjectCache:
+    """What is kept for one SpeculativeDeployment (by uid) between its reconciliations."""
+
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    profiles_seen: tuple | None = None
+    """The fingerprint of its profiles and benchmark Jobs its last reconciliation saw
+    (handlers.profiles_fingerprint)."""
+    last_observed_at: dict[str, float] = field(default_factory=dict)
+    """Pool -> when its pods were last observed (monotonic seconds): observations every interval only."""
+    last_cut: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """Pool -> what the read bounds left out of its last observation (read once per reconcile)."""
+    pod_sources: dict[str, PodScrapeSource] = field(default_factory=dict)
+    """Pool -> its pod scraper (holds the counter samples rates are computed from)."""
+
+
+class Bounded(OrderedDict):
+    """A dict that forgets its oldest entries beyond `limit`."""
+
+    def __init__(self, limit: int = MAX_REMEMBERED) -> None:
+        super().__init__()
+        self.limit = limit
+
+    def __setitem__(self, key, value) -> None:
+        super().__setitem__(key, value)
+        self.move_to_end(key)
+        while len(self) > self.limit:
+            self.popitem(last=False)
+
+
+@dataclass
+class Context:
+    """Process-wide state shared by the handlers (the kopf memo; kopf hands each object a shallow copy,
+    so nothing per object is kept in a field of its own: it is in `objects`, by uid)."""
+
+    kube: Kube
+    config: OperatorConfig
+    metrics: OperatorMetrics
+    connection: Connection
+    catalog: GpuCatalog = DEFAULT_CATALOG
+    objects: dict[str, ObjectCache] = field(default_factory=dict)
+    written: dict[str, dict] = field(default_factory=dict)
+    """Uid -> the status its last reconciliation computed. The watch shows it only later, so the next
+    reconciliation (a timer may already wait on the lock) starts from this, not from a body that predates
+    it: otherwise it would re-announce the same decision change and append it to history again."""
+    prometheus_sources: OrderedDict[tuple[str, int, int], PrometheusSource] = field(default_factory=OrderedDict)
+    replicaset_owners: Bounded = field(default_factory=Bounded)
+    """ReplicaSet uid -> uid of the Deployment that controls it ("" for none): which pods are the operator's
+    own to scrape (a pod that merely carries the labels is not)."""
+    bench_identity_checked: Bounded = field(default_factory=Bounded)
+    """Namespace -> when its benchmark identity was last ensured (monotonic seconds)."""
+    counted_jobs: Bounded = field(default_factory=Bounded)
+    """Uids of benchmark Jobs already counted as succeeded in the metrics."""
+    profile_events: Bounded = field(default_factory=lambda: Bounded(10 * MAX_REMEMBERED))
+    """"namespace/profile" -> watch events of the profile and its benchmark Jobs seen by the index handlers."""
+
+    profile_users: dict[str, frozenset[str]] = field(default_factory=dict)
+    """Deployment uid -> the profiles its status lists (kept by an index handler; released on delete)."""
+    namespaces: dict[str, str] = field(default_factory=dict)
+    """Deployment uid -> its namespace (profiles are shared within a namespace)."""
+
+    def users_of_profiles(self, namespace: str) -> dict[str, set[str]]:
+        """Profile name -> uids of the deployments in `namespace` whose status lists it."""
+        users: dict[str, set[str]] = {}
+        for uid, names in self.profile_users.items():
+            if self.namespaces.get(uid, namespace) == namespace:
+                for name in names:
+                    users.setdefault(name, set()).add(uid)
+        return users
+
+    def cache(self, uid: str) -> ObjectCache:
+        return self.objects.setdefault(uid, ObjectCache())
+
+    def lock(self, uid: str) -> asyncio.Lock:
+        return self.cache(uid).lock
+
+    def latest(self, body: dict) -> dict:
+        """The object as its next reconciliation must see it: its status as last computed here (when this
+        process computed one), which the body may not show yet."""
+        written = self.written.get((body.get("metadata") or {}).get("uid", ""))
+        return body if written is None else {**body, "status": written}
+
+    def prometheus_source(self, url: str, window_s: int, stale_after_s: int, make) -> PrometheusSource:
+        """The client for (url, window); at most MAX_PROMETHEUS_SOURCES stay open."""
+        key = (url, window_s, stale_after_s)
+        source = self.prometheus_sources.get(key)
+        if source is None:
+            source = self.prometheus_sources[key] = make()
+            while len(self.prometheus_sources) > MAX_PROMETHEUS_SOURCES:
+                _, evicted = self.prometheus_sources.popitem(last=False)
+                asyncio.get_running_loop().create_task(evicted.close())
+        self.prometheus_sources.move_to_end(key)
+        return source
+
+    async def close(self) -> None:
+        """Release what the context holds open: Prometheus HTTP sessions, the API client's pool."""
+        for source in list(self.prometheus_sources.values()):
+            await source.close()
+        self.prometheus_sources.clear()
+        self.kube.close()
+
+    def forget(self, uid: str) -> None:
+        """Drop everything kept for an object once it is deleted."""
+        self.objects.pop(uid, None)
+        self.written.pop(uid, None)
+        self.profile_users.pop(uid, None)
+        self.namespaces.pop(uid, None)
+

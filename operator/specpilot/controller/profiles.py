@@ -1,0 +1,245 @@
+"""The deployment's SpeculationProfiles and their benchmark Jobs: reuse fresh profiles, create missing ones
+and their Jobs (bounded per pool), re-measure stale or requested ones, mirror Job failures and refuse
+implausible results. Level-triggered: from whatever it finds, with the profile's status and annotations as
+the only record.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from datetime import datetime
+
+from ..api.deployment import SpeculativeDeploymentSpec
+from ..api.profile import SpeculationProfile
+from ..manifests import names
+from ..manifests.benchmark import benchmark_job
+from ..manifests.rbac import bench_rbac
+from ..manifests.serving import serving_service_account
+from ..perf.plausibility import checked_result_problems
+from . import desired
+from .context import Context
+from .kube import Conflict
+
+REPROFILE_ANNOTATION = "specpilot.io/reprofile"
+"""Set to any new value (e.g. a timestamp) to re-measure every profile of the deployment."""
+JOB_UID_ANNOTATION = "specpilot.io/job-uid"
+"""On a SpeculationProfile: the uid of the Job measuring it now."""
+
+
+@dataclass
+class Event:
+    type: str
+    reason: str
+    message: str
+
+
+BENCH_IDENTITY_RECHECK_S = 300
+"""How often a namespace's benchmark ServiceAccount/Role/RoleBinding are checked again (someone may delete them)."""
+RESULT_GRACE_S = 60
+"""How long after a benchmark Job completes its result may take to reach the profile (watch order)."""
+RETRY_HINT = f"set the annotation {REPROFILE_ANNOTATION} on the SpeculativeDeployment to retry"
+"""How a profile that failed for good is measured again, as its message says."""
+
+
+async def ensure_bench_identity(ctx: Context, namespace: str) -> None:
+    """The ServiceAccount and RoleBinding (to the chart's bench ClusterRole: get a profile, get and patch its
+    status) benchmark pods use to publish results, one set per namespace; the operator creates no Roles."""
+    if time.monotonic() - ctx.bench_identity_checked.get(namespace, -BENCH_IDENTITY_RECHECK_S) \
+            < BENCH_IDENTITY_RECHECK_S:
+        return
+    identities = [*bench_rbac(namespace, cluster_role=ctx.config.bench_cluster_role),
+                  serving_service_account(namespace)]  # the serving pods' own account: no Role, no token
+    for obj in identities:
+        await ctx.kube.ensure(obj)
+    ctx.bench_identity_checked[namespace] = time.monotonic()
+
+
+def _current_job(job: dict | None, profile: dict) -> dict | None:
+    """The Job measuring the profile now; a previous measurement's Job (still in the cache while it is
+    deleted) does not count."""
+    if job is None:
+        return None
+    expected = (((profile.get("metadata") or {}).get("annotations")) or {}).get(JOB_UID_ANNOTATION)
+    if expected is not None and expected != (job.get("metadata") or {}).get("uid"):
+        return None
+    return job
+
+
+def _job_state(job: dict) -> str:
+    status = job.get("status") or {}
+    for cond in status.get("conditions") or []:
+        if cond.get("status") == "True" and cond.get("type") in ("Complete", "SuccessCriteriaMet"):
+            return "Complete"
+        if cond.get("status") == "True" and cond.get("type") in ("Failed", "FailureTarget"):
+            return "Failed"
+    return "Active"
+
+
+def _job_failure(job: dict) -> tuple[str, str]:
+    for cond in (job.get("status") or {}).get("conditions") or []:
+        if cond.get("type") in ("Failed", "FailureTarget") and cond.get("status") == "True":
+            return cond.get("reason") or "JobFailed", cond.get("message") or "the benchmark Job failed"
+    return "JobFailed", "the benchmark Job failed"
+
+
+async def reconcile_profiles(ctx: Context, spec: SpeculativeDeploymentSpec, namespace: str, sdep_name: str,
+                              needed: list[desired.NeededProfile], profiles: dict[str, dict],
+                              jobs: dict[str, dict], reprofile: str | None, now: datetime,
+                              events: list[Event]) -> dict[str, str]:
+    """Reuse fresh profiles, create missing ones and their Jobs (bounded per pool), mirror Job failures.
+
+    Returns profile name -> phase.
+    """
+    max_age = spec.profiling.reprofile.max_age_hours if "max_age_hours" in spec.profiling.reprofile.model_fields_set \
+        else ctx.config.profiling_defaults.max_age_hours
+    max_parallel = spec.profiling.max_parallel_jobs_per_pool
+    states: dict[str, str] = {}
+    waiting: dict[str, list[desired.NeededProfile]] = {}
+    running: dict[str, int] = {}
+    seen: set[str] = set()
+    for need in needed:
+        if need.name in seen:
+            continue
+        seen.add(need.name)
+        profile = profiles.get(need.name)
+        annotations = ((profile or {}).get("metadata") or {}).get("annotations") or {}
+        stale_request = reprofile is not None and annotations.get(REPROFILE_ANNOTATION) != reprofile
+        if profile is None:
+            profile = await _create_profile(ctx, namespace, need, reprofile)
+            events.append(Event("Normal", "Profiling", f"measuring {need.key} on {need.sku} ({need.name})"))
+        elif (profile.get("status") or {}).get("phase") == "Succeeded" and (
+                stale_request or not desired.profile_is_fresh(profile, max_age, now)):
+            why = "requested by annotation" if stale_request else f"older than {max_age:g} h"
+            await restart_profile(ctx, namespace, need.name, profile, reprofile)
+            profile = _restarted(profile)
+            events.append(Event("Normal", "Reprofiling", f"re-measuring {need.name}: {why}"))
+        elif (profile.get("status") or {}).get("phase") == "Failed" and stale_request:
+            await restart_profile(ctx, namespace, need.name, profile, reprofile)
+            events.append(Event("Normal", "Reprofiling", f"re-measuring {need.name}: requested by annotation"))
+            profile = _restarted(profile)
+        phase = (profile.get("status") or {}).get("phase") or "Pending"
+        if phase in ("Pending", "Running"):
+            job = _current_job(jobs.get(f"{namespace}/{names.bench_job_name(need.name)}"), profile)
+            if job is None:
+                waiting.setdefault(need.pool, []).append(need)
+            else:
+                state = _job_state(job)
+                if state == "Failed":
+                    reason, message = _job_failure(job)
+                    attempts = int((job.get("status") or {}).get("failed") or 0)
+                    phase = await _fail_profile(
+                        ctx, namespace, need, events,
+                        {"reason": reason, "attempts": attempts,
+                         "message": f"{message} after {attempts} attempt(s); {RETRY_HINT}"},
+                        f"{reason}: {message} ({attempts} attempts)")
+                elif state == "Complete" and phase != "Succeeded":
+                    # The bench exits 0 only after publishing, so the result is on its way (watch order);
+                    # past the grace it never will come, and waiting longer would hang the pool at Profiling.
+                    if desired.result_overdue(job, now, RESULT_GRACE_S):
+                        job_name = job["metadata"]["name"]
+                        message = (f"the benchmark Job {job_name} completed but no result reached the profile "
+                                   f"within {RESULT_GRACE_S} s; see `kubectl logs job/{job_name}`, then {RETRY_HINT}")
+                        phase = await _fail_profile(ctx, namespace, need, events,
+                                                    {"reason": "NoResult", "message": message},
+                                                    f"NoResult: {message}")
+                    else:
+                        phase = "Running"
+                else:
+                    running[need.pool] = running.get(need.pool, 0) + 1
+                    failures = int((job.get("status") or {}).get("failed") or 0)
+                    if failures and (profile.get("status") or {}).get("attempts", 0) != failures:
+                        await ctx.kube.patch("speculationprofiles", namespace, need.name,
+                                             {"status": {"attempts": failures, "reason": "Retrying",
+                                                         "message": f"attempt {failures + 1} after a failure"}},
+                                             subresource="status")
+        elif phase == "Succeeded" and (implausible := checked_result_problems(profile, ctx.catalog)):
+            # A result no GPU can produce never reaches a decision (it may have been written by anyone who can
+            # patch profiles' status in the namespace, and every deployment needing it would act on it).
+            shown = "; ".join(implausible)
+            phase = await _fail_profile(ctx, namespace, need, events,
+                                        {"reason": "ImplausibleResult",
+                                         "message": f"result refused: {shown}; {RETRY_HINT}"},
+                                        f"ImplausibleResult: {shown}")
+        elif phase == "Succeeded":
+            job = _current_job(jobs.get(f"{namespace}/{names.bench_job_name(need.name)}"), profile)
+            uid = (job or {}).get("metadata", {}).get("uid")
+            if uid and uid not in ctx.counted_jobs:
+                ctx.counted_jobs[uid] = True
+                ctx.metrics.profiling_jobs.labels(namespace, "succeeded").inc()
+        states[need.name] = phase
+
+    for pool, queue in waiting.items():
+        view_pool = next(p for p in spec.gpu_pools if p.name == pool)
+        for need in desired.jobs_allowed(queue, running.get(pool, 0), max_parallel):
+            profile = profiles.get(need.name) or {}
+            owner = {"apiVersion": "specpilot.io/v1alpha1", "kind": "SpeculationProfile", "name": need.name,
+                     "uid": (profile.get("metadata") or {}).get("uid", "")}
+            if not owner["uid"]:
+                fetched = await ctx.kube.get("speculationprofiles", namespace, need.name)
+                owner["uid"] = fetched["metadata"].get("uid", "")
+            job = benchmark_job(profile_name=need.name, namespace=namespace, profile_spec=need.spec, spec=spec,
+                                pool=view_pool, bench_image=ctx.config.benchmark_image,
+                                owner=owner, sdep_name=sdep_name, tenancy=ctx.config.tenancy)
+            try:
+                created = await ctx.kube.create(job)
+            except Conflict:
+                continue  # the previous measurement's Job is still being deleted
+            ctx.metrics.profiling_jobs.labels(namespace, "created").inc()
+            await ctx.kube.patch("speculationprofiles", namespace, need.name, {"metadata": {"annotations": {
+                JOB_UID_ANNOTATION: (created or {}).get("metadata", {}).get("uid", "")}}})
+            # The phase is left as it is (Pending since the profile was created or restarted): the Job may
+            # already have written Running or its result, and this patch must not undo that.
+            await ctx.kube.patch("speculationprofiles", namespace, need.name,
+                                 {"status": {"jobName": job["metadata"]["name"], "reason": "JobCreated"}},
+                                 subresource="status")
+    return states
+
+
+async def _fail_profile(ctx: Context, namespace: str, need: desired.NeededProfile, events: list[Event],
+                        status: dict, event_message: str) -> str:
+    """Mark a profile Failed for good (with `status`'s reason and message), say so in a ProfilingFailed
+    Warning Event and count it; returns the new phase."""
+    await ctx.kube.patch("speculationprofiles", namespace, need.name, {"status": {"phase": "Failed", **status}},
+                         subresource="status")
+    events.append(Event("Warning", "ProfilingFailed", f"{need.key} on {need.sku}: {event_message}"))
+    ctx.metrics.profiling_jobs.labels(namespace, "failed").inc()
+    return "Failed"
+
+
+async def _create_profile(ctx: Context, namespace: str, need: desired.NeededProfile,
+                          reprofile: str | None) -> dict:
+    annotations = {REPROFILE_ANNOTATION: reprofile} if reprofile else {}
+    obj = SpeculationProfile(metadata={
+        "name": need.name, "namespace": namespace,
+        "labels": {"app.kubernetes.io/managed-by": "specpilot", "specpilot.io/sku": names.label_value(need.sku),
+                   "specpilot.io/method": names.label_value(need.key)},
+        "annotations": annotations,
+    }, spec=need.spec).dump()
+    created, _ = await ctx.kube.ensure(obj)
+    if not (created.get("status") or {}).get("phase"):
+        await ctx.kube.patch("speculationprofiles", namespace, need.name,
+                             {"status": {"phase": "Pending", "reason": "Created"}}, subresource="status")
+        created = {**created, "status": {"phase": "Pending"}}
+    return created
+
+
+def _restarted(profile: dict) -> dict:
+    """How a profile looks right after `_restart_profile`: Pending, with no current Job."""
+    meta = dict(profile.get("metadata") or {})
+    meta["annotations"] = {**(meta.get("annotations") or {}), JOB_UID_ANNOTATION: ""}
+    return {**profile, "metadata": meta, "status": {"phase": "Pending"}}
+
+
+async def restart_profile(ctx: Context, namespace: str, name: str, profile: dict, reprofile: str | None) -> None:
+    """Measure again: drop the old Job and reset the status (the identity, hence the name, is unchanged)."""
+    await ctx.kube.delete("jobs", namespace, names.bench_job_name(name))
+    annotations: dict[str, str | None] = {JOB_UID_ANNOTATION: None}
+    if reprofile:
+        annotations[REPROFILE_ANNOTATION] = reprofile
+    await ctx.kube.patch("speculationprofiles", namespace, name, {"metadata": {"annotations": annotations}})
+    await ctx.kube.patch("speculationprofiles", namespace, name, {"status": {
+        "phase": "Pending", "reason": "Reprofiling", "message": None, "attempts": 0, "runs": None,
+        "completedAt": None}}, subresource="status")
+
+

@@ -1,0 +1,387 @@
+"""The pool planner: one pool's next status, what to actuate and what to announce, from typed inputs.
+
+Pure: no I/O, no clock, no process state. The operator's controller (`controller.reconcile`) gathers the
+inputs (spec, the pool's previous status, its validated profiles, the latest observation, the Deployment's
+replicas and rollout, now), calls `plan_pool`, and executes the result: it applies `serve` to the pool's
+Deployment, re-measures `reprofile` when asked, and posts `events`. The fleet simulator
+(`sim.policies.OperatorPolicy`) calls the same function with its own observations, so what `specpilot
+simulate` reports is what the operator would do.
+
+Everything the planner remembers between calls lives in the `PoolStatus` it returns (the decision and its
+basis, the live-acceptance band, the restart toggle's clocks, the replica stabilisation window), so a
+restarted operator or a new leader continues exactly where the last one stopped.
+
+What it decides, in order:
+1. Live acceptance (`live_acceptance`): the served method's first-position acceptance, observed, against
+   its profile, with hysteresis. Past `profiling.reprofile.acceptanceDrift` the served method's profile is
+   re-measured (`reprofile`), unless it is shared with other deployments (`PoolProfiles.shared`): then only
+   this deployment's decision follows its own live acceptance, and the shared profile is left alone.
+2. The decision (`policy.choose.decide_pool`), recomputed only when its basis (spec generation, profiles,
+   live acceptance) changed or the observed load moved (`revisit_for_load`).
+3. Whether the engine speculates: always under a schedule (the engine switches K itself); by the restart
+   hysteresis (`policy.restart.step`) otherwise.
+4. Replicas (`policy.replicas.plan_replicas`) with the decision's SLO-feasible capacity per replica.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from datetime import datetime
+
+from ..api.deployment import (
+    Autoscaling,
+    Decision,
+    GpuPool,
+    ObservedLoad,
+    PoolStatus,
+    ProfileProgress,
+    ReplicaTarget,
+    SpeculativeDeploymentSpec,
+    Strategy,
+)
+from ..api.methods import CandidateMethod
+from ..api.profile import SpeculationProfile
+from ..observe.model import PoolObservation
+from .choose import decide_pool, revisit_for_load
+from .replicas import ReplicaState, plan_replicas
+from .restart import Observation as RestartObservation
+from .restart import RestartState
+from .restart import step as restart_step
+
+__all__ = [
+    "LIVE_RESCHEDULE_DRIFT",
+    "PlannedEvent",
+    "PoolInputs",
+    "PoolOutcome",
+    "PoolProfiles",
+    "Reprofile",
+    "Serve",
+    "acceptance_drift",
+    "basis",
+    "live_acceptance",
+    "observed_load",
+    "plan_pool",
+    "profiled_acceptance",
+]
+
+LIVE_RESCHEDULE_DRIFT = 0.10
+"""Relative change of first-position acceptance, live against the profile, that recomputes the schedule."""
+
+LiveAcceptance = dict[str, tuple[list[float], float]]
+"""Method key -> (per-position acceptance, drafts per step) the decision uses instead of the profile's."""
+
+
+@dataclasses.dataclass(frozen=True)
+class PoolProfiles:
+    """The pool's profiles on its GPU type, validated where they entered (only Succeeded ones)."""
+
+    baseline: SpeculationProfile | None = None
+    methods: dict[str, SpeculationProfile] = dataclasses.field(default_factory=dict)
+    """Method key -> its profile."""
+    ready: int = 0
+    total: int = 0
+    failed: int = 0
+    names: tuple[str, ...] = ()
+    """Every profile the pool needs (its status lists them)."""
+    shared: frozenset[str] = frozenset()
+    """Method keys whose profile other deployments use too: live evidence from this deployment's pods
+    re-decides this deployment only and never re-measures those."""
+
+
+@dataclasses.dataclass(frozen=True)
+class PoolInputs:
+    spec: SpeculativeDeploymentSpec
+    generation: int | None
+    pool: GpuPool
+    sku: str | None
+    """The pool's GPU type (None: no node and no spec says which yet)."""
+    gpu_products: tuple[str, ...]
+    nodes: int
+    previous: PoolStatus
+    profiles: PoolProfiles
+    observation: PoolObservation | None
+    """A fresh observation of the pool's pods, or None (not due, not ready, or metrics missing)."""
+    current_replicas: int | None
+    """The Deployment's spec.replicas (None: no Deployment yet)."""
+    rolling_out: bool
+    """A rollout of the Deployment is in progress (or stalled): the restart toggle holds."""
+    price_per_gpu_hour: float
+    now: datetime
+
+
+@dataclasses.dataclass(frozen=True)
+class Serve:
+    """How the pool's engines run."""
+
+    method: CandidateMethod | None
+    num_speculative_tokens: int | None
+    schedule: list | None
+    """The per-batch-size schedule, when the engine switches K itself."""
+    replicas: int | None
+    """Replicas to write; None when an external autoscaler owns them."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Reprofile:
+    """Re-measure the served method's profile: live acceptance drifted past the spec's bound."""
+
+    method: str
+    drift: float
+
+
+@dataclasses.dataclass(frozen=True)
+class PlannedEvent:
+    type: str
+    reason: str
+    message: str
+
+
+@dataclasses.dataclass
+class PoolOutcome:
+    status: PoolStatus
+    """The pool's next status (the executor adds the rollout state once it applied `serve`)."""
+    serve: Serve | None
+    """None: nothing to serve yet (no GPU type)."""
+    reprofile: Reprofile | None = None
+    events: list[PlannedEvent] = dataclasses.field(default_factory=list)
+    toggled: str | None = None
+    """"on"/"off" when the restart toggle switched speculation in this call."""
+
+
+def profiled_acceptance(profile: SpeculationProfile | None) -> tuple[list[float], float] | None:
+    """(per-position acceptance, drafts per step) of the profile's largest-K run, or None."""
+    runs = [r for r in ((profile.status.runs if profile and profile.status else None) or [])
+            if r.num_speculative_tokens and r.acceptance and r.acceptance.per_position]
+    if not runs:
+        return None
+    top = max(runs, key=lambda r: r.num_speculative_tokens)
+    return list(top.acceptance.per_position), float(top.acceptance.drafts_per_step or 1.0)
+
+
+def acceptance_drift(pool: PoolStatus, methods: dict[str, SpeculationProfile]) -> float | None:
+    """|live - profiled| / profiled acceptance at the first draft position of the served method, or None.
+
+    Only position 0 compares like with like: under a schedule the engine drafts fewer tokens at higher
+    batch sizes, so later positions and the mean acceptance length mix in steps that never drafted them."""
+    decision, observed = pool.decision, pool.observed
+    if decision is None or not decision.method or not pool.speculation_enabled:
+        return None
+    profiled = profiled_acceptance(methods.get(decision.method))
+    if observed is None or not observed.acceptance_per_position or profiled is None:
+        return None
+    return abs(observed.acceptance_per_position[0] - profiled[0][0]) / max(profiled[0][0], 1e-9)
+
+
+def live_acceptance(pool: PoolStatus, methods: dict[str, SpeculationProfile]) -> LiveAcceptance | None:
+    """The acceptance the decision should use instead of the profile's, with hysteresis so that noise and
+    the decision's own effect (speculation off: nothing observed) never flip it back and forth:
+    - live first-position acceptance more than 10% off the profile, and more than 10% off what the current
+      decision already used: the profile's per-position curve scaled to the live level;
+    - back within 5% of the profile: none (the profile again);
+    - otherwise (no fresh data, or in between): whatever the current decision used."""
+    decision = pool.decision
+    kept = None
+    if decision is not None and decision.live_method and decision.live_acceptance_per_position:
+        kept = {decision.live_method: (list(decision.live_acceptance_per_position),
+                                       decision.live_drafts_per_step or 1.0)}
+    drift = acceptance_drift(pool, methods)
+    if drift is None:
+        return kept
+    if drift < LIVE_RESCHEDULE_DRIFT / 2:
+        return None
+    if drift < LIVE_RESCHEDULE_DRIFT:
+        return kept
+    live_first = pool.observed.acceptance_per_position[0]
+    if kept and decision.method in kept:
+        kept_first = kept[decision.method][0][0]
+        if abs(live_first - kept_first) / max(kept_first, 1e-9) < LIVE_RESCHEDULE_DRIFT:
+            return kept
+    per_position, drafts_per_step = profiled_acceptance(methods[decision.method])
+    scale = live_first / max(per_position[0], 1e-9)
+    return {decision.method: ([min(1.0, p * scale) for p in per_position], drafts_per_step)}
+
+
+def basis(generation: int | None, baseline: SpeculationProfile | None, methods: dict[str, SpeculationProfile],
+          live: LiveAcceptance | None) -> str:
+    """A short hash of what a decision rests on: the spec generation, each profile's name and completion
+    time, and the live acceptance (rounded, so noise does not change it)."""
+    parts = [f"g{generation}"]
+    for key, profile in sorted([("baseline", baseline)] if baseline else []) + sorted(methods.items()):
+        completed = profile.status.completed_at if profile.status else None
+        parts.append(f"{key}:{profile.metadata.get('name', '')}@{completed.isoformat() if completed else ''}")
+    for key, (per_position, drafts_per_step) in sorted((live or {}).items()):
+        length = 1 + drafts_per_step * sum(per_position)
+        parts.append(f"live:{key}:{round(length * 10) / 10:.1f}")
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:12]
+
+
+def observed_load(observation: PoolObservation) -> ObservedLoad:
+    """What the status shows of an observation."""
+    return ObservedLoad(
+        concurrency=round(max(observation.running_per_replica, 0.0), 3),
+        waiting=round(max(observation.waiting_per_replica, 0.0), 3),
+        generation_tokens_per_second=_round(observation.generation_tokens_per_second),
+        tpot_p95_ms=_round(observation.tpot_p95_ms),
+        acceptance_per_position=[round(p, 4) for p in observation.acceptance_per_position],
+        mean_acceptance_length=_round(observation.mean_acceptance_length),
+        drafts_per_step=_round(observation.drafts_per_step),
+        observed_at=observation.observed_at)
+
+
+def plan_pool(inputs: PoolInputs) -> PoolOutcome:
+    """The pool's next status, how to serve it, and what to announce."""
+    old, profiles = inputs.previous, inputs.profiles
+    status = PoolStatus(
+        name=inputs.pool.name, sku=inputs.sku, gpu_products=list(inputs.gpu_products), nodes=inputs.nodes,
+        profiles=ProfileProgress(ready=profiles.ready, total=profiles.total, failed=profiles.failed,
+                                 names=list(profiles.names)),
+        speculation_enabled=old.speculation_enabled, last_toggle_at=old.last_toggle_at,
+        above_threshold_since=old.above_threshold_since, below_threshold_since=old.below_threshold_since,
+        observed=old.observed, replicas=old.replicas,
+        desired_replicas=old.desired_replicas, decision=old.decision,
+        capacity_concurrency_per_replica=old.capacity_concurrency_per_replica,
+        replica_targets=list(old.replica_targets))
+    outcome = PoolOutcome(status=status, serve=None)
+    if inputs.sku is None:
+        return outcome
+    if inputs.observation is not None:
+        status.observed = observed_load(inputs.observation)
+
+    methods = dict(profiles.methods)
+    drift = acceptance_drift(status, methods)
+    if drift is not None and drift > inputs.spec.profiling.reprofile.acceptance_drift:
+        served = status.decision.method
+        if served in profiles.shared:
+            words = (f"pool {status.name}: live acceptance of {served} is {drift:.0%} off its profile; the "
+                     f"profile is shared with other deployments, so only this deployment follows its live "
+                     f"acceptance (annotate specpilot.io/reprofile to re-measure it for everyone)")
+            if not (old.decision and old.decision.live_method == served):
+                outcome.events.append(PlannedEvent("Warning", "AcceptanceDrift", words))
+        else:
+            outcome.reprofile = Reprofile(served, drift)
+            methods.pop(served, None)  # measured again: the decision does without it meanwhile
+            outcome.events.append(PlannedEvent(
+                "Warning", "AcceptanceDrift", f"pool {status.name}: live acceptance of {served} is {drift:.0%} "
+                f"off its profile: re-profiling {profiles.methods[served].metadata.get('name', served)}"))
+
+    decision, capacity = _decide(inputs, status, methods)
+    status.decision = decision
+    if capacity is not None or decision is not old.decision:
+        status.capacity_concurrency_per_replica = capacity
+
+    enabled = _speculation_state(inputs, status, outcome)
+    replicas = _replicas(inputs, status)
+    spec = inputs.spec
+    candidate = next((m for m in spec.methods if m.key == decision.method), None) if enabled else None
+    dynamic = decision.strategy == Strategy.DYNAMIC.value and bool(decision.schedule)
+    outcome.serve = Serve(method=candidate,
+                          num_speculative_tokens=decision.num_speculative_tokens if candidate else None,
+                          schedule=list(decision.schedule) if candidate and dynamic else None,
+                          replicas=replicas)
+    status.speculation_enabled = candidate is not None
+    status.replicas = replicas if replicas is not None else int(inputs.current_replicas or 0)
+    return outcome
+
+
+def _decide(inputs: PoolInputs, old: PoolStatus,
+            methods: dict[str, SpeculationProfile]) -> tuple[Decision, float | None]:
+    """Recompute the pool's decision only when what it rests on changed: the spec, the profiles, live
+    acceptance that drifted from the profile, or the observed load (first seen, or moved a factor of 2 after
+    the cooldown). A change of method or schedule means a rollout."""
+    spec, profiles, now = inputs.spec, inputs.profiles, inputs.now
+    live = live_acceptance(old, methods)
+    key = basis(inputs.generation, profiles.baseline, methods, live)
+    histogram = inputs.observation.concurrency_histogram if inputs.observation else None
+    if old.decision is not None and old.decision.basis == key and not revisit_for_load(
+            old.decision, histogram, now, spec.policy.hysteresis.cooldown_seconds):
+        return old.decision, None
+    if profiles.baseline is None or not methods:
+        decision = _waiting_decision(spec, profiles.ready, profiles.total, now)
+        decision.basis = key
+        return decision, None
+    plan = decide_pool(
+        policy=spec.policy, candidates=list(spec.methods), baseline=profiles.baseline, profiles=methods,
+        price_per_gpu_hour=inputs.price_per_gpu_hour,
+        gpus_per_replica=spec.model.tensor_parallel_size * spec.model.data_parallel_size,
+        concurrency_histogram=histogram, live_acceptance=live,
+        # A change of method rolls the pods: the one served now stays unless another beats it by the margin.
+        incumbent=old.decision.method if old.decision is not None else None,
+        engine_supports_dynamic=spec.model.data_parallel_size == 1, now=now)
+    update: dict = {"basis": key}
+    for method, (per_position, drafts_per_step) in (live or {}).items():
+        update.update(live_method=method, live_acceptance_per_position=per_position,
+                      live_drafts_per_step=drafts_per_step)
+    return plan.decision.model_copy(update=update), plan.capacity_concurrency_per_replica
+
+
+def _waiting_decision(spec: SpeculativeDeploymentSpec, ready: int, total: int, now: datetime) -> Decision:
+    reason = f"waiting for profiles ({ready}/{total} ready): serving without speculation"
+    if spec.profiling.speculate_before_profiled:
+        first = spec.methods[0]
+        return Decision(method=first.key, num_speculative_tokens=first.num_speculative_tokens,
+                        strategy=Strategy.RESTART, source="prior", decided_at=now,
+                        reason=f"waiting for profiles ({ready}/{total} ready): speculating with {first.key} at "
+                               f"K={first.num_speculative_tokens} (profiling.speculateBeforeProfiled)")
+    return Decision(method=None, source="none", reason=reason, decided_at=now)
+
+
+def _speculation_state(inputs: PoolInputs, pool: PoolStatus, outcome: PoolOutcome) -> bool:
+    """Whether the engine runs with speculation: always under a schedule (it switches K itself), by the
+    hysteresis state machine under the restart strategy. Updates the toggle clocks in `pool`."""
+    decision, old = pool.decision, inputs.previous
+    if decision is None or not decision.method:
+        return False
+    if decision.strategy != Strategy.RESTART.value or decision.crossover_concurrency is None:
+        return True
+    if old.decision is not None and old.decision.method == decision.method:
+        enabled = old.speculation_enabled
+    else:
+        # A new method starts on unless the load already seen is past the crossover.
+        seen_load = old.observed.concurrency if old.observed else None
+        enabled = seen_load is None or seen_load < decision.crossover_concurrency
+    state = RestartState(speculation_enabled=enabled, last_toggle_at=old.last_toggle_at,
+                         above_since=old.above_threshold_since, below_since=old.below_threshold_since)
+    observation = inputs.observation
+    seen = RestartObservation(max(observation.running_per_replica + observation.waiting_per_replica, 0.0),
+                              observation.observed_at) if observation else None
+    step = restart_step(state, seen, decision.crossover_concurrency, inputs.spec.policy.hysteresis,
+                        inputs.rolling_out)
+    pool.last_toggle_at = step.state.last_toggle_at
+    pool.above_threshold_since = step.state.above_since
+    pool.below_threshold_since = step.state.below_since
+    if step.state.speculation_enabled != state.speculation_enabled:
+        outcome.toggled = "on" if step.state.speculation_enabled else "off"
+        outcome.events.append(PlannedEvent("Normal", "SpeculationToggled",
+                                           f"pool {pool.name}: speculation {outcome.toggled}: {step.reason}"))
+    return step.state.speculation_enabled
+
+
+def _replicas(inputs: PoolInputs, pool: PoolStatus) -> int | None:
+    """Replicas to write: None in external mode (HPA/KEDA owns spec.replicas; the status only publishes)."""
+    spec, view = inputs.spec, inputs.pool
+    lo = view.min_replicas if view.min_replicas is not None else spec.serving.min_replicas
+    hi = view.max_replicas if view.max_replicas is not None else spec.serving.max_replicas
+    now_replicas = inputs.current_replicas if inputs.current_replicas is not None else lo
+    external = spec.serving.autoscaling == Autoscaling.EXTERNAL.value
+    if spec.serving.autoscaling == Autoscaling.NONE.value:
+        pool.desired_replicas = lo
+        pool.replica_targets = []
+        return lo
+    if not pool.capacity_concurrency_per_replica:
+        pool.desired_replicas = max(lo, min(hi, now_replicas))
+        return None if external else pool.desired_replicas
+    observation = inputs.observation
+    demand = observation.total_running + observation.total_waiting if observation else None
+    result = plan_replicas(
+        ReplicaState(tuple((t.time, t.replicas) for t in pool.replica_targets)), demand_concurrency=demand,
+        current_replicas=now_replicas, capacity_per_replica=pool.capacity_concurrency_per_replica,
+        target_utilization_percent=spec.serving.target_utilization_percent, min_replicas=lo, max_replicas=hi,
+        stabilization_seconds=spec.serving.scale_down_stabilization_seconds, now=inputs.now)
+    pool.replica_targets = [ReplicaTarget(time=t, replicas=r) for t, r in result.state.recent]
+    pool.desired_replicas = result.replicas
+    return None if external else result.replicas
+
+
+def _round(value: float | None, digits: int = 3) -> float | None:
+    return None if value is None else round(value, digits)
