@@ -10,6 +10,15 @@ away: a range takes a neighbour's k whenever that costs at most 0.5% goodput at 
 The crossover concurrency is the largest c that still speculates when speculation is off everywhere above
 it (None when speculation never runs, or still runs at max_batch_size).
 
+A prior that noise must overturn: k does not rise with batch size. A step turns more compute-bound as the
+batch grows, so verifying more drafts per sequence never gets cheaper there; a schedule whose k rises again
+(`...,189-209:0,210+:1`, or `1-4:4,5-10:3,11-23:2,24-41:3,42+:4`) is almost always measurement noise. So
+before smoothing, the per-batch choice is replaced by the best non-increasing schedule over the same
+candidates (the same SLO and minimum-gain rules at each batch size; dynamic programming on the summed log
+goodput) unless the data prove a rise: some batch size where the unconstrained k beats the constrained one
+by more than PRIOR_Z standard errors of their goodput ratio (MethodSurface.ratio_se, about 97.7% one-sided).
+Without the roofline fit there is no standard error, and the prior holds. `SchedulePlan.prior` says which.
+
 `plan_from_runs` never raises on data: it returns a valid schedule or a plan with `ok=False` and the reason.
 """
 
@@ -27,6 +36,9 @@ __all__ = ["SMOOTHING_TOLERANCE", "SchedulePlan", "plan_from_runs", "plan_schedu
 
 SMOOTHING_TOLERANCE = 0.005
 """Largest goodput loss at any batch size that smoothing a flip away may cost."""
+PRIOR_Z = 2.0
+"""Standard errors by which a k rising with batch size must beat the best non-increasing schedule to stay
+(the confidence the data need to overturn the prior; see the module)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,6 +60,10 @@ class SchedulePlan:
     crossover_gain_se: float | None = None
     """Relative standard error of the predicted gain of the schedule's k over k = 0 at the crossover: how
     precisely the profile places it (None without a crossover or without the roofline fit)."""
+    prior: str = "monotone"
+    """How the prior that k does not rise with batch size was applied: "monotone" (the per-batch choice
+    already did not rise), "imposed" (a rise the data did not prove was replaced), "overturned" (the data
+    prove a rise, kept) or "unavailable" (no non-increasing schedule meets the SLO and minimum-gain rules)."""
 
     @property
     def num_speculative_tokens(self) -> int:
@@ -148,6 +164,7 @@ def plan_schedule(surface: MethodSurface, tpot_slo_ms: float | None = None, min_
         if not met:
             unmet.append(c)
     goodput_of = {k: [_safe(g) for g in values] for k, values in raw_goodput.items()}
+    dense, prior = _monotone_prior(dense, surface, goodput_of, raw_tpot, tpot_slo_ms, min_gain, set(unmet))
     if tpot_slo_ms is None:
         dense = _smooth(dense, goodput_of, SMOOTHING_TOLERANCE)
     else:
@@ -164,7 +181,67 @@ def plan_schedule(surface: MethodSurface, tpot_slo_ms: float | None = None, min_
                         crossover_concurrency=crossover, goodput_tok_s=goodput,
                         baseline_goodput_tok_s=tuple(goodput_of[0]), tpot_ms=tpot, slo_unmet_at=tuple(unmet),
                         surface=surface,
-                        crossover_gain_se=surface.speedup_se(dense[crossover - 1], crossover) if crossover else None)
+                        crossover_gain_se=surface.speedup_se(dense[crossover - 1], crossover) if crossover else None,
+                        prior=prior)
+
+
+def _monotone_prior(dense: list[int], surface: MethodSurface, goodput_of: dict[int, list[float]],
+                    tpot_of: dict[int, list[float]], slo_ms: float | None, min_gain: float,
+                    unmet: set[int]) -> tuple[list[int], str]:
+    """The per-batch choice `dense`, or the best non-increasing schedule unless the data prove the rise (see
+    the module); with how the prior was applied."""
+    if all(a >= b for a, b in zip(dense, dense[1:])):
+        return dense, "monotone"
+    ks = sorted(goodput_of)
+    allowed: list[list[int]] = []
+    for i, chosen in enumerate(dense):
+        if (i + 1) in unmet:
+            allowed.append([chosen])
+            continue
+        base = goodput_of[0][i] if 0 in goodput_of else 0.0
+        options = [k for k in ks if goodput_of[k][i] > 0 and (slo_ms is None or tpot_of[k][i] <= slo_ms)
+                   and (k == 0 or base <= 0 or goodput_of[k][i] >= base * (1.0 + min_gain))]
+        allowed.append(options or [chosen])
+    constrained = _best_non_increasing(allowed, goodput_of)
+    if constrained is None:
+        return dense, "unavailable"
+    for i, (free, held) in enumerate(zip(dense, constrained)):
+        if free == held:
+            continue
+        gain = math.log(goodput_of[free][i] / goodput_of[held][i]) if goodput_of[held][i] > 0 else math.inf
+        se = surface.ratio_se(free, held, float(i + 1))
+        if se is not None and gain > PRIOR_Z * se:
+            return dense, "overturned"
+    return constrained, "imposed"
+
+
+def _best_non_increasing(allowed: Sequence[Sequence[int]], goodput_of: dict[int, list[float]]) -> list[int] | None:
+    """The non-increasing k per batch size, each from its `allowed` list, with the largest summed log goodput
+    (dynamic programming over (batch size, k)); None when no such schedule exists."""
+    ks = sorted(goodput_of)
+    best = {k: 0.0 for k in ks}  # best total for the prefix ending at k (k = the current batch size's choice)
+    back: list[dict[int, int]] = []
+    for i, options in enumerate(allowed):
+        current: dict[int, float] = {}
+        links: dict[int, int] = {}
+        for k in options:
+            # the previous batch size's k must be >= k
+            previous = [(total, kk) for kk, total in best.items() if kk >= k and math.isfinite(total)]
+            if not previous:
+                continue
+            total, kk = max(previous)
+            current[k] = total + math.log(max(goodput_of[k][i], 1e-300))
+            links[k] = kk
+        if not current:
+            return None
+        best = current
+        back.append(links)
+    k = max(best, key=lambda kk: (best[kk], -kk))
+    out = [k]
+    for links in reversed(back[1:]):
+        k = links[k]
+        out.append(k)
+    return out[::-1]
 
 
 def _smooth_within_slo(dense: list[int], goodput_of: dict[int, list[float]], tpot_of: dict[int, list[float]],

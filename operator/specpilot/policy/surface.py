@@ -324,6 +324,23 @@ class RooflineFit:
         between = np.square(log_ratio - self.weights @ log_ratio)
         return float(math.sqrt(max(0.0, float(self.weights @ (within + between)))))
 
+    def log_ratio_se_between(self, k_a: int, k_b: int, batch: float,
+                             decode_share: tuple[float, float] = (1.0, 1.0)) -> float | None:
+        """Standard error of log(d_a / d_b) at `batch` for any two k (log_ratio_se is k_a = 0), the decode
+        steps' shares of s_a and s_b weighting each side as there."""
+        if self.coefficients is None or self.covariance is None:
+            return None
+        xa, xb = self._rows(k_a, batch), self._rows(k_b, batch)
+        da = np.einsum("cp,cp->c", xa, self.coefficients)
+        db = np.einsum("cp,cp->c", xb, self.coefficients)
+        if np.any(da <= 0) or np.any(db <= 0):
+            return None
+        u = decode_share[0] * xa / da[:, None] - decode_share[1] * xb / db[:, None]
+        within = np.einsum("cp,cpq,cq->c", u, self.covariance, u)
+        log_ratio = decode_share[0] * np.log(da) - decode_share[1] * np.log(db)
+        between = np.square(log_ratio - self.weights @ log_ratio)
+        return float(math.sqrt(max(0.0, float(self.weights @ (within + between)))))
+
     def decode_step_s(self, k: int, batch: float) -> float:
         return float(self.steps(k, np.asarray([batch], dtype=float))[0])
 
@@ -621,6 +638,29 @@ class MethodSurface:
         # on k=0 and k differently (a request of k spends fewer decode steps per prefill)
         prefill_sd = _MEDIAN_SE_FACTOR * self.fit.residual_sd / math.sqrt(self.prefill_samples)
         return SE_CALIBRATION * math.sqrt(steps ** 2 + ((shares[1] - shares[0]) * prefill_sd) ** 2)
+
+    def ratio_se(self, k_a: int, k_b: int, c: float) -> float | None:
+        """Relative standard error of G_a(c) / G_b(c) for any two k (speedup_se is k_b = 0), scaled by
+        SE_CALIBRATION; 0 for the same k, None without the fit. What the schedule's prior on k and the
+        refinement planner (policy.refine) weigh a difference between two k against."""
+        self._check(k_a, c)
+        self._check(k_b, c)
+        if self.fit is None:
+            return None
+        if k_a == k_b:
+            return 0.0
+        if k_b == 0:
+            return self.speedup_se(k_a, c)
+        if k_a == 0:
+            return self.speedup_se(k_b, c)
+        out = self.output_tokens
+
+        def decode_share(kk: int) -> float:
+            decode = (out - 1.0) * self.decode_step_s(kk, c)
+            return decode / (decode + self.tokens_per_step[kk] * c * self.prefill_s)
+
+        steps = self.fit.log_ratio_se_between(k_a, k_b, c, (decode_share(k_a), decode_share(k_b)))
+        return None if steps is None else SE_CALIBRATION * steps
 
     def tpot_ms(self, k: int, c: float) -> float:
         """TPOT_k(c) = s_k(c) / E_k, scaled to the measured tail (p95 estimate), in milliseconds."""
