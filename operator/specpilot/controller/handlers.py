@@ -6,21 +6,38 @@ reconciliation reads no lists from the API server.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import random
 import time
+import traceback
+from datetime import UTC, datetime
 from typing import Any
 
 import kopf
+from pydantic import ValidationError
 
+from ..api.base import Condition
+from ..api.sanitize import bounded_status
 from ..manifests.names import LABEL_PROFILE, label_value
+from . import desired
+from .kube import Refused, Unreachable
 from .reconcile import Context, reconcile
 
 GROUP, VERSION = "specpilot.io", "v1alpha1"
 SDEP = (GROUP, VERSION, "speculativedeployments")
 SPROF = (GROUP, VERSION, "speculationprofiles")
 RETRY_S = 10
-"""Seconds before a failed reconciliation is retried (kopf's default is 60)."""
+"""Seconds before a failed reconciliation is retried (kopf's default is 60); doubled per failure in a row."""
+RETRY_MAX_S = 60
+"""The longest wait between retries of a reconciliation that keeps failing."""
+RECONCILED = "Reconciled"
+"""The condition that says whether the last reconciliation ran to its end and its status was written."""
+DIFFBASE_INLINE_BYTES = 64 * 1024
+"""kopf keeps the last handled spec, labels and annotations in an annotation; the API server refuses an
+object whose annotations exceed 256 KiB in all, after which every write kopf makes to it fails. Beyond this
+size only a digest of them is kept (the handlers read the object itself, never kopf's diff)."""
 STOP_GRACE_S = 15
 """On shutdown, how long a timer that is mid-reconciliation may take to finish (kopf's default gives it a few
 event-loop cycles, then leaves it orphaned and the process exits under it). Below the pod's 30 s grace."""
@@ -40,7 +57,7 @@ def register(registry: kopf.OperatorRegistry, ctx: Context, *, peering: bool) ->
     async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         # Our CRDs' status schema is structural: kopf's own bookkeeping must live in annotations.
         settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="specpilot.io")
-        settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        settings.persistence.diffbase_storage = BoundedDiffBaseStorage(
             prefix="specpilot.io", key="last-handled-configuration")
         settings.persistence.finalizer = "specpilot.io/finalizer"
         settings.posting.level = logging.INFO
@@ -68,6 +85,12 @@ def register(registry: kopf.OperatorRegistry, ctx: Context, *, peering: bool) ->
         return {name: {"metadata": {"name": name, "labels": dict(body.metadata.labels)},
                        "status": {"conditions": list(body.get("status", {}).get("conditions") or [])}}}
 
+    @kopf.index(*SDEP, id="sdep_profiles_index", registry=registry)
+    def sdep_profiles_index(body: kopf.Body, uid: str, namespace: str, **_: Any) -> None:
+        # Which deployments use which profiles (their status lists them), before any handler runs: live
+        # evidence from one deployment never re-measures a profile another one shares.
+        ctx.profile_users[uid], ctx.namespaces[uid] = profile_names(body), namespace
+
     @kopf.index(*SPROF, id="profiles_index", registry=registry)
     def profiles_index(body: kopf.Body, namespace: str, name: str, **_: Any) -> dict[str, dict]:
         _profile_moved(ctx, namespace, label_value(name))
@@ -82,19 +105,23 @@ def register(registry: kopf.OperatorRegistry, ctx: Context, *, peering: bool) ->
             _profile_moved(ctx, namespace, profile)
         return {f"{namespace}/{name}": {"metadata": dict(body.metadata), "status": dict(body.get("status") or {})}}
 
+    reported: dict[str, str] = {}
+    """Per object: the failure message last posted as an Event (one Event per distinct failure, not per retry;
+    released when the object goes or reconciles)."""
+
     async def run(body: kopf.Body, patch: kopf.Patch, logger: logging.Logger, nodes_index: kopf.Index,
                   profiles_index: kopf.Index, jobs_index: kopf.Index, observe: bool, memo: Context,
-                  stopped: kopf.DaemonStopped | None = None) -> None:
-        namespace = body.metadata.namespace
+                  retry: int = 0, stopped: kopf.DaemonStopped | None = None) -> None:
+        namespace, uid = body.metadata.namespace, body.metadata.uid
         started = time.perf_counter()
-        async with ctx.lock(body.metadata.uid):
+        async with ctx.lock(uid):
             if stopped is not None and stopped.is_set():
                 return  # the operator is stopping: a timer that waited for the lock starts nothing new
             # Read under the lock, and as last computed here: a reconciliation that waited for the lock
-            # starts from what the one before it decided, even before kopf has written that.
+            # starts from what the one before it decided, even before the watch shows that.
             raw = dict(body)
             view = ctx.latest(raw)
-            memo.profiles_seen = profiles_fingerprint(ctx, view)
+            ctx.cache(uid).profiles_seen = profiles_fingerprint(ctx, view)
             try:
                 result = await reconcile(
                     ctx, view,
@@ -102,39 +129,84 @@ def register(registry: kopf.OperatorRegistry, ctx: Context, *, peering: bool) ->
                     profiles={k.split("/", 1)[1]: next(iter(vs)) for k, vs in profiles_index.items()
                               if k.startswith(f"{namespace}/")},
                     jobs={k: next(iter(vs)) for k, vs in jobs_index.items()},
-                    observe=observe)
+                    observe=observe, profile_users=ctx.users_of_profiles(namespace))
             except Exception as exc:
                 ctx.metrics.reconcile_errors.labels(namespace, type(exc).__name__).inc()
-                raise
+                await fail(body, view, exc, logger, retry)
+                raise AssertionError("unreachable")  # fail() raises
             finally:
                 ctx.metrics.reconcile_seconds.labels(namespace).observe(time.perf_counter() - started)
-            ctx.written[body.metadata.uid] = result.status
-        patch.status.update(_nulls_for_removed({**(raw.get("status") or {}), **(view.get("status") or {})},
-                                               result.status))
+            status = with_condition(result.status, RECONCILED, True, "Reconciled",
+                                    "the last reconciliation ran to its end", body.metadata.get("generation"))
+            status, cut = bounded_status(status)
+            if cut:
+                logger.warning(f"status sanitised before writing: {cut}")
+            old = {**(raw.get("status") or {}), **(view.get("status") or {})}
+            try:
+                # Written here rather than through kopf's patch: a patch kopf cannot apply ends a timer for good.
+                await ctx.kube.patch(SDEP[2], namespace, body.metadata.name,
+                                     {"status": _nulls_for_removed(old, status)}, subresource="status")
+            except Exception as exc:
+                ctx.written.pop(uid, None)
+                ctx.metrics.reconcile_errors.labels(namespace, type(exc).__name__).inc()
+                await fail(body, view, exc, logger, retry)
+            ctx.written[uid] = status
+            reported.pop(uid, None)
         for event in result.events:
             kopf.event(body, type=event.type, reason=event.reason, message=event.message)
             (logger.warning if event.type == "Warning" else logger.info)(f"{event.reason}: {event.message}")
+
+    async def fail(body: kopf.Body, view: dict, exc: Exception, logger: logging.Logger, retry: int) -> None:
+        """Report a failed reconciliation (condition Reconciled=False, one Warning Event per distinct cause),
+        then raise kopf.TemporaryError so kopf retries it with back-off: the object is never dropped."""
+        uid = body.metadata.uid
+        reason, message = explain_failure(exc)
+        delay = retry_delay(retry)
+        logger.error(f"{reason}: {message} (retrying in {delay} s)",
+                     exc_info=not isinstance(exc, (Refused, kopf.TemporaryError)))
+        old = (view.get("status") or {})
+        already = any(c.get("type") == RECONCILED and c.get("status") == "False" and c.get("message") == message
+                      for c in old.get("conditions") or [])
+        status = with_condition({"conditions": old.get("conditions") or []}, RECONCILED, False, reason, message,
+                                body.metadata.get("generation"))
+        if not old.get("phase"):
+            status["phase"] = "Pending"
+        try:
+            status, _ = bounded_status(status)
+            await ctx.kube.patch(SDEP[2], body.metadata.namespace, body.metadata.name, {"status": status},
+                                 subresource="status")
+            if uid in ctx.written:
+                ctx.written[uid] = {**ctx.written[uid], **status}
+        except Exception as write_error:  # the status itself is refused: the Event and the log still say it
+            logger.error(f"could not write the {RECONCILED} condition: {explain_failure(write_error)[1]}")
+        if reported.get(uid) != message and not already:
+            reported[uid] = message
+            kopf.event(body, type="Warning", reason=reason, message=message)
+        raise kopf.TemporaryError(f"{reason}: {message}", delay=delay)
 
     @kopf.on.resume(*SDEP, id="reconcile", backoff=RETRY_S, registry=registry)
     @kopf.on.create(*SDEP, id="reconcile", backoff=RETRY_S, registry=registry)
     @kopf.on.update(*SDEP, id="reconcile", backoff=RETRY_S, registry=registry)
     async def on_change(body: kopf.Body, patch: kopf.Patch, logger: logging.Logger, nodes_index: kopf.Index,
-                        profiles_index: kopf.Index, jobs_index: kopf.Index, memo: Context, **_: Any) -> None:
-        await run(body, patch, logger, nodes_index, profiles_index, jobs_index, observe=False, memo=memo)
+                        profiles_index: kopf.Index, jobs_index: kopf.Index, memo: Context, retry: int,
+                        **_: Any) -> None:
+        await run(body, patch, logger, nodes_index, profiles_index, jobs_index, observe=False, memo=memo,
+                  retry=retry)
 
     @kopf.on.delete(*SDEP, id="forget", optional=True, registry=registry)
     async def on_delete(body: kopf.Body, **_: Any) -> None:
         ctx.forget(body.metadata.uid)
+        reported.pop(body.metadata.uid, None)
 
     @kopf.timer(*SDEP, id=PERIODIC_ID, interval=ctx.config.reconcile_interval_seconds, sharp=False, backoff=RETRY_S,
                 registry=registry)
     async def on_timer(body: kopf.Body, patch: kopf.Patch, logger: logging.Logger, nodes_index: kopf.Index,
                        profiles_index: kopf.Index, jobs_index: kopf.Index, memo: Context,
-                       stopped: kopf.DaemonStopped, **_: Any) -> None:
+                       stopped: kopf.DaemonStopped, retry: int, **_: Any) -> None:
         if stopped.is_set():
             return
         await run(body, patch, logger, nodes_index, profiles_index, jobs_index, observe=True, memo=memo,
-                  stopped=stopped)
+                  retry=retry, stopped=stopped)
 
     @kopf.timer(*SDEP, id=PROFILE_WATCH_ID, interval=ctx.config.profile_watch_seconds, sharp=False,
                 backoff=RETRY_S, registry=registry)
@@ -142,7 +214,7 @@ def register(registry: kopf.OperatorRegistry, ctx: Context, *, peering: bool) ->
                           profiles_index: kopf.Index, jobs_index: kopf.Index, memo: Context,
                           stopped: kopf.DaemonStopped, **_: Any) -> None:
         # in memory only: reconcile at once when a profile or its Job moved since the last reconciliation
-        seen = memo.profiles_seen
+        seen = ctx.cache(body.metadata.uid).profiles_seen
         if not stopped.is_set() and seen is not None and seen != profiles_fingerprint(ctx, ctx.latest(dict(body))):
             await run(body, patch, logger, nodes_index, profiles_index, jobs_index, observe=False, memo=memo,
                       stopped=stopped)
@@ -152,6 +224,12 @@ def _profile_moved(ctx: Context, namespace: str, profile_label: str) -> None:
     """Count a watch event of a profile or of its benchmark Job (the index handlers see every one)."""
     key = f"{namespace}/{profile_label}"
     ctx.profile_events[key] = ctx.profile_events.get(key, 0) + 1
+
+
+def profile_names(body: Any) -> frozenset[str]:
+    """The profiles a deployment's status lists."""
+    return frozenset(name for pool in (body.get("status") or {}).get("pools") or []
+                     for name in ((pool.get("profiles") or {}).get("names") or []))
 
 
 def profiles_fingerprint(ctx: Context, body: Any) -> tuple[int, ...]:
@@ -177,3 +255,68 @@ class _QuietTimers(logging.Filter):
 def _nulls_for_removed(old: dict, new: dict) -> dict:
     """A merge patch keeps keys it does not mention: send null for top-level status keys that went away."""
     return {**{k: None for k in old if k not in new}, **new}
+
+
+def retry_delay(retry: int) -> int:
+    """Seconds before the next attempt after `retry` failures in a row: RETRY_S, doubled, at most RETRY_MAX_S."""
+    return min(RETRY_MAX_S, RETRY_S * 2 ** max(0, min(retry, 6)))
+
+
+def explain_failure(exc: BaseException) -> tuple[str, str]:
+    """(reason, message) for a failed reconciliation: the cause in the operator's own words and the fix where
+    one is known. Stable across retries of the same cause (no times or counts), so one Event per cause.
+    Nothing an untrusted endpoint sent is echoed: an unexpected exception is named by its type and place."""
+    retrying = f"the operator retries with back-off ({RETRY_S}-{RETRY_MAX_S} s)"
+    if isinstance(exc, Refused):
+        what = f"{exc.method} of {exc.target}"
+        if exc.status == 413:
+            return "WriteRefused", (f"the API server refused {what}: HTTP 413, the request body is too large: "
+                                    f"shorten the spec's lists and free-form fields; {retrying}")
+        if exc.status == 422:
+            return "WriteRefused", (f"the API server refused {what}: HTTP 422 ({exc.detail}): the body was "
+                                    f"refused as invalid; check the field it names (a schema bound, or an admission "
+                                    f"policy or webhook of the cluster); {retrying}")
+        if exc.status in (401, 403):
+            return "Forbidden", (f"the API server refused {what}: HTTP {exc.status} ({exc.detail}): the operator's "
+                                 f"ServiceAccount lacks this permission; install the chart of the same version as "
+                                 f"the operator image; {retrying}")
+        return "WriteRefused", f"the API server refused {what}: HTTP {exc.status} ({exc.detail}); {retrying}"
+    if isinstance(exc, Unreachable) or (isinstance(exc, kopf.TemporaryError) and "API server" in str(exc)):
+        return "ApiServerUnavailable", f"{str(exc)[:300]}; {retrying}"
+    if isinstance(exc, ValidationError):
+        return "ReconcileError", (f"a stored object did not validate ({exc.error_count()} error(s), first at "
+                                  f"{'.'.join(str(p) for p in exc.errors()[0]['loc'])}): {retrying}")
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if "specpilot" in f.filename]
+    where = ""
+    if frames:
+        frame = frames[-1]
+        module = frame.filename.replace("\\", "/").rsplit("specpilot/", 1)[-1].removesuffix(".py").replace("/", ".")
+        where = f" in {module}.{frame.name} (line {frame.lineno})"
+    return "ReconcileError", (f"the reconciliation failed with {type(exc).__name__}{where}: an input specpilot "
+                              f"does not handle, or a bug; the operator log has the traceback; {retrying}")
+
+
+def with_condition(status: dict, type_: str, ok: bool, reason: str, message: str, generation: int | None) -> dict:
+    """`status` (a dict as written) with one condition set; lastTransitionTime moves only when it flips."""
+    conditions = []
+    for raw in status.get("conditions") or []:
+        try:
+            conditions.append(Condition.model_validate(raw))
+        except ValidationError:
+            continue  # a condition this version cannot read is dropped rather than failing the write
+    now = datetime.now(tz=UTC).replace(microsecond=0)
+    conditions = desired.set_condition(conditions, type_, ok, reason, message, generation, now)
+    return {**status, "conditions": [c.dump() for c in conditions]}
+
+
+class BoundedDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
+    """kopf's last-handled-configuration annotation, but never larger than DIFFBASE_INLINE_BYTES: a larger
+    essence (a spec near the operator's size cap, big labels or annotations) is kept as its digest, so kopf
+    still sees when it changed and the annotation cannot push the object past the API server's limits."""
+
+    def build(self, *, body: Any, extra_fields: Any = None) -> Any:
+        essence = super().build(body=body, extra_fields=extra_fields)
+        encoded = json.dumps(essence, separators=(",", ":"), sort_keys=True)
+        if len(encoded) <= DIFFBASE_INLINE_BYTES:
+            return essence
+        return {"digest": "sha256:" + hashlib.sha256(encoded.encode()).hexdigest(), "bytes": len(encoded)}

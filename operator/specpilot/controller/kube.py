@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import kopf
+import urllib3
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
@@ -56,6 +57,42 @@ class NotFound(Exception):
 
 class Conflict(Exception):
     """The object already exists or changed under us."""
+
+
+class Unreachable(kopf.TemporaryError):
+    """No answer from the API server (connection refused or reset, a timeout)."""
+
+
+class Refused(ApiException):
+    """The API server answered a request with a client error other than 404/409 (a 422 for a value the
+    schema or a webhook refuses, a 413 for a body too large, a 403 for a missing permission): retrying the
+    same request cannot succeed until the object or the cluster changes."""
+
+    def __init__(self, status: int, method: str, path: str, detail: str) -> None:
+        super().__init__(status=status, reason=f"{method} {path}: HTTP {status}: {detail}")
+        self.method, self.path, self.detail = method, path, detail
+
+    @property
+    def target(self) -> str:
+        """The object the request was about, as `resource namespace/name` (or the path)."""
+        parts = self.path.strip("/").split("/")
+        sub = ""
+        if parts and parts[-1] in ("status", "scale"):
+            sub, parts = f" ({parts[-1]})", parts[:-1]
+        if "namespaces" in parts and len(parts) >= parts.index("namespaces") + 4:
+            i = parts.index("namespaces")
+            return f"{parts[i + 2]} {parts[i + 1]}/{parts[i + 3]}{sub}"
+        return self.path
+
+
+def _api_message(text: Any) -> str:
+    """The `message` of the API server's Status answer (its own words: which field, which limit), cut short."""
+    try:
+        data = json.loads(text)
+        message = data.get("message") if isinstance(data, dict) else None
+    except (TypeError, ValueError):
+        message = None
+    return str(message or "no message")[:400]
 
 
 @dataclass
@@ -124,6 +161,9 @@ class Kube:
                 response.read()
             except ApiException as exc:
                 status, text = exc.status, exc.body
+            except urllib3.exceptions.HTTPError as exc:
+                raise Unreachable(f"API server unreachable on {method} {path} ({type(exc).__name__})",
+                                  delay=5) from exc
             else:
                 status, text = response.status, response.data
             if status == 404:
@@ -133,7 +173,7 @@ class Kube:
             if status in (429, 500, 502, 503, 504):
                 raise kopf.TemporaryError(f"API server {status} on {method} {path}", delay=5)
             if status >= 400:
-                raise ApiException(status=status, reason=f"{method} {path}: {text!r}"[:2000])
+                raise Refused(status, method, path, _api_message(text))
             return json.loads(text) if text else None
 
         return await asyncio.to_thread(call)

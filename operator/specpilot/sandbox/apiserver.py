@@ -101,6 +101,46 @@ def _forget(log: list, request: kmock.Request) -> None:
             return
 
 
+@dataclasses.dataclass
+class Fault:
+    """A write the sandbox refuses, as a real API server would for an invalid or oversized body.
+
+    Matches requests to `resource` (plural), optionally one `name`, one `subresource` ("status"; None: the
+    object itself; ANY: both), with a verb in `verbs`. Answers `code` (422 Invalid, 413 too large, 500/503)
+    with a Status body, `times` times (None: until removed)."""
+
+    resource: str
+    name: str | None = None
+    subresource: str | None = "*"
+    code: int = 422
+    verbs: frozenset[str] = frozenset({"create", "patch", "update"})
+    times: int | None = None
+    message: str = ""
+    hits: int = 0
+
+    ANY = "*"
+
+    def matches(self, request: kmock.Request) -> bool:
+        if request.resource is None or request.resource.plural != self.resource:
+            return False
+        if self.name is not None and request.name != self.name:
+            return False
+        if self.subresource != Fault.ANY and request.subresource != self.subresource:
+            return False
+        return _verb(request) in self.verbs and (self.times is None or self.hits < self.times)
+
+    def response(self, request: kmock.Request) -> aiohttp.web.Response:
+        self.hits += 1
+        reason = {413: "RequestEntityTooLarge", 422: "Invalid", 503: "ServiceUnavailable"}.get(self.code, "InternalError")
+        message = self.message or {
+            413: "Request entity too large: limit is 3145728",
+            422: f"{self.resource} \"{request.name or ''}\" is invalid: refused by the sandbox's fault injection",
+        }.get(self.code, "the sandbox's fault injection")
+        return aiohttp.web.json_response({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                                          "message": message, "reason": reason, "code": self.code},
+                                         status=self.code)
+
+
 def _now() -> str:
     return datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -112,10 +152,18 @@ class SandboxEmulator(kmock.KubernetesEmulator):
     _versions: Any = attrs.field(factory=lambda: itertools.count(1), init=False)
     recorded: list[RecordedRequest] | None = attrs.field(default=None, init=False)
     """Every request served since recording began (None: not recording)."""
+    faults: list[Fault] = attrs.field(factory=list, init=False)
+    """Writes to refuse (see `SandboxApiServer.refuse`)."""
 
     async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
         if self.recorded is not None:
             self.recorded.append(_record(request))
+        fault = next((f for f in self.faults if f.matches(request)), None)
+        if fault is not None:
+            _forget(self._requests, request)
+            for payload in self._payloads:
+                _forget(payload._requests, request)
+            return fault.response(request)
         data = request.data if isinstance(request.data, dict) else None
         if request.resource is not None and data is not None:
             meta = data.setdefault("metadata", {}) if request.action == kmock.action.CREATE else data.get("metadata")
@@ -223,6 +271,37 @@ class SandboxApiServer:
         if self._server is not None:
             await self._server.__aexit__(*exc)
         await self.emulator.__aexit__(*exc)
+
+    def refuse(self, resource: str, name: str | None = None, *, code: int = 422, subresource: str | None = Fault.ANY,
+               times: int | None = None, verbs: frozenset[str] = frozenset({"create", "patch", "update"}),
+               message: str = "") -> Fault:
+        """Refuse writes to `resource` (a plural; one `name`, one `subresource`: "status", None for the object
+        itself, Fault.ANY for both) with HTTP `code`, `times` times or until `allow(fault)`. Returns the fault,
+        whose `hits` counts the requests it refused."""
+        fault = Fault(resource, name, subresource, code, frozenset(verbs), times, message)
+        self.emulator.faults.append(fault)
+        return fault
+
+    def allow(self, fault: Fault | None = None) -> None:
+        """Stop refusing: one fault, or all of them."""
+        self.emulator.faults[:] = [] if fault is None else [f for f in self.emulator.faults if f is not fault]
+
+    async def go_away(self) -> None:
+        """Stop listening, as an API server that went down: connections are refused and watches end. The
+        objects are kept; `come_back` listens again on the same port."""
+        if self._server is not None:
+            server, self._server = self._server, None
+            runner = server.server.runner
+            if runner is not None:
+                runner._shutdown_timeout = 0.5  # open watches are cut, not waited for (aiohttp waits 60 s)
+            await server.__aexit__(None, None, None)
+
+    async def come_back(self) -> None:
+        """Listen again on the port `go_away` closed."""
+        if self._server is None:
+            port = int(self.url.rsplit(":", 1)[1])
+            self._server = kmock.Server(self.emulator, port=port)
+            await self._server.__aenter__()
 
     def record_requests(self) -> list[RecordedRequest]:
         """Start recording every request (including ones that fail); returns the live list."""
