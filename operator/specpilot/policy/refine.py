@@ -1,0 +1,464 @@
+"""What the planner is unsure of: which measurements to repeat so that the schedule's k and its on/off are
+right near the crossovers (issue 14). Pure, like the rest of `policy`.
+
+A schedule changes k at a few batch sizes (its boundaries: 4 -> 3, ..., 1 -> 0, the crossover). At a boundary
+the two k are tied by construction, and how far the tie may lie from where the profile puts it is the
+standard error of their goodput ratio there (`MethodSurface.ratio_se`, calibrated against the twin; the
+decision's crossoverUncertaintyPercent is the same figure at the crossover). Where CONFIDENCE_Z times that
+error exceeds the policy's minimum gain (at least MIN_THRESHOLD_PERCENT), the k on either side of the
+boundary may be wrong by more than the gain the schedule insists on (a chance above about 5%), and measuring
+again is worth it. The levels that place a boundary
+are the measured levels around it, in the runs its two k are drawn from: k = 0 from the baseline run (the
+method profile's own K=0 run when it has one, else the baseline profile), a k > 0 from the method's run at
+that k or, for a k between measured runs, from both neighbours (k = 1 and K). Measuring those levels n more
+times shrinks the error roughly as sqrt(m / (m + n)) (m: the times they are measured now); n is the fewest
+repeats that bring CONFIDENCE_Z errors below the threshold, at most MAX_REPEAT.
+
+Each boundary's worth is the drop in the chance that the estimated gain is off by more than the threshold,
+2 * Phi(-threshold / se), per measured level it costs; boundaries are taken best first while the budget
+lasts (a boundary that does not fit whole gets the repeats that fit). Only the schedule to be served is
+refined: the chosen candidate's, or, when no speculation is chosen, the best candidate's (its crossover is
+then what decides on/off). The budget counts measured levels (one level of one run measured once); a
+refinement Job per profile measures its levels once per k, each k on its own engine start (`jobs()`).
+
+For the controller (the operator's side of issue 14):
+
+    plan = plan_refinement(policy, candidates, baseline, profiles, price_per_gpu_hour=...,
+                           gpus_per_replica=..., concurrency_histogram=..., budget_levels=None)
+    if not plan.done:
+        for job in plan.jobs():       # one refinement Job per entry, round r = 1, 2, ...
+            benchmark_job(profile_name=job.profile_name, ..., refine_round=r, **job.job_parameters())
+    # when the Jobs succeed (their points are appended to the profiles), decide again and call
+    # plan_refinement again; stop when plan.done (plan.reason says why).
+
+`budget_levels` defaults to DEFAULT_BUDGET_SHARE of the levels the group's profiles measured in their first
+sweep (`initial_levels`), and what is spent is read off the profiles themselves (`spent_levels`: points
+beyond the first measurement of each level), so the plan needs no state of its own across rounds.
+`refinement_done(plan)` is `plan.done`. `RefinePlan.to_dict()` is what `specpilot plan -o json` shows as
+`refine` (docs/profiles.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from ..api.deployment import Policy, Strategy
+from ..api.methods import CandidateMethod
+from ..api.profile import SpeculationProfile
+from .choose import BASELINE_KEY, PoolPlan, decide_pool
+from .schedule import SchedulePlan
+from .surface import MethodSurface
+
+__all__ = [
+    "CONFIDENCE_Z",
+    "DEFAULT_BUDGET_SHARE",
+    "MAX_REPEAT",
+    "MIN_THRESHOLD_PERCENT",
+    "Boundary",
+    "RefineJob",
+    "RefinePlan",
+    "RefineRequest",
+    "allocate",
+    "boundaries",
+    "initial_levels",
+    "plan_refinement",
+    "refinement_done",
+    "spent_levels",
+]
+
+DEFAULT_BUDGET_SHARE = 0.5
+"""Refinement budget, in measured levels, as a share of the levels the group's first sweep measured."""
+MAX_REPEAT = 8
+"""Most repeats asked for one level of one run in one round."""
+CONFIDENCE_Z = 2.0
+"""A boundary is settled when CONFIDENCE_Z standard errors fit within the threshold (about 95%)."""
+MIN_THRESHOLD_PERCENT = 1.0
+"""Uncertainty (percent) below which a boundary counts as settled, whatever the minimum gain (at minGain 0
+every boundary would otherwise stay uncertain for ever)."""
+
+
+def _phi(x: float) -> float:
+    return 0.5 * (1.0 + math.erf(x / math.sqrt(2.0)))
+
+
+def wrong_chance(se: float, threshold: float) -> float:
+    """Chance that an estimate with relative standard error `se` is off by more than `threshold`."""
+    if se <= 0:
+        return 0.0
+    return 2.0 * _phi(-threshold / se)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunRef:
+    """One run of one profile: the profile's key (a candidate key, or BASELINE_KEY) and name, and its k."""
+
+    profile_key: str
+    profile_name: str | None
+    num_speculative_tokens: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Boundary:
+    """A batch size where the schedule changes k, and how precisely the profile places it."""
+
+    candidate: str
+    batch_size: int
+    """The last batch size of the lower range (k_from runs up to here, k_to from the next one)."""
+    k_from: int
+    k_to: int
+    uncertainty: float | None
+    """Relative standard error of G_from / G_to at batch_size (None: no roofline fit, unknown)."""
+    threshold: float
+    runs: tuple[RunRef, ...]
+    """The runs the two k are drawn from."""
+    levels: tuple[int, ...]
+    """The measured levels around batch_size."""
+    measured: int
+    """Times those levels are measured now (the fewest among them)."""
+
+    @property
+    def uncertain(self) -> bool:
+        return self.uncertainty is not None and CONFIDENCE_Z * self.uncertainty > self.threshold
+
+    @property
+    def crossover(self) -> bool:
+        return self.k_to == 0
+
+    def after(self, repeat: int) -> float | None:
+        """The uncertainty expected after measuring the levels `repeat` more times."""
+        if self.uncertainty is None:
+            return None
+        return self.uncertainty * math.sqrt(self.measured / (self.measured + repeat))
+
+    def repeats_needed(self) -> int:
+        """Fewest repeats that bring the uncertainty to the threshold (at most MAX_REPEAT)."""
+        if not self.uncertain:
+            return 0
+        n = math.ceil(self.measured * ((CONFIDENCE_Z * self.uncertainty / self.threshold) ** 2 - 1.0) - 1e-9)
+        return max(1, min(MAX_REPEAT, n))
+
+    def cost(self, repeat: int) -> int:
+        return repeat * len(self.levels) * len(self.runs)
+
+    def worth(self, repeat: int) -> float:
+        """Drop in the chance of a wrong k (or a wrong on/off) here from `repeat` more measurements."""
+        if self.uncertainty is None or repeat < 1:
+            return 0.0
+        return wrong_chance(self.uncertainty, self.threshold) - wrong_chance(self.after(repeat), self.threshold)
+
+    def describe(self) -> str:
+        what = (f"SD off above {self.batch_size}" if self.crossover
+                else f"k {self.k_from} -> {self.k_to} at {self.batch_size}")
+        known = "unknown" if self.uncertainty is None else f"±{self.uncertainty * 100:.1f}%"
+        need = self.threshold / CONFIDENCE_Z * 100
+        return f"{self.candidate}: {what} (gain known to {known}, needs ±{need:.1f}%)"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "candidate": self.candidate,
+            "batchSize": self.batch_size,
+            "fromK": self.k_from,
+            "toK": self.k_to,
+            "crossover": self.crossover,
+            "uncertaintyPercent": None if self.uncertainty is None else round(self.uncertainty * 100, 2),
+            "thresholdPercent": round(self.threshold * 100, 2),
+            "neededPercent": round(self.threshold / CONFIDENCE_Z * 100, 2),
+            "levels": list(self.levels),
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class RefineRequest:
+    """Measure one level of one run `repeat` more times (appended to the profile's run)."""
+
+    profile_key: str
+    """The candidate's key, or BASELINE_KEY for the baseline profile."""
+    profile_name: str | None
+    """The SpeculationProfile's metadata.name (None when the profile carries none, e.g. a bare file)."""
+    num_speculative_tokens: int
+    concurrency: int
+    repeat: int
+    worth: float
+    """Drop in the chance of a wrong k or on/off it buys (its boundaries' worth, shared among their levels)."""
+    reason: str
+    """The boundaries it settles, in words."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "profile": self.profile_key,
+            "profileName": self.profile_name,
+            "k": self.num_speculative_tokens,
+            "concurrency": self.concurrency,
+            "repeat": self.repeat,
+            "worth": round(self.worth, 4),
+            "reason": self.reason,
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class RefineJob:
+    """One refinement Job: a profile's levels at its ks, each repeated; what `manifests.benchmark_job` takes."""
+
+    profile_key: str
+    profile_name: str | None
+    ks: tuple[int, ...]
+    levels: tuple[int, ...]
+    repeat: int
+
+    @property
+    def engine_starts(self) -> int:
+        return len(self.ks)
+
+    @property
+    def measured_levels(self) -> int:
+        return len(self.ks) * len(self.levels) * self.repeat
+
+    def job_parameters(self) -> dict[str, Any]:
+        """Keyword arguments of `manifests.benchmark.benchmark_job` for this round (with refine_round)."""
+        return {"levels": list(self.levels), "ks": list(self.ks), "repeat": self.repeat, "append": True}
+
+    def bench_args(self) -> list[str]:
+        """The same as `specpilot-bench` flags (a refinement by hand, next to --profile-name or --model)."""
+        return ["--levels", ",".join(map(str, self.levels)), "--ks", ",".join(map(str, self.ks)),
+                "--repeat", str(self.repeat), "--append"]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"profile": self.profile_key, "profileName": self.profile_name, "ks": list(self.ks),
+                "levels": list(self.levels), "repeat": self.repeat, "engineStarts": self.engine_starts,
+                "measuredLevels": self.measured_levels}
+
+
+@dataclasses.dataclass(frozen=True)
+class RefinePlan:
+    """The refinement a group of profiles asks for now, best first, within what is left of the budget."""
+
+    requests: tuple[RefineRequest, ...]
+    boundaries: tuple[Boundary, ...]
+    """Every boundary of the refined schedule, settled or not."""
+    budget_levels: int
+    spent_levels: int
+    done: bool
+    reason: str
+
+    @property
+    def uncertain(self) -> tuple[Boundary, ...]:
+        return tuple(b for b in self.boundaries if b.uncertain)
+
+    @property
+    def requested_levels(self) -> int:
+        return sum(r.repeat for r in self.requests)
+
+    def jobs(self) -> list[RefineJob]:
+        """The requests grouped into Jobs: per profile, the ks that ask for the same levels and repeats share
+        one Job (one engine start per k either way)."""
+        by_run: dict[tuple[str, str | None, int], dict[int, int]] = {}
+        for r in self.requests:
+            by_run.setdefault((r.profile_key, r.profile_name, r.num_speculative_tokens), {})[r.concurrency] = r.repeat
+        grouped: dict[tuple[str, str | None, tuple[int, ...], int], list[int]] = {}
+        for (key, name, k), levels in by_run.items():
+            repeat = max(levels.values())
+            grouped.setdefault((key, name, tuple(sorted(levels)), repeat), []).append(k)
+        return [RefineJob(key, name, tuple(sorted(ks)), levels, repeat)
+                for (key, name, levels, repeat), ks in sorted(grouped.items(), key=lambda item: item[0][0])]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "done": self.done,
+            "reason": self.reason,
+            "budgetLevels": self.budget_levels,
+            "spentLevels": self.spent_levels,
+            "requestedLevels": self.requested_levels,
+            "uncertain": [b.to_dict() for b in self.uncertain],
+            "requests": [r.to_dict() for r in self.requests],
+            "jobs": [j.to_dict() for j in self.jobs()],
+        }
+
+
+def refinement_done(plan: RefinePlan) -> bool:
+    """Whether refinement stops: no boundary is uncertain beyond the threshold, or the budget is spent (or
+    what is left buys nothing)."""
+    return plan.done
+
+
+def _bracket(levels: Sequence[int], c: int) -> tuple[int, ...]:
+    """The measured levels around batch size c (the last two beyond the last, the first two below the first)."""
+    levels = sorted(set(levels))
+    if len(levels) <= 2:
+        return tuple(levels)
+    below = [x for x in levels if x <= c]
+    above = [x for x in levels if x > c]
+    if not above:
+        return tuple(levels[-2:])
+    if not below:
+        return tuple(levels[:2])
+    return (below[-1], above[0])
+
+
+def _runs_for(surface: MethodSurface, k: int, method_key: str, method_name: str | None,
+              baseline_key: str, baseline_name: str | None) -> list[tuple[RunRef, int]]:
+    """(run, index into surface.curves) of the runs k is drawn from."""
+    measured = surface.measured_k
+    if k == 0:
+        return [(RunRef(baseline_key, baseline_name, 0), 0)]
+    if k in measured:
+        return [(RunRef(method_key, method_name, k), measured.index(k))]
+    below = max(i for i, kk in enumerate(measured) if 1 <= kk < k)
+    above = min(i for i, kk in enumerate(measured) if kk > k)
+    return [(RunRef(method_key, method_name, measured[i]), i) for i in (below, above)]
+
+
+def boundaries(plan: SchedulePlan, min_gain_percent: float, method_key: str, method_name: str | None = None,
+               baseline_key: str = BASELINE_KEY, baseline_name: str | None = None,
+               ks: Sequence[int] | None = None) -> list[Boundary]:
+    """Every batch size where the schedule's k changes, with its uncertainty and what places it.
+
+    `ks` replaces the schedule's k per batch size (a restart plan: k up to the crossover, 0 above); the
+    baseline run is named by `baseline_key` / `baseline_name` (the method profile itself when its own K=0
+    run is the one the surface used)."""
+    surface = plan.surface
+    if surface is None or not plan.ok:
+        return []
+    dense = list(ks if ks is not None else plan.k_by_batch_size)
+    threshold = max(min_gain_percent, MIN_THRESHOLD_PERCENT) / 100.0
+    out = []
+    for c in range(1, len(dense)):
+        k_from, k_to = dense[c - 1], dense[c]
+        if k_from == k_to:
+            continue
+        runs = {}
+        for k in (k_from, k_to):
+            for ref, index in _runs_for(surface, k, method_key, method_name, baseline_key, baseline_name):
+                runs[ref] = index
+        level_sets = [surface.curves[i].levels for i in runs.values()]
+        common = sorted(set.intersection(*(set(lv) for lv in level_sets))) or sorted(set(level_sets[0]))
+        levels = _bracket(common, c)
+        measured = []
+        for i in runs.values():
+            curve = surface.curves[i]
+            counts = curve.counts or (1,) * len(curve.levels)
+            measured += [counts[curve.levels.index(x)] for x in levels if x in curve.levels]
+        out.append(Boundary(method_key, c, k_from, k_to, surface.ratio_se(k_from, k_to, float(c)), threshold,
+                            tuple(runs), levels, min(measured, default=1)))
+    return out
+
+
+def allocate(candidates: Iterable[Boundary], budget_left: int) -> list[RefineRequest]:
+    """Requests for the uncertain boundaries, best worth per measured level first, within `budget_left`
+    measured levels; a level two boundaries share is measured once, at the larger repeat."""
+    offers = []
+    for b in candidates:
+        if not b.uncertain:
+            continue
+        n = b.repeats_needed()
+        offers.append((b.worth(n) / b.cost(n), b, n))
+    offers.sort(key=lambda o: -o[0])
+    chosen: dict[tuple[RunRef, int], list] = {}
+    left = budget_left
+    for _, b, n in offers:
+        keys = [(ref, c) for ref in b.runs for c in b.levels]
+        # what this boundary adds over what is already asked for
+        def extra(repeat: int) -> int:
+            return sum(max(0, repeat - (chosen[key][0] if key in chosen else 0)) for key in keys)
+
+        while n >= 1 and extra(n) > left:
+            n -= 1
+        if n < 1:
+            continue
+        left -= extra(n)
+        share = b.worth(n) / len(keys)
+        for key in keys:
+            repeat, worth, reasons = chosen.get(key, (0, 0.0, []))
+            chosen[key] = (max(repeat, n), worth + share, [*reasons, b.describe()])
+    requests = [RefineRequest(ref.profile_key, ref.profile_name, ref.num_speculative_tokens, c, repeat, worth,
+                              "; ".join(dict.fromkeys(reasons)))
+                for (ref, c), (repeat, worth, reasons) in chosen.items()]
+    return sorted(requests, key=lambda r: (-r.worth, r.profile_key, r.num_speculative_tokens, r.concurrency))
+
+
+def initial_levels(profiles: Iterable[SpeculationProfile | None]) -> int:
+    """Levels the profiles' runs measured once (their first sweep): distinct concurrencies per run."""
+    return sum(len({p.concurrency for p in run.points})
+               for profile in profiles if profile is not None and profile.status
+               for run in profile.status.runs)
+
+
+def spent_levels(profiles: Iterable[SpeculationProfile | None]) -> int:
+    """Measurements beyond the first of each level, over the profiles' runs: what refinement has spent."""
+    return sum(len(run.points) - len({p.concurrency for p in run.points})
+               for profile in profiles if profile is not None and profile.status
+               for run in profile.status.runs)
+
+
+def _name(profile: SpeculationProfile | None) -> str | None:
+    return (profile.metadata or {}).get("name") if profile is not None else None
+
+
+def refine_pool_plan(pool_plan: PoolPlan, policy: Policy, baseline: SpeculationProfile | None,
+                     profiles: dict[str, SpeculationProfile], budget_levels: int | None = None) -> RefinePlan:
+    """The refinement for a pool's decision already made (`decide_pool`'s PoolPlan); see plan_refinement."""
+    group = [baseline, *profiles.values()]
+    spent = spent_levels(group)
+    budget = (math.ceil(DEFAULT_BUDGET_SHARE * initial_levels(group)) if budget_levels is None
+              else max(0, int(budget_levels)))
+    rows = [r for r in pool_plan.candidates[1:] if r.ready and r.schedule is not None and r.schedule.ok]
+    if not rows:
+        return RefinePlan((), (), budget, spent, True, "nothing to refine: no candidate has a schedule")
+    chosen = next((r for r in rows if r.key == pool_plan.decision.method), None)
+    if chosen is None:  # no speculation chosen: the best candidate's crossover decides on/off
+        chosen = max(rows, key=lambda r: r.expected_goodput_tok_s or 0.0)
+    profile = profiles.get(chosen.key)
+    own_baseline = profile is not None and profile.status is not None and profile.status.run(0) is not None
+    base_key, base_name = (chosen.key, _name(profile)) if own_baseline else (BASELINE_KEY, _name(baseline))
+    ks = None
+    if chosen.strategy == Strategy.RESTART:
+        crossover = chosen.crossover_concurrency
+        size = chosen.schedule.max_batch_size
+        ks = [chosen.num_speculative_tokens if crossover is None or c <= crossover else 0
+              for c in range(1, size + 1)]
+    found = boundaries(chosen.schedule, policy.min_gain_percent, chosen.key, _name(profile), base_key, base_name,
+                       ks=ks)
+    return _plan(found, budget, spent)
+
+
+def _plan(found: Sequence[Boundary], budget: int, spent: int) -> RefinePlan:
+    uncertain = [b for b in found if b.uncertain]
+    if not uncertain:
+        reason = ("no uncertain boundary: every change of k is known within the minimum gain" if found
+                  else "no boundary: the schedule keeps one k at every batch size")
+        return RefinePlan((), tuple(found), budget, spent, True, reason)
+    left = budget - spent
+    if left <= 0:
+        return RefinePlan((), tuple(found), budget, spent, True,
+                          f"budget spent ({spent} of {budget} levels); still uncertain: "
+                          + "; ".join(b.describe() for b in uncertain))
+    requests = allocate(uncertain, left)
+    if not requests:
+        return RefinePlan((), tuple(found), budget, spent, True,
+                          f"the budget left ({left} levels) buys no measurement; still uncertain: "
+                          + "; ".join(b.describe() for b in uncertain))
+    return RefinePlan(tuple(requests), tuple(found), budget, spent, False,
+                      f"{len(uncertain)} uncertain boundar{'y' if len(uncertain) == 1 else 'ies'}: "
+                      + "; ".join(b.describe() for b in uncertain))
+
+
+def refine_schedule(plan: SchedulePlan, min_gain_percent: float, method_key: str, budget_levels: int,
+                    spent: int = 0, baseline_key: str = BASELINE_KEY) -> RefinePlan:
+    """The refinement of one method's schedule (a plan from `plan_schedule` / `plan_from_runs`), without a
+    pool decision: what benchmarks/decision_quality.py simulates."""
+    return _plan(boundaries(plan, min_gain_percent, method_key, baseline_key=baseline_key), budget_levels, spent)
+
+
+def plan_refinement(policy: Policy, candidates: list[CandidateMethod], baseline: SpeculationProfile | None,
+                    profiles: dict[str, SpeculationProfile], *, budget_levels: int | None = None,
+                    price_per_gpu_hour: float = 0.0, gpus_per_replica: int = 1,
+                    concurrency_histogram: list[tuple[float, float]] | None = None,
+                    engine_supports_dynamic: bool = True, max_batch_size: int = 256) -> RefinePlan:
+    """What to measure next for one pool's group of profiles (the arguments are decide_pool's; see the
+    module). Never raises on profile data: without a usable schedule the plan is done, with the reason."""
+    pool_plan = decide_pool(policy, candidates, baseline, profiles, price_per_gpu_hour, gpus_per_replica,
+                            concurrency_histogram=concurrency_histogram,
+                            engine_supports_dynamic=engine_supports_dynamic, max_batch_size=max_batch_size)
+    return refine_pool_plan(pool_plan, policy, baseline, profiles, budget_levels)
