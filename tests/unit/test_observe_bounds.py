@@ -167,3 +167,22 @@ def test_refusal_names_the_field_and_the_fix():
     assert "spec.metrics.prometheusUrl" in message and "allowedPrometheusUrls is empty" in message
     assert "Remove spec.metrics.prometheusUrl" in message
     assert refusal("http://p:9090", ["http://p:9090"]) is None
+
+
+def test_an_observation_holds_only_physical_numbers_whatever_its_source_sent():
+    from datetime import UTC, datetime
+
+    from specpilot.observe.model import PoolObservation
+
+    obs = PoolObservation(replicas_reporting=-2, running_per_replica=-5.0, waiting_per_replica=float("nan"),
+                          total_running=float("inf"), total_waiting=3.0, generation_tokens_per_second=-1.0,
+                          tpot_p95_ms=float("inf"), acceptance_per_position=[0.8, 1.7, float("nan"), 0.2],
+                          drafts_per_step=float("-inf"), mean_acceptance_length=0.5, kv_cache_usage=4.0,
+                          observed_at=datetime.now(tz=UTC), window_s=30,
+                          concurrency_histogram=[(-3.0, 0.5), (4.0, 0.25), (float("nan"), 0.25)])
+    assert obs.replicas_reporting == 0
+    assert (obs.running_per_replica, obs.waiting_per_replica, obs.total_running, obs.total_waiting) == (0, 0, 0, 3)
+    assert obs.generation_tokens_per_second is None and obs.tpot_p95_ms is None and obs.drafts_per_step is None
+    assert obs.mean_acceptance_length is None and obs.kv_cache_usage == 1.0
+    assert obs.acceptance_per_position == [0.8, 1.0]
+    assert obs.concurrency_histogram == [(4.0, 1.0)]

@@ -8,6 +8,7 @@ sets MetricsAvailable=False.
 from __future__ import annotations
 
 import dataclasses
+import math
 from datetime import datetime
 
 
@@ -65,3 +66,43 @@ class PoolObservation:
     cut: tuple[str, ...] = ()
     """What the read bounds left out of this observation (a pod whose page was over the size limit, draft
     positions beyond the method's K, ...); empty when everything was read."""
+
+    def __post_init__(self) -> None:
+        # Where observations enter: numbers a pod or Prometheus sent are made physical here, for both sources
+        # (a negative or non-finite gauge, a counter reset read as a negative rate, a fraction above 1).
+        set_ = object.__setattr__
+        set_(self, "replicas_reporting", max(0, int(self.replicas_reporting)))
+        for name in ("running_per_replica", "waiting_per_replica", "total_running", "total_waiting"):
+            set_(self, name, _non_negative(getattr(self, name)) or 0.0)
+        for name in ("generation_tokens_per_second", "tpot_p95_ms", "drafts_per_step", "mean_acceptance_length"):
+            set_(self, name, _non_negative(getattr(self, name)))
+        set_(self, "kv_cache_usage", _fraction(self.kv_cache_usage))
+        if self.mean_acceptance_length is not None and self.mean_acceptance_length < 1:
+            set_(self, "mean_acceptance_length", None)
+        positions = []
+        for value in self.acceptance_per_position:  # up to the first unusable position: later ones keep their index
+            if _fraction(value) is None:
+                break
+            positions.append(_fraction(value))
+        set_(self, "acceptance_per_position", positions)
+        histogram = [(c, w) for c, w in self.concurrency_histogram
+                     if _non_negative(c) is not None and _non_negative(w) is not None]
+        total = sum(w for _, w in histogram)
+        set_(self, "concurrency_histogram", [(c, w / total) for c, w in histogram] if total > 0 else [])
+
+
+def _non_negative(value: float | None) -> float | None:
+    """A finite, non-negative number, or None."""
+    if value is None:
+        return None
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        return None
+    return value if math.isfinite(value) and value >= 0 else None
+
+
+def _fraction(value: float | None) -> float | None:
+    """A number within [0, 1] (above 1 clamped), or None."""
+    value = _non_negative(value)
+    return None if value is None else min(1.0, value)

@@ -15,6 +15,7 @@ import asyncio
 import dataclasses
 import datetime
 import itertools
+import math
 import uuid
 from pathlib import Path
 from typing import Any
@@ -131,7 +132,7 @@ class Fault:
 
     def response(self, request: kmock.Request) -> aiohttp.web.Response:
         self.hits += 1
-        reason = {413: "RequestEntityTooLarge", 422: "Invalid", 503: "ServiceUnavailable"}.get(self.code, "InternalError")
+        reason = {400: "BadRequest", 413: "RequestEntityTooLarge", 422: "Invalid", 503: "ServiceUnavailable"}.get(self.code, "InternalError")
         message = self.message or {
             413: "Request entity too large: limit is 3145728",
             422: f"{self.resource} \"{request.name or ''}\" is invalid: refused by the sandbox's fault injection",
@@ -139,6 +140,28 @@ class Fault:
         return aiohttp.web.json_response({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
                                           "message": message, "reason": reason, "code": self.code},
                                          status=self.code)
+
+
+def _has_non_finite(value: Any) -> bool:
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    if isinstance(value, dict):
+        return any(_has_non_finite(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_has_non_finite(v) for v in value)
+    return False
+
+
+def _non_finite(request: kmock.Request) -> Fault | None:
+    """JSON has no NaN or Infinity: a real API server refuses such a body (400) where kmock's parser took it."""
+    if request.resource is None or not _has_non_finite(request.data):
+        return None
+    return Fault(request.resource.plural, code=400,
+                 message="the request body is not valid JSON: invalid character 'N' looking for beginning of value")
+
+
+ANNOTATIONS_LIMIT = 256 * 1024
+"""The API server's limit on the total size of an object's annotations (keys and values)."""
 
 
 def _now() -> str:
@@ -158,7 +181,8 @@ class SandboxEmulator(kmock.KubernetesEmulator):
     async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
         if self.recorded is not None:
             self.recorded.append(_record(request))
-        fault = next((f for f in self.faults if f.matches(request)), None)
+        fault = (next((f for f in self.faults if f.matches(request)), None) or self._annotations_too_long(request)
+                 or _non_finite(request))
         if fault is not None:
             _forget(self._requests, request)
             for payload in self._payloads:
@@ -202,6 +226,30 @@ class SandboxEmulator(kmock.KubernetesEmulator):
                 request.action == kmock.action.UPDATE and self._was_deleted(request)):
             await self._collect_garbage()
         return response
+
+    def _annotations_too_long(self, request: kmock.Request) -> Fault | None:
+        """A write that would leave the object's annotations over the API server's 256 KiB limit is refused
+        with its 422, as a real API server does (kopf keeps its own bookkeeping there)."""
+        data = request.data if isinstance(request.data, dict) else None
+        meta = (data or {}).get("metadata")
+        if request.resource is None or not isinstance(meta, dict) or not isinstance(meta.get("annotations"), dict):
+            return None
+        annotations: dict = {}
+        if request.action == kmock.action.UPDATE and request.name is not None:
+            key = (request.resource, request.namespace, request.name)
+            if key in self.objects and not self.objects[key].deleted:
+                annotations = dict((self.objects[key].raw.get("metadata") or {}).get("annotations") or {})
+        for k, v in meta["annotations"].items():
+            if v is None:
+                annotations.pop(k, None)
+            else:
+                annotations[k] = v
+        size = sum(len(str(k)) + len(str(v)) for k, v in annotations.items())
+        if size <= ANNOTATIONS_LIMIT:
+            return None
+        return Fault(request.resource.plural, code=422, message=(
+            f'{request.resource.plural} "{request.name or meta.get("name") or ""}" is invalid: metadata.annotations: '
+            f"Too long: must have at most {ANNOTATIONS_LIMIT} bytes"))
 
     def _was_deleted(self, request: kmock.Request) -> bool:
         """Whether this update released the object's last finalizer, so it is gone now."""
