@@ -3,7 +3,10 @@
 Reads profiles (YAML or JSON, several documents per file, or a `kubectl get sprof -o yaml` List), groups
 them by SKU + model + workload, takes the profile without a method (or any K=0 run) as the baseline, and
 prints per group the chosen method, the ready-to-paste `--speculative-config`, each method's crossover,
-predicted goodput and $/Mtok, and k per concurrency. Exit code 2 with the file and the fix on bad input.
+predicted goodput and $/Mtok, and k per concurrency, and what it is unsure of: the schedule's changes of k
+and crossover whose gain the profiles do not pin down within the minimum gain, with the measurements that
+would settle them (`refine`, policy.refine; `-o json` shows the entries, the table says it in words and
+gives the `specpilot-bench` flags). Exit code 2 with the file and the fix on bad input.
 """
 
 from __future__ import annotations
@@ -44,6 +47,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--objective", choices=("goodput", "cost"), default="goodput")
     p.add_argument("--strategy", choices=("auto", "dynamic", "restart"), default="auto")
     p.add_argument("--max-batch-size", type=int, default=256, help="largest batch size of the schedule (vLLM max_num_seqs)")
+    p.add_argument("--refine-budget", type=int, default=None, metavar="LEVELS",
+                   help="refinement budget in measured levels (default: half the levels the group's profiles "
+                        "measured in their first sweep); what the profiles already repeated counts as spent")
     p.add_argument("-o", "--output", choices=("table", "json"), default="table")
     p.set_defaults(func=cmd_plan)
 
@@ -133,6 +139,7 @@ def plan_groups(profiles, args: argparse.Namespace, histogram) -> list[dict[str,
     from ..api.deployment import Policy
     from ..perf import DEFAULT_CATALOG, UnknownGpuError
     from .choose import decide_pool
+    from .refine import refine_pool_plan
 
     groups: dict[tuple[str, str, str], list] = {}
     for path, profile in profiles:
@@ -164,6 +171,8 @@ def plan_groups(profiles, args: argparse.Namespace, histogram) -> list[dict[str,
                            concurrency_histogram=histogram, max_batch_size=args.max_batch_size)
         result = _group_result(sku, model, members[0][1].spec.workload.name, candidates, plan, price, gpus)
         result["minGainPercent"] = policy.min_gain_percent
+        result["refine"] = refine_pool_plan(plan, policy, baseline or with_k0, by_key,
+                                            getattr(args, "refine_budget", None)).to_dict()
         results.append(result)
     return results
 
@@ -235,6 +244,9 @@ def render_table(results: list[dict[str, Any]]) -> str:
             out.write(f"note: the gain at the crossover is known to {', '.join(imprecise)} (one standard error), "
                       f"more than the {group['minGainPercent']:g}% minimum gain: the crossover may be off by a "
                       f"profiled level; more requests per level narrow it (four times as many halve it)\n")
+        refine = group.get("refine")
+        if refine:
+            out.write(_refine_text(refine))
         methods = [r for r in group["candidates"] if r["kByConcurrency"]]
         if methods:
             out.write(f"{'concurrency':<12}" + "".join(f"{r['candidate'] + ' k/tok/s':>22}" for r in methods) + "\n")
@@ -248,6 +260,32 @@ def render_table(results: list[dict[str, Any]]) -> str:
                 out.write(f"{c:<12}" + "".join(f"{cell:>22}" for cell in cells) + "\n")
         out.write("\n")
     return out.getvalue()
+
+
+def _refine_text(refine: dict[str, Any]) -> str:
+    """The refinement in words: which boundaries are uncertain, and the measurements that would settle them."""
+    lines = []
+    uncertain = refine["uncertain"]
+    for b in uncertain:
+        where = (f"SD off above {b['batchSize']} concurrent requests" if b["crossover"]
+                 else f"k {b['fromK']} -> {b['toK']} at {b['batchSize']}")
+        known = "unknown" if b["uncertaintyPercent"] is None else f"±{b['uncertaintyPercent']:.1f}%"
+        lines.append(f"uncertain: {b['candidate']} {where}: the gain there is known to {known}, and the "
+                     f"{b['thresholdPercent']:g}% minimum gain needs ±{b['neededPercent']:.1f}% (levels "
+                     f"{', '.join(map(str, b['levels']))} place it)")
+    if refine["jobs"]:
+        lines.append(f"refine: measuring these would settle it ({refine['requestedLevels']} levels of the "
+                     f"{refine['budgetLevels'] - refine['spentLevels']} left in the budget):")
+        for job in refine["jobs"]:
+            name = job["profileName"] or job["profile"]
+            lines.append(f"  {job['profile']}: k={','.join(map(str, job['ks']))} at concurrency "
+                         f"{','.join(map(str, job['levels']))}, {job['repeat']} more time"
+                         f"{'s' if job['repeat'] != 1 else ''} each: specpilot-bench --profile-name {name} "
+                         f"--levels {','.join(map(str, job['levels']))} --ks {','.join(map(str, job['ks']))} "
+                         f"--repeat {job['repeat']} --append")
+    elif uncertain:
+        lines.append(f"refine: nothing more to measure: {refine['reason']}")
+    return "".join(line + "\n" for line in lines)
 
 
 def cmd_plan(args: argparse.Namespace) -> int:

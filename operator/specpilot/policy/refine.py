@@ -252,17 +252,19 @@ class RefinePlan:
         return sum(r.repeat for r in self.requests)
 
     def jobs(self) -> list[RefineJob]:
-        """The requests grouped into Jobs: per profile, the ks that ask for the same levels and repeats share
-        one Job (one engine start per k either way)."""
-        by_run: dict[tuple[str, str | None, int], dict[int, int]] = {}
+        """The requests grouped into Jobs, measuring exactly what they ask for: a Job repeats all its levels
+        alike, so per profile and k the levels asking for the same repeats go together, and the ks asking
+        for the same levels and repeats share one Job (one engine start per k either way)."""
+        by_run: dict[tuple[str, str | None, int, int], list[int]] = {}
         for r in self.requests:
-            by_run.setdefault((r.profile_key, r.profile_name, r.num_speculative_tokens), {})[r.concurrency] = r.repeat
+            by_run.setdefault((r.profile_key, r.profile_name, r.num_speculative_tokens, r.repeat),
+                              []).append(r.concurrency)
         grouped: dict[tuple[str, str | None, tuple[int, ...], int], list[int]] = {}
-        for (key, name, k), levels in by_run.items():
-            repeat = max(levels.values())
+        for (key, name, k, repeat), levels in by_run.items():
             grouped.setdefault((key, name, tuple(sorted(levels)), repeat), []).append(k)
         return [RefineJob(key, name, tuple(sorted(ks)), levels, repeat)
-                for (key, name, levels, repeat), ks in sorted(grouped.items(), key=lambda item: item[0][0])]
+                for (key, name, levels, repeat), ks in sorted(grouped.items(),
+                                                              key=lambda item: (item[0][0], min(item[1])))]
 
     def to_dict(self) -> dict[str, Any]:
         return {
