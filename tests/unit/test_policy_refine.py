@@ -37,7 +37,7 @@ def refine_plan(baseline, method, min_gain: float = 2.0, budget: int | None = No
 
 def test_noisy_profiles_ask_for_the_levels_around_their_uncertain_boundaries():
     baseline, method = profiles()
-    plan = refine_plan(baseline, method)
+    plan = refine_plan(baseline, method, budget=60)  # enough for every uncertain boundary
     assert not plan.done and not refinement_done(plan)
     assert plan.uncertain and plan.requests
     schedule = plan_from_runs(baseline.status.run(0), method.status.runs, min_gain_percent=2.0,
@@ -110,6 +110,15 @@ def test_the_budget_counts_what_the_profiles_already_repeated():
     run.points.extend(p.model_copy() for p in run.points[-3:])
     assert spent_levels([baseline, method]) == 3
     assert refine_plan(baseline, method).spent_levels == 3
+
+
+def test_a_tight_budget_goes_to_the_best_worth_first():
+    baseline, method = profiles()
+    wide, tight = refine_plan(baseline, method, budget=60), refine_plan(baseline, method, budget=4)
+    assert 0 < tight.requested_levels <= 4 < wide.requested_levels
+    best = max(tight.uncertain, key=lambda b: b.worth(1) / b.cost(1))
+    assert {r.concurrency for r in tight.requests} <= set(best.levels) | {c for b in tight.uncertain
+                                                                          for c in b.levels}
 
 
 def test_allocation_takes_the_best_worth_per_level_and_shares_levels():

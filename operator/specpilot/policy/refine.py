@@ -16,7 +16,8 @@ repeats that bring CONFIDENCE_Z errors below the threshold, at most MAX_REPEAT.
 
 Each boundary's worth is the drop in the chance that the estimated gain is off by more than the threshold,
 2 * Phi(-threshold / se), per measured level it costs; boundaries are taken best first while the budget
-lasts (a boundary that does not fit whole gets the repeats that fit). Only the schedule to be served is
+lasts (a boundary that does not fit whole gets the repeats that fit; a run's levels share its largest
+repeat, as its one refinement Job repeats them). Only the schedule to be served is
 refined: the chosen candidate's, or, when no speculation is chosen, the best candidate's (its crossover is
 then what decides on/off). The budget counts measured levels (one level of one run measured once); a
 refinement Job per profile measures its levels once per k, each k on its own engine start (`jobs()`).
@@ -349,7 +350,11 @@ def boundaries(plan: SchedulePlan, min_gain_percent: float, method_key: str, met
 
 def allocate(candidates: Iterable[Boundary], budget_left: int) -> list[RefineRequest]:
     """Requests for the uncertain boundaries, best worth per measured level first, within `budget_left`
-    measured levels; a level two boundaries share is measured once, at the larger repeat."""
+    measured levels.
+
+    A refinement Job repeats every level of a run alike (one engine start per run), so the requests of one
+    run share its largest repeat, and a boundary costs what it adds to its runs' Jobs: its levels at its
+    repeats, plus the repeats its repeat adds to the levels already asked of those runs."""
     offers = []
     for b in candidates:
         if not b.uncertain:
@@ -357,26 +362,37 @@ def allocate(candidates: Iterable[Boundary], budget_left: int) -> list[RefineReq
         n = b.repeats_needed()
         offers.append((b.worth(n) / b.cost(n), b, n))
     offers.sort(key=lambda o: -o[0])
-    chosen: dict[tuple[RunRef, int], list] = {}
+    plan: dict[RunRef, tuple[set[int], int]] = {}
+    worth: dict[tuple[RunRef, int], float] = {}
+    reasons: dict[RunRef, list[str]] = {}
+
+    def cost(state: dict[RunRef, tuple[set[int], int]]) -> int:
+        return sum(len(levels) * repeat for levels, repeat in state.values())
+
+    def with_boundary(b: Boundary, n: int) -> dict[RunRef, tuple[set[int], int]]:
+        state = dict(plan)
+        for ref in b.runs:
+            levels, repeat = state.get(ref, (set(), 0))
+            state[ref] = (levels | set(b.levels), max(repeat, n))
+        return state
+
     left = budget_left
     for _, b, n in offers:
-        keys = [(ref, c) for ref in b.runs for c in b.levels]
-        # what this boundary adds over what is already asked for
-        def extra(repeat: int) -> int:
-            return sum(max(0, repeat - (chosen[key][0] if key in chosen else 0)) for key in keys)
-
-        while n >= 1 and extra(n) > left:
+        while n >= 1 and cost(with_boundary(b, n)) - cost(plan) > left:
             n -= 1
         if n < 1:
             continue
-        left -= extra(n)
-        share = b.worth(n) / len(keys)
-        for key in keys:
-            repeat, worth, reasons = chosen.get(key, (0, 0.0, []))
-            chosen[key] = (max(repeat, n), worth + share, [*reasons, b.describe()])
-    requests = [RefineRequest(ref.profile_key, ref.profile_name, ref.num_speculative_tokens, c, repeat, worth,
-                              "; ".join(dict.fromkeys(reasons)))
-                for (ref, c), (repeat, worth, reasons) in chosen.items()]
+        state = with_boundary(b, n)
+        left -= cost(state) - cost(plan)
+        plan = state
+        share = b.worth(n) / (len(b.runs) * len(b.levels))
+        for ref in b.runs:
+            reasons.setdefault(ref, []).append(b.describe())
+            for c in b.levels:
+                worth[ref, c] = worth.get((ref, c), 0.0) + share
+    requests = [RefineRequest(ref.profile_key, ref.profile_name, ref.num_speculative_tokens, c, repeat,
+                              worth.get((ref, c), 0.0), "; ".join(dict.fromkeys(reasons[ref])))
+                for ref, (levels, repeat) in plan.items() for c in sorted(levels)]
     return sorted(requests, key=lambda r: (-r.worth, r.profile_key, r.num_speculative_tokens, r.concurrency))
 
 
