@@ -124,3 +124,37 @@ def test_a_mode_that_speculates_without_a_drafter_is_refused():
     bad = Mode("bad", False, (2,) * SIZE)
     with pytest.raises(ValueError, match="does not load a drafter"):
         simulate(fixed(bad), ConstantTrace(duration_s=10, rps=1), SETUP, FleetConfig(max_num_seqs=SIZE))
+
+
+@dataclasses.dataclass
+class Growing(Scripted):
+    """A policy that adds a mode (another drafter) the first time it asks for it, as the operator's policy does."""
+
+    later: Mode | None = None
+
+    def control(self, observation) -> Action:
+        if observation.t_s >= self.switch_at_s and self.later is not None:
+            self.modes[self.later.name] = self.later
+        return super().control(observation)
+
+
+def test_a_mode_added_while_running_loads_its_own_drafter():
+    config = FleetConfig(max_num_seqs=SIZE, startup_s=30, control_interval_s=15, bin_s=1)
+    trace = ConstantTrace(duration_s=300, rps=0.5)
+    ngram = Mode("ngram", True, (2,) * SIZE, method="ngram")
+    policy = Growing({"on": ON}, 1, "on", 1, "ngram", switch_at_s=60, later=ngram)
+    result = simulate(policy, trace, SETUP, config, max_replicas=1, seed=2)
+    assert result.rollouts == 1
+    assert any("roll out on -> ngram" in what for _, what in result.events)
+    ts = result.timeseries
+    busy = ts["running_per_replica"] > 0
+    assert np.all(ts["mean_k"][(ts["t_s"] < 60) & busy] == pytest.approx(3))
+    assert np.all(ts["mean_k"][(ts["t_s"] > 150) & busy] == pytest.approx(2))
+    # the fleet observes a per-slice concurrency histogram over its window
+    seen = []
+    probe = Growing({"on": ON}, 1, "on", 1, "on")
+    probe.control = lambda observation: (seen.append(observation), Action(1, "on"))[1]
+    simulate(probe, ConstantTrace(duration_s=120, rps=2), SETUP, config, max_replicas=1)
+    histogram = seen[-1].concurrency_histogram
+    assert histogram and sum(w for _, w in histogram) == pytest.approx(1.0)
+    assert seen[-1].window_s == config.observation_window_s

@@ -122,6 +122,8 @@ class Mode:
     name: str
     speculative: bool
     k_by_batch_size: tuple[int, ...]
+    method: str | None = None
+    """The drafter a speculative mode loads; the policy's `method` when unset."""
 
     def k_at(self, batch_size: int) -> int:
         return self.k_by_batch_size[min(max(batch_size, 1), len(self.k_by_batch_size)) - 1]
@@ -143,6 +145,11 @@ class Observation:
     mode: str
     """The mode the fleet runs or rolls out to."""
     rollout_in_progress: bool
+    concurrency_histogram: tuple[tuple[float, float], ...] = ()
+    """Running requests per serving replica over the window: (concurrency, weight) sorted by concurrency,
+    weights summing to 1, one sample per slice (what the pool's Prometheus samples show)."""
+    window_s: float = 0.0
+    """Length of the window the averages cover."""
 
     @property
     def concurrency_per_replica(self) -> float:
@@ -161,8 +168,9 @@ class FleetPolicy(Protocol):
 
     name: str
     method: str | None
-    """The method whose drafter speculative modes load (None: never speculates)."""
+    """The method whose drafter speculative modes load unless a mode names its own (None: never speculates)."""
     modes: Mapping[str, Mode]
+    """The modes the policy may ask for; a policy may add modes while it runs (the fleet picks them up)."""
 
     def start(self) -> Action: ...
 
@@ -362,31 +370,13 @@ class _Fleet:
         self.lengths = setup.lengths
         self.max_replicas = max_replicas
 
-        self.mode_names = list(policy.modes)
-        modes = [policy.modes[n] for n in self.mode_names]
         S = self.S = config.max_num_seqs
-        max_k = max((max(m.k_by_batch_size, default=0) for m in modes), default=0)
-        # engine 0: the plain engine; engine 1: the method's drafter loaded
-        self.engines = [tables(None, 0)]
-        if any(m.speculative for m in modes):
-            self.engines.append(tables(policy.method, max_k))
-        K = max(e.max_k for e in self.engines)
-        steps = np.full((len(self.engines), S + 1, K + 1, len(_CONTEXT_GRID)), np.inf)
-        tokens = np.ones((len(self.engines), K + 1))
-        for i, e in enumerate(self.engines):
-            steps[i, :, : e.max_k + 1] = e.step_s
-            tokens[i, : e.max_k + 1] = e.tokens_per_step
-        self.step_table = steps
-        self.tokens_table = tokens
-        self.kv_capacity = np.array([e.kv_capacity_tokens for e in self.engines])
-        self.mode_engine = np.array([1 if m.speculative else 0 for m in modes])
-        kb = np.zeros((len(modes), S + 1), dtype=np.int64)
-        for i, m in enumerate(modes):
-            kb[i, 1:] = [m.k_at(b) for b in range(1, S + 1)]
-            if not m.speculative and kb[i].any():
-                raise ValueError(f"mode {m.name!r} speculates (K > 0) but does not load a drafter; "
-                                 f"set speculative=True")
-        self.mode_k = kb
+        self.tables = tables
+        self.mode_names: list[str] = []
+        self.modes: list[Mode] = []
+        self.engine_methods: list[str | None] = [None]  # engine 0: the plain engine; then one per drafter
+        self.engines: list[EngineTables] = []
+        self._sync_modes()
 
         R = self.R = max_replicas + max(2, max_replicas // 2)  # room for a surge replica and draining ones
         self.state = np.zeros(R, dtype=np.int8)
@@ -420,6 +410,48 @@ class _Fleet:
         self.completed = 0
         self.tokens = 0.0
         self.replica_seconds = 0.0
+
+    def _sync_modes(self) -> None:
+        """Take up the policy's modes (a policy may add some while it runs) and build the engine tables they
+        need: the plain engine, and one engine per drafter method with the largest K its modes use."""
+        new = [n for n in self.policy.modes if n not in self.mode_names]
+        if not new and self.engines:
+            return
+        S = self.S
+        for name in new:
+            mode = self.policy.modes[name]
+            if not mode.speculative and any(mode.k_by_batch_size):
+                raise ValueError(f"mode {mode.name!r} speculates (K > 0) but does not load a drafter; "
+                                 f"set speculative=True")
+            method = mode.method or self.policy.method
+            if mode.speculative and method is None:
+                raise ValueError(f"mode {mode.name!r} speculates but names no method, and policy "
+                                 f"{self.policy.name!r} has none")
+            if mode.speculative and method not in self.engine_methods:
+                self.engine_methods.append(method)
+            self.mode_names.append(name)
+            self.modes.append(mode)
+        max_k = [0] * len(self.engine_methods)
+        mode_engine = []
+        for m in self.modes:
+            e = self.engine_methods.index(m.method or self.policy.method) if m.speculative else 0
+            mode_engine.append(e)
+            max_k[e] = max(max_k[e], max(m.k_by_batch_size, default=0))
+        self.engines = [self.tables(method, k) for method, k in zip(self.engine_methods, max_k, strict=True)]
+        K = max(e.max_k for e in self.engines)
+        steps = np.full((len(self.engines), S + 1, K + 1, len(_CONTEXT_GRID)), np.inf)
+        tokens = np.ones((len(self.engines), K + 1))
+        for i, e in enumerate(self.engines):
+            steps[i, :, : e.max_k + 1] = e.step_s
+            tokens[i, : e.max_k + 1] = e.tokens_per_step
+        self.step_table = steps
+        self.tokens_table = tokens
+        self.kv_capacity = np.array([e.kv_capacity_tokens for e in self.engines])
+        self.mode_engine = np.array(mode_engine, dtype=np.int64)
+        kb = np.zeros((len(self.modes), S + 1), dtype=np.int64)
+        for i, m in enumerate(self.modes):
+            kb[i, 1:] = [m.k_at(b) for b in range(1, S + 1)]
+        self.mode_k = kb
 
     # ---- replicas ----------------------------------------------------------------------------------------
     def _start_replica(self, t: float, mode: int, warm: bool = False) -> bool:
@@ -464,6 +496,7 @@ class _Fleet:
 
     def _apply(self, t: float, action: Action) -> None:
         replicas = int(min(max(action.replicas, 1), self.max_replicas))
+        self._sync_modes()
         if action.mode not in self.mode_names:
             raise ValueError(f"policy {self.policy.name!r} asked for mode {action.mode!r}; its modes are "
                              f"{', '.join(self.mode_names)}")
@@ -516,8 +549,10 @@ class _Fleet:
         if len(self.engines) == 1 or (engines == engines[0]).all():
             work = self.engines[int(engines[0])].prefill_time_s(prompt)
         else:
-            work = np.where(engines == 1, self.engines[-1].prefill_time_s(prompt),
-                            self.engines[0].prefill_time_s(prompt))
+            work = np.empty(prompt.size)
+            for e in np.unique(engines):
+                on = engines == e
+                work[on] = self.engines[int(e)].prefill_time_s(prompt[on])
         finish = _sequential_finish(admit, work, _group_starts(rows), busy_until[rows])
         self.active[rows, cols] = True
         self.rem[rows, cols] = output - 1.0
@@ -706,12 +741,16 @@ class _Fleet:
         waiting = sum(w[2] for w in window) / n
         serving_sum = sum(w[3] for w in window)
         live = (self.state == STARTING) | (self.state == SERVING)
+        samples = collections.Counter(round(w[1] / w[3], 1) for w in window if w[3])
+        weight = sum(samples.values())
         return Observation(
             t_s=t, arrival_rate_rps=arrivals / (n * self.config.slice_s),
             running_per_replica=running / serving_sum if serving_sum else 0.0, waiting=waiting,
             serving_replicas=int((self.state == SERVING).sum()), active_replicas=int(live.sum()),
             mode=self.mode_names[self.target_mode],
-            rollout_in_progress=bool((live & (self.mode != self.target_mode)).any()))
+            rollout_in_progress=bool((live & (self.mode != self.target_mode)).any()),
+            concurrency_histogram=tuple((c, count / weight) for c, count in sorted(samples.items())),
+            window_s=n * self.config.slice_s)
 
 
 _NO_INT = np.empty(0, dtype=np.int64)
