@@ -5,53 +5,75 @@
   team that benchmarks one request at a time would pick), fixed replicas.
 - `static<32`: the common rule of thumb: the same k, but no speculation at 32 or more concurrent requests
   (a two-range schedule), fixed replicas.
-- `restart-toggle`: the restart strategy: the engine runs the method at a fixed k or without it, and
-  `policy.restart.step` (the operator's controller) toggles by rollout around the crossover concurrency,
-  fixed replicas.
-- `specpilot`: the schedule `policy.choose.decide_pool` picks from synthetic profiles of every candidate
-  (built by `sim.synthetic` as the benchmark Job would measure them), fixed replicas.
-- `specpilot+autoscale`: that schedule plus `policy.replicas.plan_replicas` with the decision's SLO-feasible
-  capacity per replica, between min and max replicas.
-- `no-sd+autoscale` (reference): the same replica planner with the capacity of the engine without
+- `restart-toggle`: the operator with `policy.strategy: restart` and that method as its only candidate:
+  the engine runs the method at the restart plan's k or without it, toggled by rollout around the
+  crossover, fixed replicas.
+- `specpilot`: the operator with `policy.strategy: dynamic` and every candidate (synthetic profiles built
+  by `sim.synthetic` as the benchmark Job would measure them), fixed replicas.
+- `specpilot+autoscale`: the same with `serving.autoscaling: internal` between min and max replicas.
+- `no-sd+autoscale` (reference): `policy.replicas.plan_replicas` with the capacity of the engine without
   speculation, to show what the speculation-aware capacity adds.
 
-Every decision goes through the same functions the operator calls; this module only adapts the
-simulator's observations to them.
+The three operator policies are `OperatorPolicy`: it keeps the pool's `PoolStatus` between control steps
+(read back through its JSON form each step, as the operator reads it from the API server) and calls the
+operator's own pool planner, `policy.planner.plan_pool`, at every control step, through the simulated
+connector (`sim.connector`) that turns the fleet's observations into the `PoolObservation` the
+operator's observer reports and the planner's `Serve` into engine modes and replicas. So what `specpilot
+simulate` reports for them is what the operator would do with those observations. The fixed baselines
+are simple references, built from the same up-front decision (`plan_pool` here: `decide_pool` on the
+expected load) that the report's header shows.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 import numpy as np
 
-from ..api.deployment import Hysteresis, Policy, Strategy
+from ..api.deployment import (
+    Autoscaling,
+    ConcurrencyWeight,
+    GpuPool,
+    Hysteresis,
+    ModelSpec,
+    Policy,
+    PoolStatus,
+    ReplicaTarget,
+    Serving,
+    SpeculativeDeploymentSpec,
+    Strategy,
+)
+from ..api.methods import CandidateMethod
 from ..api.profile import SpeculationProfile
-from ..policy import restart
+from ..observe.model import PoolObservation
+from ..policy import planner
 from ..policy.choose import BASELINE_KEY, CandidatePlan, PoolPlan, decide_pool
+from ..policy.planner import PoolInputs, PoolProfiles, Serve
 from ..policy.replicas import ReplicaState, plan_replicas
 from ..policy.surface import BaselineSurface, build_baseline
+from .connector import EPOCH, SimulatedConnector
 from .fleet import Action, FleetSetup, Mode, Observation
 from .synthetic import Scenario, synthetic_profiles
 from .traces import LoadTrace
 
 __all__ = [
+    "AutoscalePolicy",
     "Candidate",
+    "ControlStep",
     "FixedPolicy",
+    "OperatorPolicy",
     "PlanningInputs",
     "PoolPlanning",
-    "RestartTogglePolicy",
-    "AutoscalePolicy",
     "build_policies",
+    "deployment_spec",
     "plan_pool",
 ]
 
 STATIC_RULE_CONCURRENCY = 32
 """The rule of thumb `static<32` follows: no speculation at this many concurrent requests or more."""
-_EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
+_EPOCH = EPOCH
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,9 +139,18 @@ class PoolPlanning:
     profiles: dict[str, SpeculationProfile]
     baseline: SpeculationProfile
     concurrency_histogram: list[tuple[float, float]]
+    candidates: tuple[CandidateMethod, ...] = ()
+    """The candidates as the spec lists them, in the order of `PlanningInputs.candidates`."""
 
     def row(self, plan: PoolPlan, key: str | None) -> CandidatePlan:
         return next(r for r in plan.candidates if r.key == (key or BASELINE_KEY))
+
+    def pool_profiles(self, keys: list[str]) -> PoolProfiles:
+        """The planner's typed view of the pool's profiles for the candidates `keys` (all Succeeded)."""
+        methods = {k: self.profiles[k] for k in keys}
+        names = tuple(sorted({self.baseline.metadata["name"], *(p.metadata["name"] for p in methods.values())}))
+        return PoolProfiles(baseline=self.baseline, methods=methods, ready=len(names), total=len(names),
+                            names=names)
 
     @property
     def baseline_surface(self) -> BaselineSurface:
@@ -189,7 +220,7 @@ def plan_pool(inputs: PlanningInputs, trace: LoadTrace) -> PoolPlanning:
                            max_batch_size=inputs.max_num_seqs, now=_EPOCH)
 
     return PoolPlanning(dynamic=decide(Strategy.DYNAMIC), restart=decide(Strategy.RESTART), profiles=profiles,
-                        baseline=baseline, concurrency_histogram=histogram)
+                        baseline=baseline, concurrency_histogram=histogram, candidates=tuple(candidates))
 
 
 def best_k_at_one(row: CandidatePlan) -> int:
@@ -223,41 +254,150 @@ class FixedPolicy:
         return Action(self.replicas, self.mode.name)
 
 
+def deployment_spec(inputs: PlanningInputs, candidates: list[CandidateMethod], strategy: Strategy,
+                    autoscale: bool, expected: list[tuple[float, float]] | None = None) -> SpeculativeDeploymentSpec:
+    """The SpeculativeDeployment spec the simulated pool runs under: the simulator's model, candidates, SLO,
+    hysteresis and replica settings; `expected` becomes `policy.expectedConcurrency` (what the planner weighs
+    before it has observed the load). Without autoscaling the pool runs `inputs.replicas` replicas."""
+    setup = inputs.setup
+    expected_concurrency = [ConcurrencyWeight(concurrency=max(1, round(c)), weight=w)
+                            for c, w in (expected or []) if w > 0][:256]
+    if autoscale:
+        serving = Serving(autoscaling=Autoscaling.INTERNAL, min_replicas=inputs.min_replicas,
+                          max_replicas=inputs.max_replicas,
+                          target_utilization_percent=inputs.target_utilization_percent,
+                          scale_down_stabilization_seconds=round(inputs.scale_down_stabilization_s))
+    else:
+        serving = Serving(autoscaling=Autoscaling.NONE, min_replicas=inputs.replicas, max_replicas=inputs.replicas)
+    return SpeculativeDeploymentSpec(
+        model=ModelSpec(id=setup.model_id, tensor_parallel_size=setup.tensor_parallel_size),
+        methods=candidates,
+        gpu_pools=[GpuPool(name="sim", sku=setup.sku, price_per_gpu_hour=setup.gpu_price_per_hour)],
+        policy=Policy(tpot_slo_ms=inputs.slo_tpot_ms, strategy=strategy, hysteresis=inputs.hysteresis,
+                      expected_concurrency=expected_concurrency),
+        serving=serving)
+
+
+@dataclasses.dataclass(frozen=True)
+class ControlStep:
+    """One control step as the operator would have seen it: the planner's inputs that vary from step to step
+    (the pool's previous status as written, the observation, the Deployment's replicas and rollout, now)
+    and what it served."""
+
+    t_s: float
+    previous: dict
+    """The pool's status before the step, as written to the API server (`PoolStatus.dump()`)."""
+    observation: PoolObservation | None
+    current_replicas: int
+    rolling_out: bool
+    now: datetime
+    serve: Serve
+
+
 @dataclasses.dataclass
-class RestartTogglePolicy:
-    """Speculation on (fixed k) or off (engine without the drafter), toggled by policy.restart.step."""
+class OperatorPolicy:
+    """The operator's rules on the simulated pool: `policy.planner.plan_pool` at every control step.
+
+    Keeps the pool's `PoolStatus` between steps and reads it back through its JSON form each time (as the
+    operator reads it from the API server), so everything the planner remembers (the decision and its
+    basis, the restart toggle's clocks, the replica stabilisation window) goes through the status. The
+    connector turns observations into `PoolObservation`s and `Serve` into the fleet's actions.
+    `record=True` keeps every `ControlStep` in `steps` (to replay them, see `replay_agreement`)."""
 
     name: str
-    method: str
-    k: int
-    crossover_concurrency: float | None
-    hysteresis: Hysteresis
-    replicas: int
-    max_num_seqs: int
-    description: str = ""
-    state: restart.RestartState = dataclasses.field(
-        default_factory=lambda: restart.RestartState(speculation_enabled=True))
+    spec: SpeculativeDeploymentSpec
+    profiles: PoolProfiles
+    connector: SimulatedConnector
+    start_replicas: int
+    intro: str = ""
+    """What the report says of the policy before the engine modes it ran."""
+    record: bool = False
+    status: PoolStatus | None = None
+    current: int = 0
+    method: str | None = None
+    """The drafter method last served (the report's method column)."""
+    steps: list[ControlStep] = dataclasses.field(default_factory=list)
 
     @property
     def modes(self) -> dict[str, Mode]:
-        return {"sd-on": Mode("sd-on", True, _constant(self.k, self.max_num_seqs)),
-                "sd-off": Mode("sd-off", False, _constant(0, self.max_num_seqs))}
+        return self.connector.modes
+
+    @property
+    def description(self) -> str:
+        if len(self.modes) <= 1:
+            return self.intro
+        return f"{self.intro}; ran {', '.join(self.modes)}"
+
+    @property
+    def pool(self) -> GpuPool:
+        return self.spec.gpu_pools[0]
+
+    def initial_status(self) -> PoolStatus:
+        """The pool as a running deployment leaves it: `start_replicas` up until now, so scale-down waits
+        out the stabilisation window as it would after any earlier reconcile."""
+        targets = []
+        if self.spec.serving.autoscaling != Autoscaling.NONE.value:
+            targets = [ReplicaTarget(time=self.connector.at(0.0), replicas=self.start_replicas)]
+        return PoolStatus(name=self.pool.name, replicas=self.start_replicas, replica_targets=targets)
+
+    def inputs(self, previous: PoolStatus, observation: PoolObservation | None, current_replicas: int,
+               rolling_out: bool, now: datetime) -> PoolInputs:
+        """What the controller gathers for `plan_pool`, here from the simulated pool."""
+        return PoolInputs(
+            spec=self.spec, generation=1, pool=self.pool, sku=self.pool.sku, gpu_products=(),
+            nodes=self.spec.serving.max_replicas, previous=previous, profiles=self.profiles,
+            observation=observation, current_replicas=current_replicas, rolling_out=rolling_out,
+            price_per_gpu_hour=self.pool.price_per_gpu_hour, now=now)
 
     def start(self) -> Action:
-        self.state = restart.RestartState(speculation_enabled=True)
-        return Action(self.replicas, "sd-on")
+        self.status = self.initial_status()
+        self.current = self.start_replicas
+        self.steps = []
+        return self._step(0.0, None, rolling_out=False)
 
     def control(self, observation: Observation) -> Action:
-        seen = restart.Observation(concurrency_per_replica=observation.running_per_replica,
-                                   at=_EPOCH + timedelta(seconds=observation.t_s))
-        self.state = restart.step(self.state, seen, self.crossover_concurrency, self.hysteresis,
-                                  observation.rollout_in_progress).state
-        return Action(self.replicas, "sd-on" if self.state.speculation_enabled else "sd-off")
+        return self._step(observation.t_s, self.connector.observe(observation), observation.rollout_in_progress)
+
+    def _step(self, t_s: float, observation: PoolObservation | None, rolling_out: bool) -> Action:
+        written = self.status.dump()
+        now = self.connector.at(t_s)
+        outcome = planner.plan_pool(self.inputs(PoolStatus.model_validate(written), observation, self.current,
+                                                rolling_out, now))
+        self.status = outcome.status
+        if self.record:
+            self.steps.append(ControlStep(t_s, written, observation, self.current, rolling_out, now, outcome.serve))
+        action = self.connector.actuate(outcome.serve, self.current)
+        self.current = action.replicas
+        mode = self.connector.modes[action.mode]
+        if mode.speculative:
+            self.method = mode.method
+        return action
+
+
+def serve_key(serve: Serve | None) -> tuple | None:
+    """What a control step serves, to compare two: method, K, schedule, replicas."""
+    if serve is None:
+        return None
+    schedule = tuple((r.from_batch_size, r.to_batch_size, r.num_speculative_tokens) for r in serve.schedule or ())
+    return (serve.method.key if serve.method else None, serve.num_speculative_tokens, schedule, serve.replicas)
+
+
+def replay_agreement(policy: OperatorPolicy) -> tuple[int, int]:
+    """(steps whose serve a fresh planner reproduces, steps): each recorded step re-planned from its status
+    as read back from the API server, as a restarted operator would, with the same observation."""
+    same = 0
+    for step in policy.steps:
+        previous = PoolStatus.model_validate(step.previous)
+        outcome = planner.plan_pool(policy.inputs(previous, step.observation, step.current_replicas,
+                                                  step.rolling_out, step.now))
+        same += serve_key(outcome.serve) == serve_key(step.serve)
+    return same, len(policy.steps)
 
 
 @dataclasses.dataclass
 class AutoscalePolicy:
-    """One engine mode; replicas from policy.replicas.plan_replicas with a given capacity per replica."""
+    """One engine mode; replicas from policy.replicas.plan_replicas with a given capacity per replica, fed as
+    the operator's planner feeds it (demand = running + waiting requests of the pool)."""
 
     name: str
     method: str | None
@@ -268,8 +408,6 @@ class AutoscalePolicy:
     max_replicas: int
     target_utilization_percent: float
     stabilization_s: float
-    tpot_ms_at: Callable[[float], float] | None = None
-    """TPOT at a per-replica concurrency under this mode; when given, demand is expressed at capacity."""
     description: str = ""
     state: ReplicaState = dataclasses.field(default_factory=ReplicaState)
     current: int = 0
@@ -285,10 +423,8 @@ class AutoscalePolicy:
         return Action(self.current, self.mode.name)
 
     def control(self, observation: Observation) -> Action:
+        # running + waiting summed over the pool, as the operator's planner computes demand
         demand = observation.running_per_replica * observation.serving_replicas + observation.waiting
-        if self.tpot_ms_at is not None:
-            demand = demand_at_capacity(demand, observation.serving_replicas, self.tpot_ms_at,
-                                        self.capacity_per_replica)
         plan = plan_replicas(self.state, demand, self.current, self.capacity_per_replica,
                              self.target_utilization_percent, self.min_replicas, self.max_replicas,
                              self.stabilization_s, _EPOCH + timedelta(seconds=observation.t_s))
@@ -296,40 +432,21 @@ class AutoscalePolicy:
         return Action(self.current, self.mode.name)
 
 
-def demand_at_capacity(demand: float, replicas: int, tpot_ms_at: Callable[[float], float],
-                       capacity_per_replica: float | None) -> float:
-    """The concurrency today's request rate would reach if every replica ran at capacity (Little's law).
-
-    Concurrency is request rate times latency, and latency grows with the batch: a lightly loaded replica
-    finishes requests fast (under speculation about 3x faster than at capacity), so running + waiting
-    seen there understates what the same traffic needs at the capacity the planner divides by. Scaling
-    by TPOT(capacity) / TPOT(current) puts both in the same units; an overloaded pool is left as seen.
-    """
-    if not capacity_per_replica or replicas < 1 or demand <= 0:
-        return demand
-    current = demand / replicas
-    if current >= capacity_per_replica:
-        return demand
-    now_ms, at_capacity_ms = tpot_ms_at(max(current, 1.0)), tpot_ms_at(capacity_per_replica)
-    if not (now_ms > 0 and math.isfinite(now_ms) and math.isfinite(at_capacity_ms)):
-        return demand
-    return demand * max(1.0, at_capacity_ms / now_ms)
-
-
-def _schedule_mode(row: CandidatePlan, size: int) -> Mode:
-    if row.method is None or row.schedule is None or row.num_speculative_tokens == 0:
-        return Mode("no-sd", False, _constant(0, size))
-    dense = row.schedule.k_by_batch_size
-    k = tuple(dense[min(b, len(dense)) - 1] for b in range(1, size + 1))
-    return Mode("schedule", True, k)
-
-
-def build_policies(inputs: PlanningInputs, planning: PoolPlanning) -> list:
-    """The policies to compare, in the order the report lists them."""
+def build_policies(inputs: PlanningInputs, planning: PoolPlanning, record: bool = False) -> list:
+    """The policies to compare, in the order the report lists them. `record=True` makes the operator
+    policies keep their control steps (`OperatorPolicy.steps`)."""
     size = inputs.max_num_seqs
     n = inputs.replicas
     policies: list = [FixedPolicy("no-sd", None, Mode("no-sd", False, _constant(0, size)), n,
                                   "no speculation")]
+    expected = planning.concurrency_histogram
+
+    def operator(name: str, candidates: list[CandidateMethod], strategy: Strategy, autoscale: bool,
+                 description: str, **names) -> OperatorPolicy:
+        spec = deployment_spec(inputs, candidates, strategy, autoscale, expected)
+        return OperatorPolicy(name, spec, planning.pool_profiles([c.key for c in candidates]),
+                              SimulatedConnector(size, **names), n, description, record)
+
     fixed = planning.fixed_method_row
     if fixed is not None and fixed.schedule is not None:
         k = best_k_at_one(fixed)
@@ -343,28 +460,28 @@ def build_policies(inputs: PlanningInputs, planning: PoolPlanning) -> list:
         restart_row = next((r for r in planning.restart.candidates if r.key == fixed.key), None)
         if restart_row is not None and restart_row.ready and restart_row.num_speculative_tokens > 0:
             crossover = restart_row.crossover_concurrency
-            policies.append(RestartTogglePolicy(
-                "restart-toggle", fixed.method, restart_row.num_speculative_tokens,
-                float(crossover) if crossover is not None else None, inputs.hysteresis, n, size,
+            candidate = next(c for c in planning.candidates if c.key == fixed.key)
+            policies.append(operator(
+                "restart-toggle", [candidate], Strategy.RESTART, False,
                 f"{fixed.key} at k={restart_row.num_speculative_tokens}, rolled off above "
-                f"{crossover if crossover is not None else 'never'} concurrent requests per replica"))
+                f"{crossover if crossover is not None else 'never'} concurrent requests per replica "
+                f"(the operator, strategy restart)", on_name="sd-on", off_name="sd-off"))
     chosen = planning.chosen
-    mode = _schedule_mode(chosen, size)
-    method = chosen.method if mode.speculative else None
     summary = planning.dynamic.decision.schedule_summary or "no speculation"
-    policies.append(FixedPolicy("specpilot", method, mode, n, f"{chosen.key}: schedule {summary}"))
-    base_row = planning.row(planning.dynamic, None)
-    scale = dict(start_replicas=n, min_replicas=inputs.min_replicas, max_replicas=inputs.max_replicas,
-                 target_utilization_percent=inputs.target_utilization_percent,
-                 stabilization_s=inputs.scale_down_stabilization_s)
+    everyone = list(planning.candidates)
+    policies.append(operator("specpilot", everyone, Strategy.DYNAMIC, False,
+                             f"{chosen.key}: schedule {summary} (the operator, fixed replicas)", on_name="schedule"))
     capacity = planning.dynamic.capacity_concurrency_per_replica
-    tpot_at = chosen.schedule.tpot_ms_at if mode.speculative else planning.baseline_surface.tpot_ms
-    policies.append(AutoscalePolicy("specpilot+autoscale", method, mode, capacity, tpot_ms_at=tpot_at,
-                                    description=f"schedule {summary}; {_capacity_words(capacity)}", **scale))
+    policies.append(operator("specpilot+autoscale", everyone, Strategy.DYNAMIC, True,
+                             f"schedule {summary}; {_capacity_words(capacity)} (the operator, "
+                             f"{inputs.min_replicas}-{inputs.max_replicas} replicas)", on_name="schedule"))
+    base_row = planning.row(planning.dynamic, None)
     policies.append(AutoscalePolicy("no-sd+autoscale", None, Mode("no-sd", False, _constant(0, size)),
-                                    base_row.capacity_concurrency, tpot_ms_at=planning.baseline_surface.tpot_ms,
-                                    description=f"no speculation; {_capacity_words(base_row.capacity_concurrency)}",
-                                    **scale))
+                                    base_row.capacity_concurrency, start_replicas=n, min_replicas=inputs.min_replicas,
+                                    max_replicas=inputs.max_replicas,
+                                    target_utilization_percent=inputs.target_utilization_percent,
+                                    stabilization_s=inputs.scale_down_stabilization_s,
+                                    description=f"no speculation; {_capacity_words(base_row.capacity_concurrency)}"))
     return policies
 
 
