@@ -71,11 +71,15 @@ class Refused(ApiException):
     def __init__(self, status: int, method: str, path: str, detail: str) -> None:
         super().__init__(status=status, reason=f"{method} {path}: HTTP {status}: {detail}")
         self.method, self.path, self.detail = method, path, detail
+        self.name: str | None = None
+        """The object's name when the path does not hold it (a create)."""
 
     @property
     def target(self) -> str:
         """The object the request was about, as `resource namespace/name` (or the path)."""
         parts = self.path.strip("/").split("/")
+        if self.name and self.method == "POST":
+            parts.append(self.name)
         sub = ""
         if parts and parts[-1] in ("status", "scale"):
             sub, parts = f" ({parts[-1]})", parts[:-1]
@@ -194,7 +198,11 @@ class Kube:
 
     async def create(self, obj: dict) -> dict:
         plural = KIND_TO_PLURAL[obj["kind"]]
-        return await self._call("POST", resource_path(plural, obj["metadata"].get("namespace")), body=obj)
+        try:
+            return await self._call("POST", resource_path(plural, obj["metadata"].get("namespace")), body=obj)
+        except Refused as exc:
+            exc.name = obj["metadata"].get("name") or obj["metadata"].get("generateName")
+            raise
 
     async def patch(self, plural: str, namespace: str | None, name: str, patch: dict,
                     subresource: str | None = None) -> dict:

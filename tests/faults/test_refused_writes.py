@@ -1,0 +1,89 @@
+"""Writes the API server refuses (422 invalid, 413 too large): on the deployment's status, on a generated
+Deployment, on the benchmark Jobs. Each is reported as Reconciled=False naming the object and the fix, with
+one Warning Event however often it is retried, and the object is reconciled again once the write passes
+(a refused status patch used to end kopf's timers for the object until the operator restarted)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from tests.faults.conftest import SKU, assert_no_duplicate_jobs, reconciled
+from tests.operator.scenario import (H100, NAMESPACE, condition, deployment, events, jobs, node, profiles,
+                                     publish_results, sdep)
+
+pytestmark = [pytest.mark.operator, pytest.mark.slow]
+
+
+async def test_a_refused_status_write_is_reported_once_retried_and_the_timers_go_on(sandbox, operators):
+    operators()
+    await sandbox.create(node("gpu-a", H100, "h100"))
+    fault = sandbox.refuse("speculativedeployments", "llama", subresource="status", code=422,
+                           message='SpeculativeDeployment.specpilot.io "llama" is invalid: status.pools: Too many')
+    await sandbox.create(sdep())
+    warning = await sandbox.wait_for(lambda: events(sandbox, "WriteRefused"), timeout_s=30, what="a WriteRefused Event")
+    assert "speculativedeployments team/llama (status)" in warning[0]["message"]
+    assert "HTTP 422" in warning[0]["message"] and "status.pools: Too many" in warning[0]["message"]
+    await asyncio.sleep(12)  # the handlers and both timers retry (10 s back-off): still one Event
+    assert fault.hits >= 3
+    assert len(events(sandbox, "WriteRefused")) == 1
+    sandbox.allow(fault)
+
+    # The timers were not stopped: the status is written, profiling goes on and the pool is served.
+    await sandbox.wait_for(lambda: len(profiles(sandbox)) == 3, timeout_s=60, what="three profiles")
+    await publish_results(sandbox, SKU, timeout_s=90)
+    await sandbox.wait_for(lambda: deployment(sandbox, "h100"), timeout_s=90, what="the serving Deployment")
+    final = await reconciled(sandbox)
+    assert final["phase"] == "Serving"
+    assert_no_duplicate_jobs(sandbox)
+
+
+async def test_a_refused_deployment_is_named_with_the_fix_then_created(sandbox, operators):
+    operators()
+    fault = sandbox.refuse("deployments", "llama-h100", code=422, message=(
+        'Deployment.apps "llama-h100" is invalid: spec.template.spec.containers[0].image: denied by policy '
+        'allowed-registries'))
+    await sandbox.create(node("gpu-a", H100, "h100"))
+    await sandbox.create(sdep())
+    await sandbox.wait_for(lambda: len(profiles(sandbox)) == 3, timeout_s=30, what="three profiles")
+    await publish_results(sandbox, SKU, timeout_s=90)
+
+    cond = await sandbox.wait_for(
+        lambda: (c := condition(sandbox, "Reconciled")) and c["status"] == "False" and c, timeout_s=60,
+        what="Reconciled=False")
+    assert cond["reason"] == "WriteRefused"
+    assert "deployments team/llama-h100" in cond["message"]
+    assert "containers[0].image: denied by policy" in cond["message"] and "admission" in cond["message"]
+    await asyncio.sleep(12)
+    assert len(events(sandbox, "WriteRefused")) == 1
+    assert deployment(sandbox, "h100") is None
+
+    sandbox.allow(fault)
+    await sandbox.wait_for(lambda: deployment(sandbox, "h100"), timeout_s=90, what="the serving Deployment")
+    final = await reconciled(sandbox)
+    assert final["phase"] == "Serving"
+
+
+async def test_jobs_refused_as_too_large_are_reported_then_run(sandbox, operators):
+    operators()
+    fault = sandbox.refuse("jobs", code=413, verbs=frozenset({"create"}))
+    await sandbox.create(node("gpu-a", H100, "h100"))
+    await sandbox.create(sdep())
+    cond = await sandbox.wait_for(
+        lambda: (c := condition(sandbox, "Reconciled")) and c["status"] == "False" and c, timeout_s=60,
+        what="Reconciled=False")
+    assert cond["reason"] == "WriteRefused" and "jobs team/" in cond["message"]
+    assert "HTTP 413" in cond["message"] and "too large" in cond["message"]
+    warning = events(sandbox, "WriteRefused")
+    assert len(warning) == 1 and warning[0]["type"] == "Warning"
+    assert jobs(sandbox) == []
+
+    sandbox.allow(fault)
+    await publish_results(sandbox, SKU, timeout_s=120)
+    await sandbox.wait_for(lambda: deployment(sandbox, "h100"), timeout_s=90, what="the serving Deployment")
+    final = await reconciled(sandbox)
+    assert final["phase"] == "Serving"
+    assert_no_duplicate_jobs(sandbox)
+    assert {p["status"]["phase"] for p in profiles(sandbox)} == {"Succeeded"}
+    assert NAMESPACE
