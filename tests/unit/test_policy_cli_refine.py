@@ -22,9 +22,9 @@ def test_json_carries_the_refinement_of_each_group(tmp_path, capsys):
     assert main(["plan", "--profile", write_profiles(tmp_path, 0.05), "-o", "json"]) == 0
     (group,) = json.loads(capsys.readouterr().out)
     refine = group["refine"]
-    assert refine["done"] is False and refine["budgetLevels"] == 18 and refine["spentLevels"] == 0
+    assert refine["done"] is False and refine["budgetLevels"] == 36 and refine["spentLevels"] == 0
     assert refine["uncertain"] and refine["requests"] and refine["jobs"]
-    assert sum(j["measuredLevels"] for j in refine["jobs"]) == refine["requestedLevels"] <= 18
+    assert sum(j["measuredLevels"] for j in refine["jobs"]) == refine["requestedLevels"] <= 36
     assert {r["profile"] for r in refine["requests"]} <= {"baseline", "eagle3"}
 
 
@@ -32,7 +32,7 @@ def test_the_table_says_which_crossovers_are_uncertain_and_what_settles_them(tmp
     assert main(["plan", "--profile", write_profiles(tmp_path, 0.05), "--refine-budget", "40"]) == 0
     out = capsys.readouterr().out
     assert "uncertain: eagle3 SD off above 230 concurrent requests: the gain there is known to ±2.3%" in out
-    assert "refine: measuring these would settle it" in out
+    assert "refine: measuring these narrows it" in out
     assert "--append" in out and "specpilot-bench --profile-name h100-sxm-baseline-" in out
 
 

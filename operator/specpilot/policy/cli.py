@@ -274,8 +274,11 @@ def _refine_text(refine: dict[str, Any]) -> str:
                      f"{b['thresholdPercent']:g}% minimum gain needs ±{b['neededPercent']:.1f}% (levels "
                      f"{', '.join(map(str, b['levels']))} place it)")
     if refine["jobs"]:
-        lines.append(f"refine: measuring these would settle it ({refine['requestedLevels']} levels of the "
-                     f"{refine['budgetLevels'] - refine['spentLevels']} left in the budget):")
+        left = refine.get("unaddressed") or []
+        tail = (f"; the budget does not reach the change{'s' if len(left) > 1 else ''} at "
+                f"{', '.join(map(str, left))}" if left else "")
+        lines.append(f"refine: measuring these narrows it ({refine['requestedLevels']} levels of the "
+                     f"{refine['budgetLevels'] - refine['spentLevels']} left in the budget{tail}):")
         for job in refine["jobs"]:
             name = job["profileName"] or job["profile"]
             lines.append(f"  {job['profile']}: k={','.join(map(str, job['ks']))} at concurrency "

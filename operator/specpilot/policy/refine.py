@@ -70,7 +70,7 @@ __all__ = [
     "spent_levels",
 ]
 
-DEFAULT_BUDGET_SHARE = 0.5
+DEFAULT_BUDGET_SHARE = 1.0
 """Refinement budget, in measured levels, as a share of the levels the group's first sweep measured."""
 MAX_REPEAT = 8
 """Most repeats asked for one level of one run in one round."""
@@ -252,6 +252,14 @@ class RefinePlan:
     def requested_levels(self) -> int:
         return sum(r.repeat for r in self.requests)
 
+    @property
+    def unaddressed(self) -> tuple[Boundary, ...]:
+        """Uncertain boundaries no request measures (the budget left did not reach them)."""
+        asked = {(r.profile_key, r.num_speculative_tokens, r.concurrency) for r in self.requests}
+        return tuple(b for b in self.uncertain
+                     if not any((ref.profile_key, ref.num_speculative_tokens, c) in asked
+                                for ref in b.runs for c in b.levels))
+
     def jobs(self) -> list[RefineJob]:
         """The requests grouped into Jobs, measuring exactly what they ask for: a Job repeats all its levels
         alike, so per profile and k the levels asking for the same repeats go together, and the ks asking
@@ -275,6 +283,7 @@ class RefinePlan:
             "spentLevels": self.spent_levels,
             "requestedLevels": self.requested_levels,
             "uncertain": [b.to_dict() for b in self.uncertain],
+            "unaddressed": [b.batch_size for b in self.unaddressed],
             "requests": [r.to_dict() for r in self.requests],
             "jobs": [j.to_dict() for j in self.jobs()],
         }
@@ -364,7 +373,7 @@ def allocate(candidates: Iterable[Boundary], budget_left: int) -> list[RefineReq
     offers.sort(key=lambda o: -o[0])
     plan: dict[RunRef, tuple[set[int], int]] = {}
     worth: dict[tuple[RunRef, int], float] = {}
-    reasons: dict[RunRef, list[str]] = {}
+    reasons: dict[tuple[RunRef, int], list[str]] = {}
 
     def cost(state: dict[RunRef, tuple[set[int], int]]) -> int:
         return sum(len(levels) * repeat for levels, repeat in state.values())
@@ -387,11 +396,11 @@ def allocate(candidates: Iterable[Boundary], budget_left: int) -> list[RefineReq
         plan = state
         share = b.worth(n) / (len(b.runs) * len(b.levels))
         for ref in b.runs:
-            reasons.setdefault(ref, []).append(b.describe())
             for c in b.levels:
                 worth[ref, c] = worth.get((ref, c), 0.0) + share
+                reasons.setdefault((ref, c), []).append(b.describe())
     requests = [RefineRequest(ref.profile_key, ref.profile_name, ref.num_speculative_tokens, c, repeat,
-                              worth.get((ref, c), 0.0), "; ".join(dict.fromkeys(reasons[ref])))
+                              worth.get((ref, c), 0.0), "; ".join(dict.fromkeys(reasons.get((ref, c), []))))
                 for ref, (levels, repeat) in plan.items() for c in sorted(levels)]
     return sorted(requests, key=lambda r: (-r.worth, r.profile_key, r.num_speculative_tokens, r.concurrency))
 
