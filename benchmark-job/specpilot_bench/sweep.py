@@ -288,7 +288,8 @@ async def measure_level(base_url: str, model_id: str, requests: Sequence[Complet
 
 
 async def sweep(run: Run, base_url: str, model_id: str,
-                requests_by_level: Mapping[int, list[CompletionRequest]] | Sequence[tuple[int, list[CompletionRequest]]],
+                requests_by_level: Mapping[int, list[CompletionRequest]]
+                | Sequence[tuple[int, list[CompletionRequest]]],
                 warmup_requests: int, slo: Slo, temperature: float, ignore_eos: bool, early_stop: bool = True) -> Run:
     """Measure every level into `run` (appending as it goes, so a cancelled sweep keeps what it measured).
 
