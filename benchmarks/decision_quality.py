@@ -32,8 +32,22 @@ many plain-engine misses the minimum gain forgoes by design. The other settings 
 powers of two to 128, 19 denser levels; minimum gain 1, 2 and 5%) are summarised in both readings.
 `specpilot plan` on 20 profiles is timed at the end (target < 1 s).
 
+Refinement (issue 14): after the first sweep, the planner's refinement requests (policy.refine: the levels
+around each uncertain change of k, repeated) are measured the way a refinement Job measures them - each
+requested level re-drawn from the twin with fresh noise and appended to its run - and the schedule is planned
+again, for up to --refine-rounds rounds or until the planner says it is done. The issue's restated targets are
+reported without and with refinement:
+
+- noise-free: worst >= 0.98 at every batch size and mean >= 0.995 (each scenario);
+- at the noise (5%) and draws (12): mean >= 0.995 (the mean of the scenario-draws' means), and per-draw
+  worst >= 0.97 in at least 97% of scenario-draws, spending at most 50% more profiling time than the first
+  sweep. Profiling time = engine starts x ENGINE_START_S + each measured level's duration (its requests,
+  max(64, 2c) as the benchmark Job sends them, over the level's request throughput); a refinement Job
+  starts one engine per k it measures.
+
 Run: python benchmarks/decision_quality.py [--noise 0.05] [--seeds 12] [--min-gain 2] [--levels 1,2,...]
-     [--no-alternatives]    (about 2 min; about 1 min without the alternatives)
+     [--no-alternatives] [--refine-rounds 2] [--refine-budget 0.5] [--no-refine]
+     (about 2 min plus 2-3 min for refinement; about 1 min without the alternatives and refinement)
 """
 
 from __future__ import annotations
@@ -53,13 +67,16 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
 import yaml
 
 from specpilot.api.deployment import DEFAULT_CONCURRENCY_LEVELS
 from specpilot.api.deployment import Policy
 from specpilot.api.profile import Run
 from specpilot.policy.choose import decide_pool
+from specpilot.policy.refine import DEFAULT_BUDGET_SHARE, initial_levels, refine_schedule, spent_levels
 from specpilot.policy.schedule import SMOOTHING_TOLERANCE, plan_from_runs
+from specpilot.sim import synthetic
 from specpilot.sim.synthetic import Scenario, TrueCurves, synthetic_profiles, true_curves
 
 SKUS = ("H100-SXM", "A100-80GB-SXM", "L40S")
@@ -72,6 +89,14 @@ LEVELS_TO_128 = (1, 2, 4, 8, 16, 32, 64, 128)
 LEVELS_DENSE = (1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256)
 """19 levels, denser where the crossovers lie (32..256): what measuring more levels buys."""
 TARGETS = {"worst": 0.97, "mean": 0.99, "vs_sd_off": 0.99}
+RESTATED = {"noise_free_worst": 0.98, "noise_free_mean": 0.995, "mean": 0.995, "draw_worst": 0.97,
+            "draws_meeting": 0.97, "extra_time": 0.50}
+"""Issue 14's restated targets (see the module)."""
+ENGINE_START_S = 90.0
+"""Seconds one engine start costs in the profiling time (an 8B model with its drafter on one GPU, CUDA graphs
+captured: about 1-2 min; a refinement round pays one per k it measures)."""
+MIN_WAVES = 2
+"""The benchmark Job sends max(requests per level, MIN_WAVES * c) requests at level c."""
 """worst and mean: ratios to the per-concurrency oracle; vs_sd_off: to speculation off (k=0) on the same engine."""
 
 
@@ -197,6 +222,106 @@ def score(scenario: Scenario, truth: TrueCurves, noise: float, seed: int, min_ga
     if not plan.ok:
         raise SystemExit(f"{scenario.label()}: planner returned no schedule: {plan.reason}")
     return score_ks(_planned_ks(plan, truth), truth, min_gain_percent, plan)
+
+
+@dataclasses.dataclass(frozen=True)
+class Cost:
+    """Profiling time of a scenario-draw: engine starts, measured levels and their seconds."""
+
+    engine_starts: int
+    levels: int
+    seconds: float
+
+    def __add__(self, other: Cost) -> Cost:
+        return Cost(self.engine_starts + other.engine_starts, self.levels + other.levels,
+                    self.seconds + other.seconds)
+
+
+def level_seconds(point, requests_per_level: int = 64) -> float:
+    """How long the benchmark Job measures a level: its requests over the level's request throughput."""
+    return max(requests_per_level, MIN_WAVES * point.concurrency) / point.request_throughput
+
+
+def profiling_cost(profiles) -> Cost:
+    points = [p for prof in profiles for run in prof.status.runs for p in run.points]
+    starts = sum(prof.status.engine_starts or len(prof.status.runs) for prof in profiles)
+    return Cost(starts, len(points), starts * ENGINE_START_S + sum(level_seconds(p) for p in points))
+
+
+def _plan(scenario: Scenario, baseline, method, min_gain_percent: float):
+    plan = plan_from_runs(baseline.status.run(0), method.status.runs,
+                          model_drafter=scenario.method != "ngram", min_gain_percent=min_gain_percent,
+                          max_batch_size=MAX_CONCURRENCY)
+    if not plan.ok:
+        raise SystemExit(f"{scenario.label()}: planner returned no schedule: {plan.reason}")
+    return plan
+
+
+@functools.lru_cache(maxsize=4096)
+def refined(scenario: Scenario, noise: float, seed: int, min_gain_percent: float, levels: tuple[int, ...],
+            rounds: int, budget_share: float):
+    """(plan, first-sweep cost, refinement cost, rounds run) of a scenario-draw refined as the operator
+    refines it: each round the planner's requests (policy.refine) are measured like a refinement Job measures
+    them (one engine start per profile and k; each requested level re-drawn from the twin with fresh noise,
+    `repeat` times, appended to its run), then planned again."""
+    first_baseline, first_method = _profiles(scenario, noise, seed, levels)
+    baseline, method = first_baseline.model_copy(deep=True), first_method.model_copy(deep=True)
+    first = profiling_cost([baseline, method])
+    budget = math.ceil(budget_share * initial_levels([baseline, method]))
+    twins = {"baseline": scenario.twin(speculative=False), scenario.method: scenario.twin()}
+    rng = np.random.default_rng([seed, 7919])
+    extra = Cost(0, 0, 0.0)
+    plan = _plan(scenario, baseline, method, min_gain_percent)
+    done_rounds = 0
+    for _ in range(rounds):
+        request = refine_schedule(plan, min_gain_percent, scenario.method, budget,
+                                  spent_levels([baseline, method]))
+        if request.done:
+            break
+        done_rounds += 1
+        for job in request.jobs():
+            profile = baseline if job.profile_key == "baseline" else method
+            for k in job.ks:
+                run = profile.status.run(k)
+                new = [synthetic._point(twins[job.profile_key], scenario, c, k, rng, noise, 64)
+                       for _ in range(job.repeat) for c in job.levels]
+                run.points.extend(new)
+                extra = extra + Cost(1, len(new), ENGINE_START_S + sum(level_seconds(p) for p in new))
+        plan = _plan(scenario, baseline, method, min_gain_percent)
+    return plan, first, extra, done_rounds
+
+
+def score_refined(scenario: Scenario, truth: TrueCurves, noise: float, seed: int, min_gain_percent: float,
+                  levels: tuple[int, ...], rounds: int, budget_share: float) -> tuple[Score, Cost, Cost]:
+    plan, first, extra, _ = refined(scenario, noise, seed, min_gain_percent, levels, rounds, budget_share)
+    return score_ks(_planned_ks(plan, truth), truth, min_gain_percent, plan), first, extra
+
+
+def restated(noise_free: dict[Scenario, Expected], scores: dict[tuple[Scenario, int], Score],
+             costs: dict[tuple[Scenario, int], tuple[Cost, Cost]] | None = None) -> tuple[str, bool]:
+    """Issue 14's restated targets in words, and whether all are met."""
+    nf_worst = min(e.worst for e in noise_free.values())
+    nf_mean = min(e.mean for e in noise_free.values())
+    n = len(scores)
+    meeting = sum(s.worst >= RESTATED["draw_worst"] for s in scores.values()) / n
+    mean = statistics.fmean(s.mean for s in scores.values())
+    met = (nf_worst >= RESTATED["noise_free_worst"] and nf_mean >= RESTATED["noise_free_mean"]
+           and mean >= RESTATED["mean"] and meeting >= RESTATED["draws_meeting"])
+    text = (f"noise-free lowest worst {nf_worst:.3f} (>= 0.98), lowest mean {nf_mean:.4f} (>= 0.995); "
+            f"noisy mean of means {mean:.4f} (>= 0.995), per-draw worst >= 0.97 in {meeting:.1%} of {n} "
+            f"scenario-draws (>= 97%)")
+    if costs:
+        ratios = [extra.seconds / first.seconds for first, extra in costs.values()]
+        starts = statistics.fmean(extra.engine_starts for _, extra in costs.values())
+        levels = statistics.fmean(extra.levels for _, extra in costs.values())
+        first_starts = statistics.fmean(first.engine_starts for first, _ in costs.values())
+        first_levels = statistics.fmean(first.levels for first, _ in costs.values())
+        over = sum(r > RESTATED["extra_time"] for r in ratios)
+        met = met and statistics.fmean(ratios) <= RESTATED["extra_time"]
+        text += (f"; extra profiling time mean {statistics.fmean(ratios):+.1%}, largest {max(ratios):+.1%} "
+                 f"(<= +50%; over it in {over}/{n}), {starts:.2f} engine starts and {levels:.1f} levels per "
+                 f"scenario-draw on top of the first sweep's {first_starts:.0f} and {first_levels:.0f}")
+    return text, met
 
 
 DECISION_LOADS = (4, 32, 128)
@@ -395,6 +520,11 @@ def main() -> int:
                         help="profiled concurrency levels (default: the API default, "
                              f"{','.join(map(str, DEFAULT_CONCURRENCY_LEVELS))})")
     parser.add_argument("--no-alternatives", action="store_true", help="skip the summary of other settings")
+    parser.add_argument("--refine-rounds", type=int, default=2, help="refinement rounds at most (default 2)")
+    parser.add_argument("--refine-budget", type=float, default=DEFAULT_BUDGET_SHARE,
+                        help="refinement budget in measured levels, as a share of the first sweep's "
+                             f"(default {DEFAULT_BUDGET_SHARE:g}, the planner's)")
+    parser.add_argument("--no-refine", action="store_true", help="skip the refinement comparison")
     args = parser.parse_args()
     if args.seeds < 1:
         parser.error(f"--seeds must be at least 1 (got {args.seeds})")
@@ -441,6 +571,37 @@ def main() -> int:
             label = f"levels 1..{levels[-1]} ({len(levels)}), minGain {min_gain:g}%"
             print(f"  {label:<34}{expected_summary(in_expectation(other))}\n  {'':<34}{summary(other)}")
 
+    refine_missed = False
+    if not args.no_refine:
+        print(f"\nissue 14's restated targets (noise {args.noise:g}, {args.seeds} draws, minGain {args.min_gain:g}%; "
+              f"engine start = {ENGINE_START_S:g} s):")
+        text, _ = restated(noise_free, scores)
+        print(f"  without refinement: {text}")
+        started = time.perf_counter()
+        refined_scores, costs = {}, {}
+        rounds_run = collections.Counter()
+        for scenario, truth in truths.items():
+            for seed in range(args.seeds):
+                s, first, extra = score_refined(scenario, truth, args.noise, seed, args.min_gain, args.levels,
+                                                args.refine_rounds, args.refine_budget)
+                refined_scores[scenario, seed] = s
+                costs[scenario, seed] = (first, extra)
+                rounds_run[refined(scenario, args.noise, seed, args.min_gain, args.levels, args.refine_rounds,
+                                   args.refine_budget)[3]] += 1
+        nf_refined = {}
+        for scenario, truth in truths.items():
+            s, _, _ = score_refined(scenario, truth, 0.0, 0, args.min_gain, args.levels, args.refine_rounds,
+                                    args.refine_budget)
+            nf_refined[scenario] = in_expectation({(scenario, 0): s})[scenario]
+        text, met = restated(nf_refined, refined_scores, costs)
+        print(f"  with refinement (at most {args.refine_rounds} rounds, budget {args.refine_budget:g} x the first "
+              f"sweep's levels): {text}")
+        print(f"  rounds run per scenario-draw: "
+              + ", ".join(f"{r}: {n}" for r, n in sorted(rounds_run.items())))
+        print(f"  with refinement, the old targets: {summary(refined_scores)}")
+        print(f"  ({time.perf_counter() - started:.0f} s)")
+        refine_missed = not met
+
     with tempfile.TemporaryDirectory() as tmp:
         count = write_plan_inputs(Path(tmp))
         with contextlib.redirect_stdout(io.StringIO()):
@@ -448,6 +609,9 @@ def main() -> int:
     print(f"\nspecpilot plan on {count} profiles: {seconds:.2f} s (target < 1 s)")
     missed = decisions_missed or any(any(e.misses().values()) for e in (*noise_free.values(), *expected.values()))
     print("targets (noise-free, and in expectation at this noise):", "missed" if missed else "met")
+    if not args.no_refine:
+        print("issue 14's restated targets with refinement:", "missed" if refine_missed else "met",
+              "(reported; the exit status follows the targets above)")
     return 1 if missed or seconds >= 1.0 else 0
 
 

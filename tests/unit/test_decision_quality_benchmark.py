@@ -43,3 +43,35 @@ def test_scores_of_a_fixed_k_and_their_expectation(truth):
     assert expected.mean == pytest.approx(sum(averaged) / 256)
     assert expected.vs_sd_off == pytest.approx(
         min((a + b) / 2 for a, b in zip(off.to_sd_off, always.to_sd_off, strict=True)))
+
+
+def test_refinement_is_simulated_as_a_refinement_job_measures(truth):
+    from benchmarks.decision_quality import ENGINE_START_S, refined, score_refined
+
+    # noise-free: nothing is uncertain, nothing is measured again
+    plan, first, extra, rounds = refined(SCENARIO, 0.0, 0, 2.0, LEVELS, 2, 1.0)
+    assert rounds == 0 and extra.engine_starts == 0 and extra.levels == 0 and extra.seconds == 0
+    assert first.engine_starts == 3 and first.levels == 3 * len(LEVELS)
+    assert first.seconds > 3 * ENGINE_START_S
+    # noisy: the requested levels are re-drawn and appended, at one engine start per profile and k
+    plan, first, extra, rounds = refined(SCENARIO, 0.05, 3, 2.0, LEVELS, 1, 1.0)
+    assert rounds == 1 and 1 <= extra.engine_starts <= 3
+    assert 0 < extra.levels <= first.levels  # the budget: the first sweep's levels
+    repeated = [run for run in plan.surface.curves if max(run.counts) > 1]
+    assert repeated  # the repeated levels count as more measurements in the fit
+    s, first_again, extra_again = score_refined(SCENARIO, truth, 0.05, 3, 2.0, LEVELS, 1, 1.0)
+    assert (first_again, extra_again) == (first, extra) and 0.9 < s.worst <= 1.0
+
+
+def test_the_restated_targets_read_the_scores():
+    from benchmarks.decision_quality import Cost, restated
+
+    truth_ = true_curves(SCENARIO, 256)
+    good = score_ks([truth_.oracle_k(c) for c in range(1, 257)], truth_, 2.0)
+    expected = in_expectation({(SCENARIO, 0): good})
+    text, met = restated(expected, {(SCENARIO, 0): good},
+                         {(SCENARIO, 0): (Cost(3, 36, 1000.0), Cost(2, 10, 300.0))})
+    assert met and "per-draw worst >= 0.97 in 100.0% of 1" in text and "+30.0%" in text
+    text, met = restated(expected, {(SCENARIO, 0): good},
+                         {(SCENARIO, 0): (Cost(3, 36, 1000.0), Cost(4, 40, 600.0))})
+    assert not met  # +60% profiling time
