@@ -17,6 +17,7 @@ from specpilot.sim.policies import (
     plan_pool,
     replay_agreement,
 )
+from specpilot.sim.policies import serve_key as _serve_key
 from specpilot.sim.report import verdict
 from specpilot.sim.traces import ConstantTrace, CsvTrace, DiurnalTrace
 
@@ -63,6 +64,9 @@ def test_policies_run_the_schedule_decide_pool_picked(diurnal):
                    for b in range(1, inputs.max_num_seqs + 1))
     autoscale = next(p for p in policies if p.name == "specpilot+autoscale")
     assert autoscale.spec.serving.autoscaling == "internal"
+    reference = next(p for p in policies if p.name == "no-sd+autoscale")
+    assert isinstance(reference, AutoscalePolicy)
+    assert reference.capacity_per_replica == planning.row(planning.dynamic, None).capacity_concurrency
     assert autoscale.status.capacity_concurrency_per_replica == planning.dynamic.capacity_concurrency_per_replica
     assert {s.serve.replicas for s in autoscale.steps} != {inputs.replicas}, "the operator's replica steps ran"
     restart = next(p for p in policies if p.name == "restart-toggle")
@@ -142,3 +146,103 @@ def test_restart_toggle_rolls_speculation_off_above_the_crossover():
     assert policy.status.last_toggle_at is not None
     assert result.timeseries["mean_k"][-5:].max() == 0
     assert result.timeseries["serving_replicas_min"].min() >= 1
+
+
+# --- the same steps through the operator's executor ---------------------------------------------------------
+
+class _Cluster:
+    """The pool's Deployment as the simulated fleet has it, and what the controller applies."""
+
+    def __init__(self) -> None:
+        self.deployment: dict | None = None
+        self.applied: list[dict] = []
+
+    async def get(self, plural: str, namespace: str, name: str) -> dict:
+        from specpilot.controller.kube import NotFound
+
+        if plural != "deployments" or self.deployment is None or self.deployment["metadata"]["name"] != name:
+            raise NotFound(f"{plural}/{name}")
+        return self.deployment
+
+    async def apply(self, obj: dict) -> dict:
+        self.applied.append(obj)
+        return obj
+
+
+def _engine_runs(deployment: dict, max_num_seqs: int) -> tuple:
+    """(method, K per batch size, replicas) that vLLM runs from a Deployment the controller applied."""
+    import json
+
+    from specpilot.api.schedule import from_vllm
+    from specpilot.manifests.engine import SPECULATIVE_CONFIG_FLAG
+
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    replicas = deployment["spec"].get("replicas")
+    if SPECULATIVE_CONFIG_FLAG not in args:
+        return None, (0,) * max_num_seqs, replicas
+    config = json.loads(args[args.index(SPECULATIVE_CONFIG_FLAG) + 1])
+    top, ranges = config["num_speculative_tokens"], from_vllm(config.get("num_speculative_tokens_per_batch_size", []))
+    k = tuple(k_at(ranges, b, top) if ranges else top for b in range(1, max_num_seqs + 1))
+    return config["method"], k, replicas
+
+
+async def _controller_agreement(policy: OperatorPolicy, monkeypatch) -> tuple[int, int]:
+    """(control steps where the operator's executor applies the engine and replicas the simulator ran, steps).
+
+    Each recorded step goes through `controller.reconcile._reconcile_pool`, the controller's per-pool path:
+    it reads the Deployment (replicas, rollout) from the cluster, validates the profile objects, observes
+    (here: the step's observation), plans with `plan_pool` from the status as read back, and applies the
+    pool's Deployment; what vLLM would run from that Deployment is compared with the simulator's mode."""
+    from types import SimpleNamespace
+
+    from specpilot.config import OperatorConfig
+    from specpilot.controller import desired
+    from specpilot.controller import reconcile as controller
+    from specpilot.controller.context import Context
+    from specpilot.controller.metrics import OperatorMetrics
+    from specpilot.manifests import names
+
+    spec = policy.spec
+    cluster = _Cluster()
+    ctx = Context(kube=cluster, config=OperatorConfig(), metrics=OperatorMetrics(), connection=SimpleNamespace())
+    body = {"metadata": {"namespace": "sim", "name": "llama", "uid": "u1", "generation": 1}, "spec": spec.dump()}
+    views = desired.pool_views(spec, [], ctx.catalog)
+    needed = desired.needed_profiles(spec, views, ctx.config)
+    # The profile objects the pool needs, by the names the controller looks for (their own metadata, and so
+    # the decision's basis, as the simulator's).
+    profiles = {n.name: (policy.profiles.baseline if n.candidate is None else policy.profiles.methods[n.key]).dump()
+                for n in needed}
+    states = dict.fromkeys(profiles, "Succeeded")
+    observation: list = [None]
+
+    async def observe_pool(*_args):
+        return observation[0], None
+
+    monkeypatch.setattr(controller, "observe_pool", observe_pool)
+    size = policy.connector.max_num_seqs
+    same = 0
+    for step in policy.steps:
+        name = names.serving_deployment_name(body["metadata"]["name"], views[0].pool.name)
+        cluster.deployment = {
+            "metadata": {"name": name, "generation": 2}, "spec": {"replicas": step.current_replicas},
+            "status": {"observedGeneration": 2, "updatedReplicas": 0 if step.rolling_out else step.current_replicas}}
+        observation[0] = step.observation
+        await controller._reconcile_pool(ctx, body, spec, views[0], needed, states, profiles, {},
+                                         PoolStatus.model_validate(step.previous), step.now, [],
+                                         step.observation is not None, controller._Metrics([], []))
+        mode = policy.connector.mode(step.serve)
+        sim = (mode.method, mode.k_by_batch_size, step.serve.replicas)
+        same += _engine_runs(cluster.applied[-1], size) == sim
+    assert len(cluster.applied) == len(policy.steps)
+    return same, len(policy.steps)
+
+
+async def test_the_operators_executor_agrees_with_the_simulator_on_every_control_step(diurnal, monkeypatch):
+    """Simulator vs operator agreement through the controller's own input building and actuation."""
+    _, _, policies, _ = diurnal
+    for policy in (p for p in policies if isinstance(p, OperatorPolicy)):
+        same, steps = await _controller_agreement(policy, monkeypatch)
+        assert steps == 240 and same == steps, f"{policy.name}: {same}/{steps}"
+    # not a constant answer: the operator policies changed engine or replicas along the trace
+    served = {p.name: {_serve_key(s.serve) for s in p.steps} for p in policies if isinstance(p, OperatorPolicy)}
+    assert len(served["specpilot+autoscale"]) > 2 and len(served["restart-toggle"]) > 1
