@@ -464,17 +464,16 @@ def build_policies(inputs: PlanningInputs, planning: PoolPlanning, record: bool 
             policies.append(operator(
                 "restart-toggle", [candidate], Strategy.RESTART, False,
                 f"{fixed.key} at k={restart_row.num_speculative_tokens}, rolled off above "
-                f"{crossover if crossover is not None else 'never'} concurrent requests per replica "
-                f"(the operator, strategy restart)", on_name="sd-on", off_name="sd-off"))
+                f"{crossover if crossover is not None else 'never'} concurrent requests per replica",
+                on_name="sd-on", off_name="sd-off"))
     chosen = planning.chosen
     summary = planning.dynamic.decision.schedule_summary or "no speculation"
     everyone = list(planning.candidates)
     policies.append(operator("specpilot", everyone, Strategy.DYNAMIC, False,
-                             f"{chosen.key}: schedule {summary} (the operator, fixed replicas)", on_name="schedule"))
+                             f"{chosen.key}: schedule {summary}", on_name="schedule"))
     capacity = planning.dynamic.capacity_concurrency_per_replica
     policies.append(operator("specpilot+autoscale", everyone, Strategy.DYNAMIC, True,
-                             f"schedule {summary}; {_capacity_words(capacity)} (the operator, "
-                             f"{inputs.min_replicas}-{inputs.max_replicas} replicas)", on_name="schedule"))
+                             f"schedule {summary}; {_capacity_words(capacity)}", on_name="schedule"))
     base_row = planning.row(planning.dynamic, None)
     policies.append(AutoscalePolicy("no-sd+autoscale", None, Mode("no-sd", False, _constant(0, size)),
                                     base_row.capacity_concurrency, start_replicas=n, min_replicas=inputs.min_replicas,
