@@ -1,1 +1,2 @@
-"""Simulation: synthetic profiles from the digital twin (and, beside them, the fleet simulator)."""
+"""Simulation: synthetic profiles from the digital twin, and the fleet simulator that runs the operator's pool
+planner (`policy.planner.plan_pool`) through a simulated connector (`sim.connector`)."""

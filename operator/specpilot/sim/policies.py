@@ -69,6 +69,8 @@ __all__ = [
     "build_policies",
     "deployment_spec",
     "plan_pool",
+    "replay_agreement",
+    "serve_key",
 ]
 
 STATIC_RULE_CONCURRENCY = 32
