@@ -127,3 +127,35 @@ def test_the_rolled_out_condition_puts_a_stall_first():
     status, reason, message = desired.rolled_out_condition(pools("Stalled", "RollingOut"), "llama")
     assert (status, reason) == (False, "ProgressDeadlineExceeded")
     assert "pool(s) p0" in message and "kubectl describe deployment/llama-p0" in message
+
+
+def test_the_operator_configs_job_limit_applies_when_the_deployment_sets_none():
+    from specpilot.api import SpeculativeDeploymentSpec
+    from specpilot.config import OperatorConfig
+    from specpilot.controller.desired import max_parallel_jobs
+
+    body = {"model": {"id": "meta-llama/Llama-3.1-8B-Instruct"}, "methods": [{"method": "ngram"}],
+            "gpuPools": [{"name": "h100", "nodeSelector": {"pool": "h100"}}]}
+    config = OperatorConfig.model_validate({"profilingDefaults": {"maxParallelJobsPerPool": 3}})
+    assert max_parallel_jobs(SpeculativeDeploymentSpec.model_validate(body), config) == 3
+    assert max_parallel_jobs(SpeculativeDeploymentSpec.model_validate(body), OperatorConfig()) == 1
+    own = SpeculativeDeploymentSpec.model_validate({**body, "profiling": {"maxParallelJobsPerPool": 2}})
+    assert max_parallel_jobs(own, config) == 2
+
+
+def test_serving_runs_the_image_the_profiles_measured():
+    from specpilot.api import SpeculativeDeploymentSpec
+    from specpilot.config import OperatorConfig
+    from specpilot.controller.desired import engine_image
+    from specpilot.manifests.serving import serving_deployment
+
+    body = {"model": {"id": "meta-llama/Llama-3.1-8B-Instruct"}, "methods": [{"method": "ngram"}],
+            "gpuPools": [{"name": "h100", "nodeSelector": {"pool": "h100"}}]}
+    spec = SpeculativeDeploymentSpec.model_validate(body)
+    config = OperatorConfig.model_validate({"defaultEngineImage": "registry.example/vllm:site-build"})
+    image = engine_image(spec, config)
+    assert image == "registry.example/vllm:site-build"
+    deployment = serving_deployment(sdep_name="x", namespace="team", uid="u", spec=spec, pool=spec.gpu_pools[0],
+                                    method=None, replicas=1, engine_image=image)
+    engine = next(c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "engine")
+    assert engine["image"] == "registry.example/vllm:site-build"

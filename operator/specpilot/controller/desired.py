@@ -271,6 +271,15 @@ def truncated_condition(cut: list[str], old: list[Condition]) -> tuple[bool, str
     return None
 
 
+def max_parallel_jobs(spec: SpeculativeDeploymentSpec, config: OperatorConfig) -> int:
+    """Benchmark Jobs at once per pool: spec.profiling.maxParallelJobsPerPool when the deployment sets it, else
+    the operator config's profilingDefaults.maxParallelJobsPerPool (as for the other profiling defaults)."""
+    profiling = spec.profiling
+    if "max_parallel_jobs_per_pool" in profiling.model_fields_set:
+        return profiling.max_parallel_jobs_per_pool
+    return config.profiling_defaults.max_parallel_jobs_per_pool
+
+
 def jobs_allowed(pending: list[str], running: int, max_parallel: int) -> list[str]:
     """Which waiting profiles may get a Job now, oldest-first order preserved."""
     return pending[: max(0, max_parallel - running)]

@@ -64,11 +64,13 @@ def sdep_owner(sdep_name: str, uid: str) -> dict[str, Any]:
 def serving_deployment(*, sdep_name: str, namespace: str, uid: str, spec: SpeculativeDeploymentSpec, pool: GpuPool,
                        method: CandidateMethod | None, num_speculative_tokens: int | None = None,
                        schedule: list[ScheduleRange] | None = None, replicas: int | None,
-                       tenancy: TenancyPolicy | None = None) -> dict[str, Any]:
+                       tenancy: TenancyPolicy | None = None, engine_image: str | None = None) -> dict[str, Any]:
     """apps/v1 Deployment serving `spec.model` on `pool`, speculating with `method` at K / `schedule`
     (no speculation when method is None or K is 0). `replicas=None` leaves spec.replicas out, for an
     external autoscaler (HPA, KEDA) that owns it. The pods run as `tenancy` (the operator config's policy;
-    its defaults when None) allows: a spec it refuses raises TenancyViolation."""
+    its defaults when None) allows: a spec it refuses raises TenancyViolation. `engine_image` is the vLLM image
+    the profiles measured (controller.desired.engine_image: model.image when the deployment sets it, else the
+    operator config's defaultEngineImage); None: spec.model.image."""
     policy = tenancy or TenancyPolicy()
     refuse(serving_problems(spec, policy))
     security = policy.pod_security
@@ -78,8 +80,8 @@ def serving_deployment(*, sdep_name: str, namespace: str, uid: str, spec: Specul
     speculating = SPECULATIVE_CONFIG_FLAG in args
     rollout = pool.rollout or spec.serving.rollout
     gpu_count = spec.model.tensor_parallel_size * spec.model.data_parallel_size
-    owned_engine = {"name": ENGINE_CONTAINER, "image": spec.model.image, "command": list(ENGINE_COMMAND),
-                    "args": args}
+    owned_engine = {"name": ENGINE_CONTAINER, "image": engine_image or spec.model.image,
+                    "command": list(ENGINE_COMMAND), "args": args}
     engine = {
         **owned_engine,
         "env": with_identity_env(engine_env(spec), security),
