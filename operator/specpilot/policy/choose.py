@@ -196,6 +196,8 @@ def decide_pool(policy: Policy, candidates: list[CandidateMethod], baseline: Spe
                                      engine_supports_dynamic, max_batch_size)
         rows.append(row)
         sources[candidate.key] = source
+    if policy.ttft_slo_ms is not None:
+        rows = [rows[0], *(_within_ttft(r, profiles.get(r.key), policy.ttft_slo_ms, distribution) for r in rows[1:])]
     chosen = _pick(rows, policy.objective, policy.min_gain_percent, incumbent)
     decision = _decision(chosen, rows, base_expected, load_words, sources.get(chosen.key, "profile"), now,
                          policy.objective, policy.min_gain_percent)
@@ -400,3 +402,47 @@ def _decision(chosen: CandidatePlan, rows: list[CandidatePlan], base_expected: f
 def _no_data(now: datetime, reason: str) -> PoolPlan:
     return PoolPlan(decision=Decision(method=None, source="none", reason=reason, decided_at=now),
                     candidates=(), capacity_concurrency_per_replica=None)
+
+
+def _within_ttft(row: CandidatePlan, profile: SpeculationProfile | None, slo_ms: float,
+                 distribution: Sequence[tuple[float, float]]) -> CandidatePlan:
+    """policy.ttftSloMs: a method whose profiled TTFT p95 at the operating load (the load-weighted mean
+    concurrency per replica), at the K it would run there, exceeds the SLO is infeasible (not ready)."""
+    if not row.ready or row.num_speculative_tokens <= 0 or profile is None or profile.status is None:
+        return row
+    total = sum(w for _, w in distribution)
+    load = sum(c * w for c, w in distribution) / total if total > 0 else 1.0
+    ks = row.schedule.k_by_batch_size if row.schedule is not None else ()
+    k = ks[min(len(ks), max(1, round(load))) - 1] if ks else row.num_speculative_tokens
+    runs = [r for r in profile.status.runs if r.points]
+    if not runs:
+        return row
+    run = min(runs, key=lambda r: abs(r.num_speculative_tokens - k))
+    ttft = _ttft_p95_at(run, load)
+    if ttft is None or ttft <= slo_ms:
+        return row
+    return dataclasses.replace(row, ready=False, note=(
+        f"TTFT p95 {ttft:.0f} ms at {load:.0f} concurrent requests per replica (K={run.num_speculative_tokens}) "
+        f"exceeds policy.ttftSloMs {slo_ms:g} ms"))
+
+
+def _ttft_p95_at(run: Run, concurrency: float) -> float | None:
+    """Profiled TTFT p95 (ms) at `concurrency`, linear between the measured levels (clamped at the ends); p95
+    as the mean of p90 and p99 where both were measured, else the nearest statistic there is."""
+    points = []
+    for point in sorted(run.points, key=lambda p: p.concurrency):
+        stats = point.ttft_ms
+        if stats.p90 is not None and stats.p99 is not None:
+            value = (stats.p90 + stats.p99) / 2
+        else:
+            value = next((v for v in (stats.p99, stats.p90, stats.p50, stats.mean) if v is not None), None)
+        if value is not None and math.isfinite(value):
+            points.append((float(point.concurrency), value))
+    if not points:
+        return None
+    if concurrency <= points[0][0]:
+        return points[0][1]
+    for (c0, v0), (c1, v1) in zip(points, points[1:]):
+        if concurrency <= c1:
+            return v0 + (v1 - v0) * (concurrency - c0) / (c1 - c0)
+    return points[-1][1]
