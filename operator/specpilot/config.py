@@ -7,9 +7,10 @@ where Prometheus is, which benchmark image to run, what a GPU hour costs.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import yaml
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, model_validator
 
 from .api.base import ApiModel, format_validation_error
 from .api.deployment import DEFAULT_CONCURRENCY_LEVELS, DEFAULT_ENGINE_IMAGE
@@ -48,6 +49,18 @@ class MetricsReadLimits(ApiModel):
 class OperatorConfig(ApiModel):
     """Cluster-wide settings of the specpilot operator."""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _removed(cls, data: Any) -> Any:
+        # `benchmarkMode` was never read: every benchmark Job starts vLLM inside its bench container. `launch`
+        # (what always happened) is dropped; `sidecar` is refused, since it promised an isolation it never gave.
+        if isinstance(data, dict) and "benchmarkMode" in data:
+            data = dict(data)
+            if data.pop("benchmarkMode") != "launch":
+                raise ValueError("benchmarkMode is removed: every benchmark Job starts vLLM in its bench container "
+                                 "(the former `launch` mode); the sidecar mode was never used. Remove benchmarkMode")
+        return data
+
     prometheus_url: str = ""
     """Default Prometheus base URL for resources that do not name one; empty = none."""
     allowed_prometheus_urls: list[str] = Field(default_factory=list, max_length=256)
@@ -57,9 +70,6 @@ class OperatorConfig(ApiModel):
     any URL a tenant names, from its own network position)."""
     benchmark_image: str = "ghcr.io/specpilot/specpilot-bench:0.1.0"
     """Image of the benchmark Job (specpilot-bench on the vLLM image)."""
-    benchmark_mode: str = Field(default="launch", pattern="^(launch|sidecar)$")
-    """launch: the bench container starts vLLM itself (one Job per profile, engine restarted per K);
-    sidecar: vLLM runs as a native sidecar, one Job per run."""
     default_engine_image: str = DEFAULT_ENGINE_IMAGE
     """vLLM image when a resource leaves model.image at its default."""
     gpu_prices_per_hour: dict[str, float] = Field(default_factory=dict)

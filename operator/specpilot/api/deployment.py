@@ -273,17 +273,34 @@ class Workload(ApiModel):
 
 
 class ReprofileTriggers(ApiModel):
-    """When specpilot re-profiles on its own."""
+    """When specpilot re-profiles on its own. A GPU type that joins a pool, and a changed engine image, are
+    always profiled: both are part of a profile's identity, and a pool is decided only on profiles of its
+    own GPU type and image. (`newSku` and `engineImageChange`, which promised switches for these and were
+    never read, are removed; the API server drops them from stored objects.)"""
 
-    new_sku: bool = True
-    """Profile a GPU product as soon as nodes of it join a pool."""
-    engine_image_change: bool = True
-    """Profile again when model.image changes."""
     acceptance_drift: float = Field(default=0.25, gt=0, le=1)
-    """Relative change of live mean acceptance length against the profile that triggers re-profiling
-    (smaller drifts only recompute the schedule from live acceptance)."""
+    """Relative change of the served method's live acceptance at the first draft position against its
+    profile's (|live - profiled| / profiled) beyond which that profile is measured again; a change beyond
+    10% but within this only recomputes the schedule from the live acceptance."""
     max_age_hours: float = Field(default=168, ge=0)
     """Profiles older than this many hours are measured again; 0 = never by age."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _removed(cls, data: Any) -> Any:
+        # Written before the fields were removed: `true` is what always happens, so it is dropped; `false`
+        # asked for something the operator never did, so it is refused with the fix.
+        if isinstance(data, dict):
+            data = dict(data)
+            for key, what in REMOVED_REPROFILE_FIELDS.items():
+                if key in data and data.pop(key) is False:
+                    raise ValueError(f"reprofile.{key}: false is not supported: {what} is always profiled (it is "
+                                     f"part of a profile's identity); remove reprofile.{key}")
+        return data
+
+
+REMOVED_REPROFILE_FIELDS = {"newSku": "a GPU type that joins a pool", "engineImageChange": "a changed engine image"}
+"""Spec fields removed in 0.1.x, accepted (and dropped) when `true` so that older objects still validate."""
 
 
 class Profiling(ApiModel):
@@ -661,7 +678,8 @@ class SpeculativeDeploymentStatus(StatusModel):
     observed_concurrency: float | None = None
     """Mean concurrency per replica over all pools."""
     cost_per_mtok: float | None = None
-    """Predicted dollars per million output tokens under the current decisions (load-weighted)."""
+    """The lowest of the pools' decision.costPerMtokWithSd: predicted dollars per million output tokens of the
+    cheapest pool under its decision, at its expected load (not weighted across pools)."""
     history: list[HistoryEntry] = Field(default_factory=list, max_length=64)
     """The last decision changes (bounded)."""
 
