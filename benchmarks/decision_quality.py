@@ -46,7 +46,7 @@ reported without and with refinement:
   starts one engine per k it measures.
 
 Run: python benchmarks/decision_quality.py [--noise 0.05] [--seeds 12] [--min-gain 2] [--levels 1,2,...]
-     [--no-alternatives] [--refine-rounds 2] [--refine-budget 0.5] [--no-refine]
+     [--no-alternatives] [--refine-rounds 1] [--refine-budget 1.0] [--no-refine]
      (about 2 min plus 2-3 min for refinement; about 1 min without the alternatives and refinement)
 """
 
@@ -520,7 +520,8 @@ def main() -> int:
                         help="profiled concurrency levels (default: the API default, "
                              f"{','.join(map(str, DEFAULT_CONCURRENCY_LEVELS))})")
     parser.add_argument("--no-alternatives", action="store_true", help="skip the summary of other settings")
-    parser.add_argument("--refine-rounds", type=int, default=2, help="refinement rounds at most (default 2)")
+    parser.add_argument("--refine-rounds", type=int, default=1,
+                        help="refinement rounds at most (default 1: a second buys little for its engine starts)")
     parser.add_argument("--refine-budget", type=float, default=DEFAULT_BUDGET_SHARE,
                         help="refinement budget in measured levels, as a share of the first sweep's "
                              f"(default {DEFAULT_BUDGET_SHARE:g}, the planner's)")
