@@ -53,6 +53,17 @@ medusa at the first step whose K differs from num_speculative_tokens (its heads 
 AssertionError seen on the CPU engine). They toggle by rollout instead."""
 
 
+METHOD_FAMILIES = ("ngram", "suffix", "draft_model", "eagle", "eagle3", "medusa", "mtp")
+"""What `method_family` returns: the drafter shapes the twin (perf.twin) and the acceptance priors
+(perf.acceptance) model; every SpeculativeMethod maps to one."""
+HOST_DRAFTED_FAMILIES = frozenset({"ngram", "suffix"})
+"""Families that draft on the host from the context: no drafter weights, no GPU pass (MODEL_FREE_METHODS)."""
+SEQUENTIAL_HEAD_FAMILIES = frozenset({"eagle", "eagle3", "mtp"})
+"""Families whose drafter is one layer (plus the LM head) run k times in sequence per step."""
+ALL_HEADS_AT_ONCE_FAMILIES = frozenset({"medusa"})
+"""Families whose heads propose every position in one pass (one head per position, so K <= heads)."""
+
+
 def method_family(method: str) -> str:
     """Family used by the twin and acceptance priors: ngram, suffix, draft_model, eagle, eagle3, medusa, mtp."""
     m = SpeculativeMethod(method)

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from ..api.methods import METHOD_FAMILIES
+
 __all__ = [
     "METHODS",
     "WORKLOADS",
@@ -22,7 +24,8 @@ __all__ = [
     "expected_tokens_per_step",
 ]
 
-METHODS = ("ngram", "suffix", "draft_model", "eagle", "eagle3", "medusa", "mtp")
+METHODS = METHOD_FAMILIES
+"""The method families with acceptance priors: api.methods.METHOD_FAMILIES (checked below)."""
 WORKLOADS = ("sharegpt", "humaneval", "json-extraction", "random")
 _MAX_K = 64
 
@@ -135,6 +138,11 @@ _TABLES: dict[str, dict[str, tuple[tuple[float, ...], float]]] = {
         "random": ((0.18, 0.05, 0.015, 0.004, 0.001, 0.0003, 0.0001, 0.00005), 0.06),
     },
 }
+
+
+if set(_TABLES) != set(METHOD_FAMILIES):  # one list of families, in api.methods
+    raise ImportError(f"acceptance priors for {sorted(_TABLES)} but api.methods.METHOD_FAMILIES is "
+                      f"{sorted(METHOD_FAMILIES)}")
 
 
 def acceptance_profile(method: str, workload: str, max_k: int) -> AcceptanceProfile:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
+from ..api.methods import ALL_HEADS_AT_ONCE_FAMILIES, HOST_DRAFTED_FAMILIES, METHOD_FAMILIES, SpeculativeMethod
+
 __all__ = [
     "BUILTIN_MODELS",
     "ModelShape",
@@ -326,9 +328,9 @@ def default_drafter(method: str, target: ModelShape, num_medusa_heads: int = 5) 
     draft_model: the smallest built-in sharing the target's vocabulary (Llama-3.2-1B, Qwen3-0.6B);
     eagle / eagle3 / mtp: a head of the target's width; medusa: `num_medusa_heads` heads (the paper's 5).
     """
-    if method in ("ngram", "suffix"):
+    if method in HOST_DRAFTED_FAMILIES:
         return None
-    if method == "draft_model":
+    if method == SpeculativeMethod.DRAFT_MODEL:
         drafter = _DRAFT_MODEL_BY_VOCAB.get(target.vocab_size)
         if drafter is None or drafter.name == target.name:
             raise ValueError(
@@ -336,11 +338,10 @@ def default_drafter(method: str, target: ModelShape, num_medusa_heads: int = 5) 
                 f"pass drafter=from_hf_config(<draft config.json>, name)"
             )
         return drafter
-    if method in ("eagle", "eagle3"):
+    if method in (SpeculativeMethod.EAGLE, SpeculativeMethod.EAGLE3):
         return eagle_head(target, method)
-    if method == "mtp":
+    if method == SpeculativeMethod.MTP:
         return mtp_head(target)
-    if method == "medusa":
+    if method in ALL_HEADS_AT_ONCE_FAMILIES:
         return medusa_heads(target, num_heads=num_medusa_heads)
-    raise ValueError(f"unknown speculative method {method!r}; use one of ngram, suffix, draft_model, eagle, "
-                     f"eagle3, medusa, mtp")
+    raise ValueError(f"unknown speculative method {method!r}; use one of {', '.join(METHOD_FAMILIES)}")

@@ -24,6 +24,7 @@ import math
 
 import numpy as np
 
+from ..api.methods import ALL_HEADS_AT_ONCE_FAMILIES, HOST_DRAFTED_FAMILIES, SpeculativeMethod
 from .acceptance import AcceptanceProfile, acceptance_profile
 from .catalog import GpuSpec
 from .models import ModelShape, default_drafter
@@ -31,8 +32,6 @@ from .models import ModelShape, default_drafter
 __all__ = ["InsufficientMemoryError", "Twin", "TwinCalibration"]
 
 _GIB = 1024**3
-_MODEL_DRAFTERS = ("draft_model", "eagle", "eagle3", "mtp")
-_CPU_DRAFTERS = ("ngram", "suffix")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -149,13 +148,13 @@ class Twin:
             self.acceptance = AcceptanceProfile(())
         else:
             self.acceptance = acceptance or acceptance_profile(method, workload, self.MAX_K)
-            if method in _CPU_DRAFTERS:
+            if method in HOST_DRAFTED_FAMILIES:
                 if drafter is not None:
                     raise ValueError(f"method {method!r} drafts on the host from the context; drop drafter=")
                 self.drafter = None
             else:
                 self.drafter = drafter or default_drafter(method, model)
-                if method == "medusa" and self.acceptance.max_k > self.drafter.num_attention_heads:
+                if method in ALL_HEADS_AT_ONCE_FAMILIES and self.acceptance.max_k > self.drafter.num_attention_heads:
                     # one Medusa head per speculative position
                     self.acceptance = self.acceptance.truncated(self.drafter.num_attention_heads)
         self._target = _pass_constants(model, gpu, tensor_parallel_size, self.calibration)
@@ -193,15 +192,15 @@ class Twin:
             return 0.0
         cal = self.calibration
         method = self.method
-        if method in _CPU_DRAFTERS:
+        if method in HOST_DRAFTED_FAMILIES:
             per_seq = cal.cpu_proposer_s_per_seq
-            if method == "ngram":
+            if method == SpeculativeMethod.NGRAM:
                 per_seq += context_len * cal.cpu_proposer_s_per_context_token
             else:
                 per_seq *= 4.0
             return cal.sd_step_overhead_s + batch * per_seq
         draft = self._draft
-        if method == "medusa":
+        if method in ALL_HEADS_AT_ONCE_FAMILIES:
             return cal.sd_step_overhead_s + cal.draft_pass_overhead_s + draft.time_s(batch, batch, 0.0)
         one_pass = draft.time_s(batch, batch, context_len) + cal.draft_pass_overhead_s
         return cal.sd_step_overhead_s + k * one_pass
@@ -220,7 +219,7 @@ class Twin:
         mean_context = prompt_len / 2.0  # causal attention: token i attends to i earlier tokens
         cal = self.calibration
         seconds = self._target.time_s(tokens, batch, mean_context) + batch * cal.per_token_overhead_s
-        if self._draft is not None and self.method != "medusa":
+        if self._draft is not None and self.method not in ALL_HEADS_AT_ONCE_FAMILIES:
             seconds += self._draft.time_s(tokens, batch, mean_context)
         return seconds + cal.step_overhead_s
 
