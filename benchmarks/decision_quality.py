@@ -266,6 +266,10 @@ def refined(scenario: Scenario, noise: float, seed: int, min_gain_percent: float
     `repeat` times, appended to its run), then planned again."""
     first_baseline, first_method = _profiles(scenario, noise, seed, levels)
     baseline, method = first_baseline.model_copy(deep=True), first_method.model_copy(deep=True)
+    for profile in (baseline, method):  # the durations the benchmark Job would see (its requests per level)
+        for run in profile.status.runs:
+            for point in run.points:
+                point.duration_s = level_seconds(point)
     first = profiling_cost([baseline, method])
     budget = math.ceil(budget_share * initial_levels([baseline, method]))
     twins = {"baseline": scenario.twin(speculative=False), scenario.method: scenario.twin()}
@@ -275,7 +279,8 @@ def refined(scenario: Scenario, noise: float, seed: int, min_gain_percent: float
     done_rounds = 0
     for _ in range(rounds):
         request = refine_schedule(plan, min_gain_percent, scenario.method, budget,
-                                  spent_levels([baseline, method]))
+                                  spent_levels([baseline, method]),
+                                  profiles={"baseline": baseline, scenario.method: method})
         if request.done:
             break
         done_rounds += 1
@@ -285,6 +290,8 @@ def refined(scenario: Scenario, noise: float, seed: int, min_gain_percent: float
                 run = profile.status.run(k)
                 new = [synthetic._point(twins[job.profile_key], scenario, c, k, rng, noise, 64)
                        for _ in range(job.repeat) for c in job.levels]
+                for point in new:
+                    point.duration_s = level_seconds(point)
                 run.points.extend(new)
                 extra = extra + Cost(1, len(new), ENGINE_START_S + sum(level_seconds(p) for p in new))
         plan = _plan(scenario, baseline, method, min_gain_percent)

@@ -15,7 +15,8 @@ times shrinks the error roughly as sqrt(m / (m + n)) (m: the times they are meas
 repeats that bring CONFIDENCE_Z errors below the threshold, at most MAX_REPEAT.
 
 Each boundary's worth is the drop in the chance that the estimated gain is off by more than the threshold,
-2 * Phi(-threshold / se), per measured level it costs; boundaries are taken best first while the budget
+2 * Phi(-threshold / se), per second of measuring it costs (the points' durations; per measured level where
+they are unknown); boundaries are taken best first while the budget
 lasts (a boundary that does not fit whole gets the repeats that fit; a run's levels share its largest
 repeat, as its one refinement Job repeats them). Only the schedule to be served is
 refined: the chosen candidate's, or, when no speculation is chosen, the best candidate's (its crossover is
@@ -70,8 +71,10 @@ __all__ = [
     "spent_levels",
 ]
 
-DEFAULT_BUDGET_SHARE = 1.0
-"""Refinement budget, in measured levels, as a share of the levels the group's first sweep measured."""
+DEFAULT_BUDGET_SHARE = 1.5
+"""Refinement budget, in measured levels, as a share of the levels the group's first sweep measured. On the
+twin (benchmarks/decision_quality.py, 5% noise per level) one round at 1.5 costs about +37% profiling time
+on average, engine starts included: within the +50% that issue 14 allows."""
 MAX_REPEAT = 8
 """Most repeats asked for one level of one run in one round."""
 CONFIDENCE_Z = 2.0
@@ -119,6 +122,8 @@ class Boundary:
     """The measured levels around batch_size."""
     measured: int
     """Times those levels are measured now (the fewest among them)."""
+    seconds: float | None = None
+    """How long measuring each of `levels` once in each of `runs` took (the points' durations), when known."""
 
     @property
     def uncertain(self) -> bool:
@@ -143,6 +148,11 @@ class Boundary:
 
     def cost(self, repeat: int) -> int:
         return repeat * len(self.levels) * len(self.runs)
+
+    def price(self, repeat: int) -> float:
+        """What `repeat` more measurements cost to rank by: their measuring time when the points say it
+        (a level at concurrency 1 takes minutes, one at 256 seconds), else their count."""
+        return repeat * self.seconds if self.seconds else float(self.cost(repeat))
 
     def worth(self, repeat: int) -> float:
         """Drop in the chance of a wrong k (or a wrong on/off) here from `repeat` more measurements."""
@@ -324,12 +334,14 @@ def _runs_for(surface: MethodSurface, k: int, method_key: str, method_name: str 
 
 def boundaries(plan: SchedulePlan, min_gain_percent: float, method_key: str, method_name: str | None = None,
                baseline_key: str = BASELINE_KEY, baseline_name: str | None = None,
-               ks: Sequence[int] | None = None) -> list[Boundary]:
+               ks: Sequence[int] | None = None,
+               profiles: dict[str, SpeculationProfile | None] | None = None) -> list[Boundary]:
     """Every batch size where the schedule's k changes, with its uncertainty and what places it.
 
     `ks` replaces the schedule's k per batch size (a restart plan: k up to the crossover, 0 above); the
     baseline run is named by `baseline_key` / `baseline_name` (the method profile itself when its own K=0
-    run is the one the surface used)."""
+    run is the one the surface used). `profiles` (key -> profile) gives the points' durations, by which
+    allocate() ranks."""
     surface = plan.surface
     if surface is None or not plan.ok:
         return []
@@ -353,13 +365,32 @@ def boundaries(plan: SchedulePlan, min_gain_percent: float, method_key: str, met
             counts = curve.counts or (1,) * len(curve.levels)
             measured += [counts[curve.levels.index(x)] for x in levels if x in curve.levels]
         out.append(Boundary(method_key, c, k_from, k_to, surface.ratio_se(k_from, k_to, float(c)), threshold,
-                            tuple(runs), levels, min(measured, default=1)))
+                            tuple(runs), levels, min(measured, default=1), _seconds(profiles, runs, levels)))
     return out
 
 
+def _seconds(profiles: dict[str, SpeculationProfile | None] | None, runs: Iterable[RunRef],
+             levels: Sequence[int]) -> float | None:
+    """Seconds one measurement of each level in each run took (the median of its points' durations); None
+    when a point lacks one."""
+    if not profiles:
+        return None
+    total = 0.0
+    for ref in runs:
+        profile = profiles.get(ref.profile_key)
+        run = profile.status.run(ref.num_speculative_tokens) if profile is not None and profile.status else None
+        for c in levels:
+            durations = sorted(p.duration_s for p in (run.points if run else []) if p.concurrency == c
+                               and p.duration_s and math.isfinite(p.duration_s))
+            if not durations:
+                return None
+            total += durations[len(durations) // 2]
+    return total
+
+
 def allocate(candidates: Iterable[Boundary], budget_left: int) -> list[RefineRequest]:
-    """Requests for the uncertain boundaries, best worth per measured level first, within `budget_left`
-    measured levels.
+    """Requests for the uncertain boundaries, best worth per measuring time first (per measured level where
+    the durations are unknown), within `budget_left` measured levels.
 
     A refinement Job repeats every level of a run alike (one engine start per run), so the requests of one
     run share its largest repeat, and a boundary costs what it adds to its runs' Jobs: its levels at its
@@ -369,7 +400,7 @@ def allocate(candidates: Iterable[Boundary], budget_left: int) -> list[RefineReq
         if not b.uncertain:
             continue
         n = b.repeats_needed()
-        offers.append((b.worth(n) / b.cost(n), b, n))
+        offers.append((b.worth(n) / b.price(n), b, n))
     offers.sort(key=lambda o: -o[0])
     plan: dict[RunRef, tuple[set[int], int]] = {}
     worth: dict[tuple[RunRef, int], float] = {}
@@ -446,7 +477,7 @@ def refine_pool_plan(pool_plan: PoolPlan, policy: Policy, baseline: SpeculationP
         ks = [chosen.num_speculative_tokens if crossover is None or c <= crossover else 0
               for c in range(1, size + 1)]
     found = boundaries(chosen.schedule, policy.min_gain_percent, chosen.key, _name(profile), base_key, base_name,
-                       ks=ks)
+                       ks=ks, profiles={chosen.key: profile, BASELINE_KEY: baseline})
     return _plan(found, budget, spent)
 
 
@@ -472,10 +503,13 @@ def _plan(found: Sequence[Boundary], budget: int, spent: int) -> RefinePlan:
 
 
 def refine_schedule(plan: SchedulePlan, min_gain_percent: float, method_key: str, budget_levels: int,
-                    spent: int = 0, baseline_key: str = BASELINE_KEY) -> RefinePlan:
+                    spent: int = 0, baseline_key: str = BASELINE_KEY,
+                    profiles: dict[str, SpeculationProfile | None] | None = None) -> RefinePlan:
     """The refinement of one method's schedule (a plan from `plan_schedule` / `plan_from_runs`), without a
-    pool decision: what benchmarks/decision_quality.py simulates."""
-    return _plan(boundaries(plan, min_gain_percent, method_key, baseline_key=baseline_key), budget_levels, spent)
+    pool decision: what benchmarks/decision_quality.py simulates. `profiles`: key -> profile, for the
+    points' durations."""
+    return _plan(boundaries(plan, min_gain_percent, method_key, baseline_key=baseline_key, profiles=profiles),
+                 budget_levels, spent)
 
 
 def plan_refinement(policy: Policy, candidates: list[CandidateMethod], baseline: SpeculationProfile | None,
