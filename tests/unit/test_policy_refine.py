@@ -152,3 +152,16 @@ def test_without_profiles_the_plan_is_done_with_the_reason(missing):
     baseline, method = profiles()
     plan = refine_plan(None if missing == "baseline" else baseline, method if missing == "baseline" else None)
     assert plan.done and plan.reason.startswith("nothing to refine")
+
+
+def test_measuring_time_ranks_where_the_points_say_it():
+    run = RunRef("m", "m-1", 1)
+    slow = Boundary("m", 3, 4, 3, 0.03, 0.02, (run,), (2, 4), 1, seconds=180.0)  # minutes per level at low load
+    fast = Boundary("m", 150, 1, 0, 0.03, 0.02, (run,), (128, 192), 1, seconds=20.0)
+    assert slow.price(2) == 360.0 and fast.price(2) == 40.0 and fast.cost(2) == 4
+    requests = allocate([slow, fast], budget_left=8)
+    assert {r.concurrency for r in requests} == {128, 192}  # same worth, the cheap levels first
+    # the profiles' durations reach the boundaries
+    baseline, method = profiles()
+    plan = refine_plan(baseline, method)
+    assert all(b.seconds and b.seconds > 0 for b in plan.boundaries)
