@@ -30,6 +30,7 @@ import asyncio
 import ctypes
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -49,6 +50,7 @@ from prometheus_client.parser import text_string_to_metric_families
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from specpilot.api import seal  # noqa: E402
 from specpilot.sandbox.apiserver import SandboxApiServer  # noqa: E402
 from tests.operator.scenario import H100, H200, measured_status, node  # noqa: E402
 
@@ -277,7 +279,9 @@ async def play_jobs(api: SandboxApiServer, tracker: Tracker, count: int, timeout
                 continue
             method = profile["spec"].get("method") or {}
             result = profile_result(profile["spec"]["sku"], method.get("method"), method.get("numSpeculativeTokens", 4))
-            await api.patch("speculationprofiles", NAMESPACE, name, {"status": result}, subresource="status")
+            job = api.get("jobs", NAMESPACE, status["jobName"]) or {}
+            await api.patch("speculationprofiles", NAMESPACE, name, {"status": seal.sealed(result, job)},
+                            subresource="status")
             published[name] = time.monotonic()
         await asyncio.sleep(0.2)
     for name in tracker.created_at:
@@ -326,7 +330,8 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict:
                                           "reconcileIntervalSeconds": args.interval}))
         port = free_port()
         log_path = args.out.with_suffix(".log")
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1",
+               seal.KEY_ENV: secrets.token_hex(32)}  # as the chart's Secret gives it
         env.pop("KUBERNETES_SERVICE_HOST", None)
         with log_path.open("wb") as log:
             operator = subprocess.Popen(

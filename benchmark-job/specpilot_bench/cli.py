@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from specpilot.api import seal
 from specpilot.api.base import ConfigMapKeyRef
 from specpilot.api.deployment import Workload
 from specpilot.api.methods import CandidateMethod
@@ -309,7 +310,10 @@ def cluster_target(args: argparse.Namespace) -> Target:
 
     if not args.namespace:
         raise ValueError("--namespace (or env POD_NAMESPACE) is required with --profile-name")
-    store = ProfileStore(api_client(args.kubeconfig), args.profile_name, args.namespace, append=args.append)
+    # The token seals what this Job publishes; the engine (a subprocess that runs model code) never sees it.
+    token = os.environ.pop(seal.TOKEN_ENV, None) or None
+    store = ProfileStore(api_client(args.kubeconfig), args.profile_name, args.namespace, append=args.append,
+                         token=token)
     stored = store.read()
     spec = stored.spec
     if args.levels:

@@ -18,6 +18,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from specpilot.api import seal
 from specpilot.api.base import GROUP, VERSION
 from specpilot.api.profile import SpeculationProfile, SpeculationProfileStatus
 
@@ -71,11 +72,14 @@ def _retrying(what: str, call, attempts: int = 8, base_delay_s: float = 0.5):
 class ProfileStore:
     """One SpeculationProfile object in the API."""
 
-    def __init__(self, api, name: str, namespace: str, append: bool = False) -> None:
+    def __init__(self, api, name: str, namespace: str, append: bool = False, token: str | None = None) -> None:
         self.api = api
         self.name = name
         self.namespace = namespace
         self.append = append
+        self.token = token
+        """The Job's result token (api.seal): every published status carries its seal. Without one (a run
+        outside a Job the operator created) nothing is sealed, and the operator will not use the result."""
         """Append this process's points to the stored runs (a refinement round) instead of replacing runs."""
         self.engine_starts_published = 0
         """This process's engine starts already added to the stored count."""
@@ -105,6 +109,7 @@ class ProfileStore:
         def attempt() -> dict[str, Any]:
             current = self._get()
             merged = merged_status(current.get("status"), unpublished, expected_ks, append=self.append).dump()
+            merged["seal"] = seal.seal(self.token, merged) if self.token else None
             body: dict[str, Any] = {"status": merged}
             version = current.get("metadata", {}).get("resourceVersion")
             if version:

@@ -17,9 +17,13 @@ from pathlib import Path
 import pytest
 import yaml
 
+from specpilot.api import seal
 from specpilot.sandbox.apiserver import SandboxApiServer
 
 NAMESPACE = "team"
+
+RESULT_KEY = "sandbox-result-key-" + "0" * 32
+"""The operator's result key in these tests (api.seal)."""
 
 
 class OperatorProcess:
@@ -31,7 +35,9 @@ class OperatorProcess:
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> None:
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        # The same result key on every start, as the chart's Secret gives it: a restarted operator still
+        # accepts the results its earlier process sealed.
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", seal.KEY_ENV: RESULT_KEY}
         env.pop("KUBERNETES_SERVICE_HOST", None)
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(

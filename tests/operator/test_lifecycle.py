@@ -10,6 +10,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from specpilot.api import seal
 from specpilot.api.validate import validate_custom_resource
 from specpilot.sandbox.apiserver import SandboxEmulator
 from tests.conftest import REPO
@@ -118,8 +119,9 @@ async def test_a_result_written_as_soon_as_the_job_exists_is_kept(sandbox, opera
         if request.action == kmock.action.CREATE and getattr(request.resource, "plural", None) == "jobs":
             profile = request.data["metadata"]["ownerReferences"][0]["name"]
             method = (sandbox.get("speculationprofiles", NAMESPACE, profile)["spec"].get("method") or {})
-            await sandbox.patch("speculationprofiles", NAMESPACE, profile, {"status": measured_status(
-                "H100-SXM", method.get("method"), method.get("numSpeculativeTokens", 4))}, subresource="status")
+            result = measured_status("H100-SXM", method.get("method"), method.get("numSpeculativeTokens", 4))
+            await sandbox.patch("speculationprofiles", NAMESPACE, profile,
+                                {"status": seal.sealed(result, request.data)}, subresource="status")
         return response
 
     monkeypatch.setattr(SandboxEmulator, "_handle", job_finishes_at_once)

@@ -8,6 +8,7 @@ import asyncio
 
 import pytest
 
+from specpilot.api import seal
 from tests.operator.conftest import operator, operator_config, sandbox  # noqa: F401  (fixtures)
 from tests.operator.scenario import (
     H100,
@@ -71,12 +72,15 @@ async def test_a_physically_impossible_result_fails_its_profile(sandbox, operato
     await sandbox.create(node("gpu-1", H100, "h100"))
     await sandbox.create(sdep(methods=[{"method": "eagle3", "model": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B",
                                         "numSpeculativeTokens": 4}]))
-    await sandbox.wait_for(lambda: len(jobs(sandbox)) == 2, what="2 Jobs")
+    await sandbox.wait_for(lambda: len(jobs(sandbox)) == 2 and all(
+        (p.get("status") or {}).get("jobName") for p in profiles(sandbox)), what="2 Jobs, recorded")
     target = next(p for p in profiles(sandbox) if (p["spec"].get("method") or {}).get("method") == "eagle3")
     poisoned = measured_status("H100-SXM", "eagle3", 4)
     poisoned["runs"][0]["points"][0]["outputThroughput"] = 1e308
-    await sandbox.patch("speculationprofiles", NAMESPACE, target["metadata"]["name"], {"status": poisoned},
-                        subresource="status")
+    # Sealed by the profile's own Job (its engine misbehaved): the seal holds, the bounds refuse it.
+    own_job = next(j for j in jobs(sandbox) if j["metadata"]["name"] == target["status"]["jobName"])
+    await sandbox.patch("speculationprofiles", NAMESPACE, target["metadata"]["name"],
+                        {"status": seal.sealed(poisoned, own_job)}, subresource="status")
 
     name = target["metadata"]["name"]
     failed = await sandbox.wait_for(
@@ -88,3 +92,30 @@ async def test_a_physically_impossible_result_fails_its_profile(sandbox, operato
     assert "ImplausibleResult" in warning[0]["message"]
     pools = status(sandbox).get("pools") or [{}]
     assert (pools[0].get("decision") or {}).get("method") is None  # nothing decided on the poisoned result
+
+
+@pytest.mark.parametrize("writer", ["another profile's Job", "a pod with the bench ServiceAccount"])
+async def test_a_result_not_written_by_the_profiles_own_job_is_refused(sandbox, operator, writer):  # noqa: F811
+    await sandbox.create(node("gpu-1", H100, "h100"))
+    await sandbox.create(sdep(methods=[{"method": "eagle3", "model": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B",
+                                        "numSpeculativeTokens": 4}]))
+    await sandbox.wait_for(lambda: len(jobs(sandbox)) == 2 and all(
+        (p.get("status") or {}).get("jobName") for p in profiles(sandbox)), what="2 Jobs, recorded")
+    target = next(p for p in profiles(sandbox) if (p["spec"].get("method") or {}).get("method") == "eagle3")
+    other = next(p for p in profiles(sandbox) if p is not target)
+    other_job = next(j for j in jobs(sandbox) if j["metadata"]["name"] == other["status"]["jobName"])
+    forged = measured_status("H100-SXM", "eagle3", 4)  # looks real, passes every physical bound
+    if writer == "another profile's Job":
+        forged = seal.sealed(forged, other_job)
+    name = target["metadata"]["name"]
+    await sandbox.patch("speculationprofiles", NAMESPACE, name, {"status": forged}, subresource="status")
+
+    failed = await sandbox.wait_for(
+        lambda: (sandbox.get("speculationprofiles", NAMESPACE, name).get("status") or {}).get("phase") == "Failed"
+        and sandbox.get("speculationprofiles", NAMESPACE, name)["status"], what="the forged profile Failed")
+    assert failed["reason"] == "UnsealedResult"
+    assert "not written by" in failed["message"] and "specpilot.io/reprofile" in failed["message"]
+    warning = await sandbox.wait_for(lambda: events(sandbox, "ProfilingFailed"), what="a ProfilingFailed Event")
+    assert "UnsealedResult" in warning[0]["message"]
+    pools = status(sandbox).get("pools") or [{}]
+    assert (pools[0].get("decision") or {}).get("method") is None  # nothing decided on the forged result

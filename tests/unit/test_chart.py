@@ -3,6 +3,7 @@
 Everything runs offline with the pinned helm from scripts/bootstrap-tools.sh (fetched on first use).
 """
 
+import base64
 import hashlib
 import json
 from pathlib import Path
@@ -110,7 +111,7 @@ def test_default_render_is_one_clusterwide_standalone_operator(default_objects: 
     kinds = sorted(obj["kind"] for obj in default_objects)
     assert kinds == sorted([
         "ServiceAccount", "ConfigMap", "ClusterRole", "ClusterRole", "ClusterRole", "ClusterRole",
-        "ClusterRoleBinding", "Service", "Deployment", "Pod",
+        "ClusterRoleBinding", "Service", "Deployment", "Pod", "Secret",
     ])
     assert sorted(o["metadata"]["name"] for o in by_kind(default_objects, "ClusterRole")) == [
         FULLNAME, BENCH_CLUSTER_ROLE, f"{FULLNAME}-edit", f"{FULLNAME}-view"]
@@ -557,3 +558,24 @@ def test_bind_addresses_reach_the_operator(helm_tools: HelmTools) -> None:
     args = operator_container(objects)["args"]
     assert args[args.index("--metrics-address") + 1] == "127.0.0.1"
     assert args[args.index("--liveness-address") + 1] == "0.0.0.0"
+
+
+def test_the_result_key_reaches_the_operator_only_and_is_kept(default_objects: list[dict]) -> None:
+    secret = by_kind(default_objects, "Secret")[0]
+    assert secret["metadata"]["name"] == f"{FULLNAME}-result-key"
+    assert secret["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    assert len(base64.b64decode(secret["data"]["key"])) >= 32
+    container = by_kind(default_objects, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]
+    key_env = next(e for e in container["env"] if e["name"] == "SPECPILOT_RESULT_KEY")
+    assert key_env["valueFrom"]["secretKeyRef"] == {"name": f"{FULLNAME}-result-key", "key": "key"}
+    # The operator reads no Secret through the API: the kubelet hands it the key.
+    rules = [r for role in by_kind(default_objects, "ClusterRole") for r in role["rules"]]
+    assert not any("secrets" in r.get("resources", []) for r in rules)
+
+
+def test_an_existing_result_key_secret_is_used_instead(helm_tools: HelmTools) -> None:
+    objects = helm_tools.render(namespace=RELEASE_NAMESPACE, set_values=["resultKey.existingSecret=my-key"])
+    assert not by_kind(objects, "Secret")
+    container = by_kind(objects, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]
+    key_env = next(e for e in container["env"] if e["name"] == "SPECPILOT_RESULT_KEY")
+    assert key_env["valueFrom"]["secretKeyRef"]["name"] == "my-key"

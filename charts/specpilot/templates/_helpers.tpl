@@ -156,3 +156,8 @@ the nvidia.com/gpu.product label), namespaces and CRDs (kopf's resource and name
   verbs: ["list", "watch", "patch"]
 {{- end }}
 {{- end }}
+
+{{/* The Secret holding the key benchmark results are sealed with. */}}
+{{- define "specpilot.resultKeySecret" -}}
+{{- .Values.resultKey.existingSecret | default (printf "%s-result-key" (include "specpilot.fullname" .)) }}
+{{- end }}

@@ -285,6 +285,9 @@ class SpeculationProfileStatus(StatusModel):
     """Interpolation check, when run."""
     engine_starts: int | None = Field(default=None, ge=0)
     """Engine starts the profile cost."""
+    seal: str | None = Field(default=None, max_length=128, pattern="^[0-9a-f]*$")
+    """HMAC of the result by the token of the profile's current benchmark Job (api.seal): the operator uses
+    no result whose seal does not match."""
 
     def run(self, k: int) -> Run | None:
         return next((r for r in self.runs if r.num_speculative_tokens == k), None)

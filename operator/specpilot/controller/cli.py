@@ -6,6 +6,7 @@ import argparse
 import faulthandler
 import json
 import logging
+import os
 import signal
 import sys
 from datetime import UTC, datetime
@@ -49,7 +50,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from .handlers import register as register_handlers
     from .kube import Connection, Kube
     from .metrics import OperatorMetrics
-    from .reconcile import Context
+    from ..api import seal
+    from .context import Context
 
     configure_logging(args.log_format, args.verbose)
     # `kill -USR1 <pid>` prints every thread's stack to stderr: what a stuck operator is waiting on.
@@ -62,6 +64,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.metrics_port:
         metrics.serve(args.metrics_port, addr=args.metrics_address)
     ctx = Context(kube=Kube(connection), config=config, metrics=metrics, connection=connection)
+    key = os.environ.get(seal.KEY_ENV, "")
+    if len(key) >= 32:
+        ctx.result_key = key.encode()
+    else:
+        logging.getLogger("specpilot").warning(
+            "%s is not set (or shorter than 32 characters): using a key drawn at start, so profiles measured "
+            "before a restart are measured again; the Helm chart sets it from a Secret", seal.KEY_ENV)
     registry = kopf.OperatorRegistry()
     peering = args.peering is not None
     register_handlers(registry, ctx, peering=peering)

@@ -9,6 +9,7 @@ it belongs to one, and released when the object goes (`forget`). Process-wide ca
 from __future__ import annotations
 
 import asyncio
+import secrets
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
@@ -65,6 +66,9 @@ class Context:
     metrics: OperatorMetrics
     connection: Connection
     catalog: GpuCatalog = DEFAULT_CATALOG
+    result_key: bytes = field(default_factory=lambda: secrets.token_bytes(32), repr=False)
+    """The key benchmark Jobs' result tokens derive from (api.seal): from the operator's Secret; a process
+    without one draws its own, and results sealed before a restart are then measured again."""
     objects: dict[str, ObjectCache] = field(default_factory=dict)
     written: dict[str, dict] = field(default_factory=dict)
     """Uid -> the status its last reconciliation computed. The watch shows it only later, so the next
@@ -76,6 +80,8 @@ class Context:
     own to scrape (a pod that merely carries the labels is not)."""
     bench_identity_checked: Bounded = field(default_factory=Bounded)
     """Namespace -> when its benchmark identity was last ensured (monotonic seconds)."""
+    verified: Bounded = field(default_factory=Bounded)
+    """"namespace/profile@resourceVersion" -> why its result is refused ("" when its seal and bounds hold)."""
     counted_jobs: Bounded = field(default_factory=Bounded)
     """Uids of benchmark Jobs already counted as succeeded in the metrics."""
     profile_events: Bounded = field(default_factory=lambda: Bounded(10 * MAX_REMEMBERED))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import secrets
 import signal
 import statistics
 import subprocess
@@ -24,6 +25,7 @@ import aiohttp
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from ..api import seal
 from ..api.schedule import ScheduleRange, k_at
 from ..manifests.names import bench_job_name
 from ..sandbox.apiserver import SandboxApiServer
@@ -417,7 +419,8 @@ class Demo:
         config.write_text(yaml.safe_dump({"reconcileIntervalSeconds": self.scenario.reconcile_interval_s,
                                           "benchmarkImage": "specpilot-bench:sandbox"}))
         log = (self.workdir / "operator.log").open("ab")
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1",
+               seal.KEY_ENV: secrets.token_hex(32)}  # as the chart's Secret gives it
         env.pop("KUBERNETES_SERVICE_HOST", None)
         return subprocess.Popen(
             [sys.executable, "-m", "specpilot", "run", "--kubeconfig", str(kubeconfig), "--namespace", NAMESPACE,

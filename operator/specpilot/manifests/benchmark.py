@@ -17,6 +17,7 @@ import copy
 from collections.abc import Sequence
 from typing import Any, Literal
 
+from ..api import seal
 from ..api.deployment import GpuPool, ModelSpec, SpeculativeDeploymentSpec, WorkloadName
 from ..api.profile import SpeculationProfileSpec
 from ..api.tenancy import TenancyPolicy, profiling_problems, refuse, serving_problems
@@ -174,7 +175,8 @@ def benchmark_job(*, profile_name: str, namespace: str, profile_spec: Speculatio
                   mode: BenchMode = "launch", run_k: int | None = None,
                   sdep_name: str | None = None, tenancy: TenancyPolicy | None = None,
                   refine_round: int | None = None, levels: Sequence[int] | None = None,
-                  ks: Sequence[int] | None = None, repeat: int = 1, append: bool = False) -> dict[str, Any]:
+                  ks: Sequence[int] | None = None, repeat: int = 1, append: bool = False,
+                  result_token: str | None = None) -> dict[str, Any]:
     """batch/v1 Job measuring `profile_spec` on `pool`, owned by the SpeculationProfile `owner`
     (apiVersion, kind, name, uid) so it is collected with it. `sdep_name`, when given, labels the Job with
     the SpeculativeDeployment that asked for it. `bench_image` is the operator's benchmark image;
@@ -187,7 +189,10 @@ def benchmark_job(*, profile_name: str, namespace: str, profile_spec: Speculatio
     `repeat` times each, and with `append` adds the points to the profile's stored runs (`specpilot-bench
     --levels --ks --repeat --append`). Its Job is named `names.refine_job_name(profile_name, refine_round)`
     and labelled with the round, so it never collides with the profile's benchmark Job or an earlier round.
-    The parameters come from `policy.refine.RefineRequest.job_parameters()`."""
+    The parameters come from `policy.refine.RefineRequest.job_parameters()`.
+
+    `result_token` (api.seal.job_token) goes into the bench container's environment only: the benchmark
+    seals its results with it, and the operator uses no result without a matching seal."""
     _check_run(profile_spec, mode, run_k)
     _check_refinement(profile_spec, refine_round, levels, ks, repeat, append)
     policy = tenancy or TenancyPolicy()
@@ -205,7 +210,9 @@ def benchmark_job(*, profile_name: str, namespace: str, profile_spec: Speculatio
         job_name = names.refine_job_name(profile_name, refine_round)
         args = _refinement_args(args, job_name, levels, ks, repeat, append)
     owned_bench = {"name": BENCH_CONTAINER, "image": bench_image, "command": list(BENCH_COMMAND), "args": args}
-    bench: dict[str, Any] = {**owned_bench, "env": env, "volumeMounts": [home_mount(security), token_mount()]}
+    bench_env = [*env, {"name": seal.TOKEN_ENV, "value": result_token}] if result_token else env
+    bench: dict[str, Any] = {**owned_bench, "env": bench_env,
+                             "volumeMounts": [home_mount(security), token_mount()]}
     volumes = [dshm_volume(), home_volume(), token_volume()]
     workload_file = profile_spec.workload.file
     if workload_file is not None:

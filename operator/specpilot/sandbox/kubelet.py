@@ -27,6 +27,7 @@ from pathlib import Path
 
 import aiohttp
 
+from ..api import seal
 from ..manifests.names import ANNOTATION_ENGINE_CONFIG as ENGINE_CONFIG_ANNOTATION
 from ..perf.catalog import DEFAULT_CATALOG, UnknownGpuError
 from .apiserver import SandboxApiServer
@@ -130,8 +131,12 @@ class Kubelet:
         name = job["metadata"]["name"]
         clocks = self.workdir / "clocks"
         clocks.mkdir(exist_ok=True)
+        # Of the bench container's environment only the result token is passed on (the rest points at
+        # cluster paths); with it the bench seals its results as in a cluster.
+        token = seal.token_of(job)
         return self._spawn(self._bench_command(job), f"job-{name}.log",
-                           **{CLOCK_FILE_ENV: str(clocks / f"{name}.clock")})
+                           **{CLOCK_FILE_ENV: str(clocks / f"{name}.clock")},
+                           **({seal.TOKEN_ENV: token} if token else {}))
 
     async def _sync_jobs(self) -> None:
         loop = asyncio.get_running_loop()
