@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 
 from aiohttp import web
 
+from specpilot.api import seal
 from specpilot.sandbox.apiserver import SandboxApiServer
 
 NAMESPACE = "team"
@@ -91,20 +92,21 @@ async def complete_job(api: SandboxApiServer, job: dict, completed_at: datetime)
         subresource="status")
 
 
-def measured_status(sku: str, method: str | None, max_k: int = 4, seed: int = 0) -> dict:
-    """A Succeeded profile status as the benchmark Job writes it, from the twin (noise-free)."""
+def measured_status(sku: str, method: str | None, max_k: int = 4, seed: int = 0, noise: float = 0.0) -> dict:
+    """A Succeeded profile status as the benchmark Job writes it, from the twin (noise-free unless `noise`,
+    the relative measurement noise per level; the same seed gives the baseline and a method the same draw)."""
     from specpilot.sim.synthetic import Scenario, synthetic_profiles
 
     baseline, method_profile = synthetic_profiles(
         Scenario(sku=sku, model_id="meta-llama/Llama-3.1-8B-Instruct", method=method or "eagle3", max_k=max_k),
-        noise=0.0, seed=seed)
+        noise=noise, seed=seed)
     chosen = baseline if method is None else method_profile
     now = datetime.now(tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     return {**chosen.status.dump(), "startedAt": now, "completedAt": now}
 
 
 async def publish_results(api: SandboxApiServer, sku: str, names: list[str] | None = None,
-                          timeout_s: float = 30.0) -> list[str]:
+                          timeout_s: float = 30.0, noise: float = 0.0, seed: int = 0) -> list[str]:
     """Play the benchmark Jobs: write every (or the named) pending profile's result into its status.
 
     As a real Job would, each result is written only once the operator has created that profile's Job (so
@@ -125,10 +127,11 @@ async def publish_results(api: SandboxApiServer, sku: str, names: list[str] | No
                                f"{[p['metadata']['name'] for p in pending()]}")
         for profile in ready:
             method = profile["spec"].get("method") or {}
+            job = next(j for j in jobs(api) if j["metadata"]["name"] == profile["status"]["jobName"])
+            result = measured_status(sku, method.get("method"), method.get("numSpeculativeTokens", 4), seed=seed,
+                                     noise=noise)
             await api.patch("speculationprofiles", NAMESPACE, profile["metadata"]["name"],
-                            {"status": measured_status(sku, method.get("method"),
-                                                       method.get("numSpeculativeTokens", 4))},
-                            subresource="status")
+                            {"status": seal.sealed(result, job)}, subresource="status")
             done.append(profile["metadata"]["name"])
         await asyncio.sleep(0.1)
     return done

@@ -219,3 +219,101 @@ def test_the_restart_toggle_keeps_its_clocks_in_status(profiles):
         toggled += [outcome.toggled] if outcome.toggled else []
     assert toggled == ["off"] and not status.speculation_enabled
     assert status.last_toggle_at is not None
+
+
+# --- adaptive refinement -----------------------------------------------------------------------------------
+
+def _noisy(seed: int = 1) -> PoolProfiles:
+    baseline, profile = synthetic_profiles(Scenario("H100-SXM", MODEL, "eagle3", "sharegpt"), noise=0.05, seed=seed)
+    baseline.metadata["name"], profile.metadata["name"] = "h100-baseline", "h100-eagle3"
+    return PoolProfiles(baseline=baseline, methods={"eagle3": profile}, ready=2, total=2)
+
+
+def _appended(profiles: PoolProfiles, jobs) -> PoolProfiles:
+    """The profiles after a round's Jobs appended their points (the measured levels again, repeat times)."""
+    by_name = {"h100-baseline": profiles.baseline, "h100-eagle3": profiles.methods["eagle3"]}
+    updated = {name: p.model_copy(deep=True) for name, p in by_name.items()}
+    for job in jobs:
+        for run in updated[job.profile].status.runs:
+            if run.num_speculative_tokens in job.ks:
+                run.points += [p for p in run.points if p.concurrency in job.levels] * job.repeat
+    return PoolProfiles(baseline=updated["h100-baseline"], methods={"eagle3": updated["h100-eagle3"]}, ready=2,
+                        total=2)
+
+
+def test_noise_near_a_change_of_k_starts_a_refinement_round():
+    spec = _spec()
+    outcome = plan_pool(_inputs(spec, _noisy(), PoolStatus(name="h100"), replicas=1))
+    refinement = outcome.status.refinement
+    assert refinement.state == "Measuring" and refinement.round == 1 and refinement.jobs
+    assert outcome.refine == refinement.jobs
+    assert {j.job_name for j in refinement.jobs} == {f"refine-{j.profile}-r1" for j in refinement.jobs}
+    assert all(j.repeat >= 1 and j.levels and j.ks for j in refinement.jobs)
+    assert "uncertain" in refinement.message and refinement.budget_levels > 0
+    assert [e.reason for e in outcome.events] == ["Refining"]
+
+
+def test_clean_profiles_need_no_refinement_and_it_can_be_turned_off():
+    spec = _spec()
+    baseline, profile = synthetic_profiles(Scenario("H100-SXM", MODEL, "eagle3", "sharegpt"), noise=0.0)
+    clean = PoolProfiles(baseline=baseline, methods={"eagle3": profile}, ready=2, total=2)
+    outcome = plan_pool(_inputs(spec, clean, PoolStatus(name="h100"), replicas=1))
+    assert outcome.status.refinement.state == "Settled" and not outcome.refine
+    off = SpeculativeDeploymentSpec.model_validate({**spec.model_dump(by_alias=True, exclude_none=True),
+                                                   "profiling": {"refineBudgetPercent": 0}})
+    assert plan_pool(_inputs(off, _noisy(), PoolStatus(name="h100"), replicas=1)).status.refinement is None
+
+
+def test_a_round_waits_for_its_jobs_then_decides_again_with_their_points():
+    spec, profiles = _spec(), _noisy()
+    first = plan_pool(_inputs(spec, profiles, PoolStatus(name="h100"), replicas=1))
+    jobs = first.status.refinement.jobs
+    # Not created yet (e.g. the create failed): asked for again. Running: nothing new.
+    again = plan_pool(_inputs(spec, profiles, _reread(first.status), replicas=1))
+    assert again.refine == jobs and again.status.refinement.round == 1
+    running = PoolInputs(**{**_inputs(spec, profiles, _reread(first.status), replicas=1).__dict__,
+                            "refine_jobs": {j.job_name: "Active" for j in jobs}})
+    assert plan_pool(running).refine == [] and plan_pool(running).status.refinement.state == "Measuring"
+    # Complete, but their points have not reached the profiles yet: still waiting.
+    done = {j.job_name: "Complete" for j in jobs}
+    waiting = plan_pool(PoolInputs(**{**running.__dict__, "refine_jobs": done}))
+    assert waiting.status.refinement.state == "Measuring" and not waiting.refine
+    # The points arrived: decided again, and the next round starts or refinement stops.
+    refined = plan_pool(PoolInputs(**{**running.__dict__, "refine_jobs": done,
+                                      "profiles": _appended(profiles, jobs)}))
+    after = refined.status.refinement
+    assert after.spent_levels > 0
+    assert (after.state == "Measuring" and after.round == 2) or after.state in ("Settled", "BudgetSpent")
+    assert refined.status.decision.basis != first.status.decision.basis
+
+
+def test_a_failed_refinement_job_keeps_the_decision_and_says_so():
+    spec, profiles = _spec(), _noisy()
+    first = plan_pool(_inputs(spec, profiles, PoolStatus(name="h100"), replicas=1))
+    job = first.status.refinement.jobs[0]
+    failed = plan_pool(PoolInputs(**{**_inputs(spec, profiles, _reread(first.status), replicas=1).__dict__,
+                                     "refine_jobs": {job.job_name: "Failed"}}))
+    assert failed.status.refinement.state == "Failed" and job.job_name in failed.status.refinement.message
+    assert failed.status.decision == first.status.decision and failed.serve.method is not None
+    assert [e.reason for e in failed.events] == ["RefinementFailed"]
+    # Failed stays failed (no new rounds) until the profiles change.
+    later = plan_pool(_inputs(spec, profiles, _reread(failed.status), replicas=1))
+    assert later.status.refinement.state == "Failed" and not later.refine and not later.events
+
+
+def test_a_budget_spent_with_a_crossover_still_uncertain_is_said_in_the_decision():
+    spec = SpeculativeDeploymentSpec.model_validate({**_spec().model_dump(by_alias=True, exclude_none=True),
+                                                    "profiling": {"refineBudgetPercent": 1}})
+    profiles = _noisy()
+    status, rounds = PoolStatus(name="h100"), 0
+    for _ in range(6):
+        outcome = plan_pool(PoolInputs(**{**_inputs(spec, profiles, _reread(status), replicas=1).__dict__,
+                                          "refine_jobs": {j.job_name: "Complete" for j in
+                                                          (status.refinement.jobs if status.refinement else [])}}))
+        status = outcome.status
+        if status.refinement.state != "Measuring":
+            break
+        rounds += 1
+        profiles = _appended(profiles, status.refinement.jobs)
+    assert status.refinement.state == "BudgetSpent"
+    assert "still uncertain after the refinement budget" in status.decision.reason

@@ -101,11 +101,6 @@ def test_specpilot_beats_every_fixed_policy_at_the_same_replicas(diurnal):
     assert results["specpilot"].tpot_p50_ms < 0.7 * results["no-sd"].tpot_p50_ms
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "the operator's replica rule (policy.planner._replicas: demand = running + waiting) flaps on this trace: "
-    "at light load a replica finishes requests fast, so the demand it sees understates what the same traffic "
-    "needs at capacity; it scales 4 -> 1 and the one replica queues. Scaling demand by TPOT(capacity) / "
-    "TPOT(now) (Little's law) in the planner makes this pass (10-15% lower $/Mtok, 99.97% within the SLO)"))
 def test_specpilot_autoscale_beats_every_fixed_policy_on_cost_at_equal_or_better_slo_attainment(diurnal):
     _, _, _, results = diurnal
     v = verdict(list(results.values()))
@@ -227,7 +222,7 @@ async def _controller_agreement(policy: OperatorPolicy, monkeypatch) -> tuple[in
             "metadata": {"name": name, "generation": 2}, "spec": {"replicas": step.current_replicas},
             "status": {"observedGeneration": 2, "updatedReplicas": 0 if step.rolling_out else step.current_replicas}}
         observation[0] = step.observation
-        await controller._reconcile_pool(ctx, body, spec, views[0], needed, states, profiles, {},
+        await controller._reconcile_pool(ctx, body, spec, views[0], needed, states, profiles, {}, {},
                                          PoolStatus.model_validate(step.previous), step.now, [],
                                          step.observation is not None, controller._Metrics([], []))
         mode = policy.connector.mode(step.serve)
@@ -245,4 +240,4 @@ async def test_the_operators_executor_agrees_with_the_simulator_on_every_control
         assert steps == 240 and same == steps, f"{policy.name}: {same}/{steps}"
     # not a constant answer: the operator policies changed engine or replicas along the trace
     served = {p.name: {_serve_key(s.serve) for s in p.steps} for p in policies if isinstance(p, OperatorPolicy)}
-    assert len(served["specpilot+autoscale"]) > 2 and len(served["restart-toggle"]) > 1
+    assert len(served["specpilot+autoscale"]) > 1 and len(served["restart-toggle"]) > 1

@@ -318,6 +318,12 @@ class Profiling(ApiModel):
     """Automatic re-profiling triggers."""
     max_parallel_jobs_per_pool: int = Field(default=1, ge=1, le=32)
     """Benchmark Jobs running at once per pool (each takes tensorParallelSize GPUs)."""
+    refine_budget_percent: int = Field(default=100, ge=0, le=400)
+    """Adaptive refinement: after the first sweep, the levels around each uncertain change of k (where the
+    crossover's uncertainty exceeds policy.minGainPercent) are measured again by refinement Jobs, and the
+    pool is decided again. This bounds what refinement may re-measure, in measured levels, as a percent of
+    the levels the first sweep measured (100: as many again; about +50% profiling time with engine starts
+    counted). 0 turns refinement off."""
     job_deadline_seconds: int = Field(default=3600, ge=60)
     """activeDeadlineSeconds of each benchmark Job."""
     backoff_limit: int = Field(default=2, ge=0, le=10)
@@ -526,6 +532,19 @@ class ProfileProgress(StatusModel):
     """SpeculationProfile names used by this pool."""
 
 
+class TpotPoint(StatusModel):
+    """TPOT of the decided option at one concurrency per replica (from the profiles)."""
+
+    concurrency: float = Field(ge=0)
+    """Concurrent requests per replica."""
+    ms: float = Field(ge=0)
+    """Time per output token, milliseconds."""
+
+
+MAX_TPOT_POINTS = 16
+"""Points of a decision's TPOT curve (powers of two from 1)."""
+
+
 class Decision(StatusModel):
     """What a pool serves and why."""
 
@@ -567,6 +586,10 @@ class Decision(StatusModel):
     no acceptance) does not flip the decision back to the profile's numbers."""
     live_drafts_per_step: float | None = None
     """The live drafts per step it used."""
+    tpot_curve: list[TpotPoint] = Field(default_factory=list, max_length=MAX_TPOT_POINTS)
+    """TPOT of the decided option at 1, 2, 4, ... concurrent requests per replica, up to its capacity: the
+    replica planner scales observed demand by TPOT(capacity) / TPOT(load now), since requests take longer
+    on a fuller replica (Little's law)."""
     load_concurrency: float | None = None
     """Per-replica concurrency (weighted median) of the observed load the decision weighed; none when it
     weighed the expected load or the profiled levels. The method is revisited when the observed load moves
@@ -608,6 +631,47 @@ MAX_REPLICA_TARGETS = 64
 """Bound on the remembered replica targets (the window keeps only targets no later one covers)."""
 
 
+class RefinementJob(StatusModel):
+    """One refinement Job of a round: a profile's levels at some k, each measured `repeat` more times."""
+
+    profile: str = Field(max_length=253)
+    """The SpeculationProfile it appends to."""
+    job_name: str = Field(max_length=253)
+    """The Job's name."""
+    ks: list[int] = Field(default_factory=list, max_length=17)
+    """The k values (runs) it measures."""
+    levels: list[int] = Field(default_factory=list, max_length=32)
+    """The concurrency levels it measures."""
+    repeat: int = Field(default=1, ge=1)
+    """Times each level is measured."""
+
+
+class RefinementState(str, Enum):
+    MEASURING = "Measuring"
+    SETTLED = "Settled"
+    BUDGET_SPENT = "BudgetSpent"
+    FAILED = "Failed"
+
+
+class Refinement(StatusModel):
+    """Adaptive refinement of the pool's profiles near the decision's uncertain changes of k."""
+
+    round: int = Field(default=0, ge=0)
+    """Rounds started so far."""
+    state: RefinementState = RefinementState.SETTLED
+    """Measuring (a round's Jobs run), Settled (no change of k is uncertain beyond policy.minGainPercent),
+    BudgetSpent (some still are, and profiling.refineBudgetPercent is spent), or Failed (a Job failed; the
+    decision stands on what was measured)."""
+    message: Text = ""
+    """What is uncertain and what the round measures, or why refinement stopped."""
+    budget_levels: int = Field(default=0, ge=0)
+    """Measured levels refinement may spend."""
+    spent_levels: int = Field(default=0, ge=0)
+    """Measured levels spent so far (repeats beyond the first measurement of a level)."""
+    jobs: list[RefinementJob] = Field(default_factory=list, max_length=16)
+    """The current round's Jobs."""
+
+
 class PoolStatus(StatusModel):
     """Everything specpilot knows about one pool."""
 
@@ -642,6 +706,8 @@ class PoolStatus(StatusModel):
     """Restart strategy: since when load has stayed above crossover*(1+band) (the dwell clock)."""
     below_threshold_since: datetime | None = None
     """Restart strategy: since when load has stayed below crossover*(1-band) (the dwell clock)."""
+    refinement: Refinement | None = None
+    """Adaptive refinement of the pool's profiles (profiling.refineBudgetPercent)."""
     replica_targets: list[ReplicaTarget] = Field(default_factory=list, max_length=MAX_REPLICA_TARGETS)
     """The replica targets of the scale-down stabilisation window that can still hold a scale-down
     (oldest first, each higher than every later one): kept in status so a restarted operator holds them."""

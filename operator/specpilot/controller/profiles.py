@@ -10,7 +10,8 @@ import time
 from dataclasses import dataclass
 from datetime import datetime
 
-from ..api.deployment import SpeculativeDeploymentSpec
+from ..api import seal
+from ..api.deployment import GpuPool, RefinementJob, SpeculativeDeploymentSpec
 from ..api.profile import SpeculationProfile
 from ..manifests import names
 from ..manifests.benchmark import benchmark_job
@@ -66,7 +67,7 @@ def _current_job(job: dict | None, profile: dict) -> dict | None:
     return job
 
 
-def _job_state(job: dict) -> str:
+def job_state(job: dict) -> str:
     status = job.get("status") or {}
     for cond in status.get("conditions") or []:
         if cond.get("status") == "True" and cond.get("type") in ("Complete", "SuccessCriteriaMet"):
@@ -84,116 +85,145 @@ def _job_failure(job: dict) -> tuple[str, str]:
 
 
 async def reconcile_profiles(ctx: Context, spec: SpeculativeDeploymentSpec, namespace: str, sdep_name: str,
-                              needed: list[desired.NeededProfile], profiles: dict[str, dict],
-                              jobs: dict[str, dict], reprofile: str | None, now: datetime,
-                              events: list[Event]) -> dict[str, str]:
+                             needed: list[desired.NeededProfile], profiles: dict[str, dict],
+                             jobs: dict[str, dict], reprofile: str | None, now: datetime,
+                             events: list[Event]) -> dict[str, str]:
     """Reuse fresh profiles, create missing ones and their Jobs (bounded per pool), mirror Job failures.
 
     Returns profile name -> phase.
     """
     max_age = spec.profiling.reprofile.max_age_hours if "max_age_hours" in spec.profiling.reprofile.model_fields_set \
         else ctx.config.profiling_defaults.max_age_hours
-    max_parallel = spec.profiling.max_parallel_jobs_per_pool
     states: dict[str, str] = {}
     waiting: dict[str, list[desired.NeededProfile]] = {}
     running: dict[str, int] = {}
-    seen: set[str] = set()
     for need in needed:
-        if need.name in seen:
+        if need.name in states:
             continue
-        seen.add(need.name)
-        profile = profiles.get(need.name)
-        annotations = ((profile or {}).get("metadata") or {}).get("annotations") or {}
-        stale_request = reprofile is not None and annotations.get(REPROFILE_ANNOTATION) != reprofile
-        if profile is None:
-            profile = await _create_profile(ctx, namespace, need, reprofile)
-            events.append(Event("Normal", "Profiling", f"measuring {need.key} on {need.sku} ({need.name})"))
-        elif (profile.get("status") or {}).get("phase") == "Succeeded" and (
-                stale_request or not desired.profile_is_fresh(profile, max_age, now)):
-            why = "requested by annotation" if stale_request else f"older than {max_age:g} h"
-            await restart_profile(ctx, namespace, need.name, profile, reprofile)
-            profile = _restarted(profile)
-            events.append(Event("Normal", "Reprofiling", f"re-measuring {need.name}: {why}"))
-        elif (profile.get("status") or {}).get("phase") == "Failed" and stale_request:
-            await restart_profile(ctx, namespace, need.name, profile, reprofile)
-            events.append(Event("Normal", "Reprofiling", f"re-measuring {need.name}: requested by annotation"))
-            profile = _restarted(profile)
+        profile = await _current_profile(ctx, namespace, need, profiles.get(need.name), reprofile, max_age, now,
+                                         events)
         phase = (profile.get("status") or {}).get("phase") or "Pending"
-        if phase in ("Pending", "Running"):
-            job = _current_job(jobs.get(f"{namespace}/{names.bench_job_name(need.name)}"), profile)
-            if job is None:
-                waiting.setdefault(need.pool, []).append(need)
-            else:
-                state = _job_state(job)
-                if state == "Failed":
-                    reason, message = _job_failure(job)
-                    attempts = int((job.get("status") or {}).get("failed") or 0)
-                    phase = await _fail_profile(
-                        ctx, namespace, need, events,
-                        {"reason": reason, "attempts": attempts,
-                         "message": f"{message} after {attempts} attempt(s); {RETRY_HINT}"},
-                        f"{reason}: {message} ({attempts} attempts)")
-                elif state == "Complete" and phase != "Succeeded":
-                    # The bench exits 0 only after publishing, so the result is on its way (watch order);
-                    # past the grace it never will come, and waiting longer would hang the pool at Profiling.
-                    if desired.result_overdue(job, now, RESULT_GRACE_S):
-                        job_name = job["metadata"]["name"]
-                        message = (f"the benchmark Job {job_name} completed but no result reached the profile "
-                                   f"within {RESULT_GRACE_S} s; see `kubectl logs job/{job_name}`, then {RETRY_HINT}")
-                        phase = await _fail_profile(ctx, namespace, need, events,
-                                                    {"reason": "NoResult", "message": message},
-                                                    f"NoResult: {message}")
-                    else:
-                        phase = "Running"
-                else:
-                    running[need.pool] = running.get(need.pool, 0) + 1
-                    failures = int((job.get("status") or {}).get("failed") or 0)
-                    if failures and (profile.get("status") or {}).get("attempts", 0) != failures:
-                        await ctx.kube.patch("speculationprofiles", namespace, need.name,
-                                             {"status": {"attempts": failures, "reason": "Retrying",
-                                                         "message": f"attempt {failures + 1} after a failure"}},
-                                             subresource="status")
-        elif phase == "Succeeded" and (implausible := checked_result_problems(profile, ctx.catalog)):
-            # A result no GPU can produce never reaches a decision (it may have been written by anyone who can
-            # patch profiles' status in the namespace, and every deployment needing it would act on it).
-            shown = "; ".join(implausible)
+        job = _current_job(jobs.get(f"{namespace}/{names.bench_job_name(need.name)}"), profile)
+        if phase in ("Pending", "Running") and job is None:
+            waiting.setdefault(need.pool, []).append(need)
+        elif phase in ("Pending", "Running"):
+            phase = await _follow_job(ctx, namespace, need, profile, job, phase, now, events)
+            running[need.pool] = running.get(need.pool, 0) + (phase in ("Pending", "Running")
+                                                              and job_state(job) == "Active")
+        elif phase == "Succeeded" and (refused := _result_refusal(ctx, namespace, profile)):
+            reason, shown = refused
             phase = await _fail_profile(ctx, namespace, need, events,
-                                        {"reason": "ImplausibleResult",
-                                         "message": f"result refused: {shown}; {RETRY_HINT}"},
-                                        f"ImplausibleResult: {shown}")
+                                        {"reason": reason, "message": f"result refused: {shown}; {RETRY_HINT}"},
+                                        f"{reason}: {shown}")
         elif phase == "Succeeded":
-            job = _current_job(jobs.get(f"{namespace}/{names.bench_job_name(need.name)}"), profile)
             uid = (job or {}).get("metadata", {}).get("uid")
             if uid and uid not in ctx.counted_jobs:
                 ctx.counted_jobs[uid] = True
                 ctx.metrics.profiling_jobs.labels(namespace, "succeeded").inc()
         states[need.name] = phase
-
+    max_parallel = desired.max_parallel_jobs(spec, ctx.config)
     for pool, queue in waiting.items():
         view_pool = next(p for p in spec.gpu_pools if p.name == pool)
         for need in desired.jobs_allowed(queue, running.get(pool, 0), max_parallel):
-            profile = profiles.get(need.name) or {}
-            owner = {"apiVersion": "specpilot.io/v1alpha1", "kind": "SpeculationProfile", "name": need.name,
-                     "uid": (profile.get("metadata") or {}).get("uid", "")}
-            if not owner["uid"]:
-                fetched = await ctx.kube.get("speculationprofiles", namespace, need.name)
-                owner["uid"] = fetched["metadata"].get("uid", "")
-            job = benchmark_job(profile_name=need.name, namespace=namespace, profile_spec=need.spec, spec=spec,
-                                pool=view_pool, bench_image=ctx.config.benchmark_image,
-                                owner=owner, sdep_name=sdep_name, tenancy=ctx.config.tenancy)
-            try:
-                created = await ctx.kube.create(job)
-            except Conflict:
-                continue  # the previous measurement's Job is still being deleted
-            ctx.metrics.profiling_jobs.labels(namespace, "created").inc()
-            await ctx.kube.patch("speculationprofiles", namespace, need.name, {"metadata": {"annotations": {
-                JOB_UID_ANNOTATION: (created or {}).get("metadata", {}).get("uid", "")}}})
-            # The phase is left as it is (Pending since the profile was created or restarted): the Job may
-            # already have written Running or its result, and this patch must not undo that.
-            await ctx.kube.patch("speculationprofiles", namespace, need.name,
-                                 {"status": {"jobName": job["metadata"]["name"], "reason": "JobCreated"}},
-                                 subresource="status")
+            await _start_job(ctx, spec, namespace, sdep_name, view_pool, need, profiles.get(need.name) or {})
     return states
+
+
+async def _current_profile(ctx: Context, namespace: str, need: desired.NeededProfile, profile: dict | None,
+                           reprofile: str | None, max_age: float, now: datetime, events: list[Event]) -> dict:
+    """The profile as it is to be measured now: created when missing, restarted when stale or when the
+    deployment's reprofile annotation asks for it (as the profile looks right after)."""
+    annotations = ((profile or {}).get("metadata") or {}).get("annotations") or {}
+    stale_request = reprofile is not None and annotations.get(REPROFILE_ANNOTATION) != reprofile
+    phase = ((profile or {}).get("status") or {}).get("phase")
+    if profile is None:
+        events.append(Event("Normal", "Profiling", f"measuring {need.key} on {need.sku} ({need.name})"))
+        return await _create_profile(ctx, namespace, need, reprofile)
+    if phase == "Succeeded" and (stale_request or not desired.profile_is_fresh(profile, max_age, now)):
+        why = "requested by annotation" if stale_request else f"older than {max_age:g} h"
+    elif phase == "Failed" and stale_request:
+        why = "requested by annotation"
+    else:
+        return profile
+    await restart_profile(ctx, namespace, need.name, profile, reprofile)
+    events.append(Event("Normal", "Reprofiling", f"re-measuring {need.name}: {why}"))
+    return _restarted(profile)
+
+
+async def _follow_job(ctx: Context, namespace: str, need: desired.NeededProfile, profile: dict, job: dict,
+                      phase: str, now: datetime, events: list[Event]) -> str:
+    """Mirror the profile's benchmark Job: a failure for good fails the profile (with the Job's reason), a
+    retry is counted in the profile's status, a completed Job's result is waited for a grace period."""
+    state = job_state(job)
+    if state == "Failed":
+        reason, message = _job_failure(job)
+        attempts = int((job.get("status") or {}).get("failed") or 0)
+        return await _fail_profile(ctx, namespace, need, events,
+                                   {"reason": reason, "attempts": attempts,
+                                    "message": f"{message} after {attempts} attempt(s); {RETRY_HINT}"},
+                                   f"{reason}: {message} ({attempts} attempts)")
+    if state == "Complete":
+        # The bench exits 0 only after publishing, so the result is on its way (watch order); past the
+        # grace it never will come, and waiting longer would hang the pool at Profiling.
+        if not desired.result_overdue(job, now, RESULT_GRACE_S):
+            return "Running"
+        job_name = job["metadata"]["name"]
+        message = (f"the benchmark Job {job_name} completed but no result reached the profile within "
+                   f"{RESULT_GRACE_S} s; see `kubectl logs job/{job_name}`, then {RETRY_HINT}")
+        return await _fail_profile(ctx, namespace, need, events, {"reason": "NoResult", "message": message},
+                                   f"NoResult: {message}")
+    failures = int((job.get("status") or {}).get("failed") or 0)
+    if failures and (profile.get("status") or {}).get("attempts", 0) != failures:
+        await ctx.kube.patch("speculationprofiles", namespace, need.name,
+                             {"status": {"attempts": failures, "reason": "Retrying",
+                                         "message": f"attempt {failures + 1} after a failure"}},
+                             subresource="status")
+    return phase
+
+
+async def _start_job(ctx: Context, spec: SpeculativeDeploymentSpec, namespace: str, sdep_name: str, pool: GpuPool,
+                     need: desired.NeededProfile, profile: dict) -> None:
+    """Create the profile's benchmark Job, with a fresh result nonce (api.seal), and record it."""
+    owner = {"apiVersion": "specpilot.io/v1alpha1", "kind": "SpeculationProfile", "name": need.name,
+             "uid": (profile.get("metadata") or {}).get("uid", "")}
+    if not owner["uid"]:
+        fetched = await ctx.kube.get("speculationprofiles", namespace, need.name)
+        owner["uid"] = fetched["metadata"].get("uid", "")
+    # A fresh nonce per Job: a token of an earlier Job (or another profile's) seals nothing here.
+    nonce = seal.new_nonce()
+    await ctx.kube.patch("speculationprofiles", namespace, need.name,
+                         {"metadata": {"annotations": {seal.NONCE_ANNOTATION: nonce}}})
+    job = benchmark_job(profile_name=need.name, namespace=namespace, profile_spec=need.spec, spec=spec, pool=pool,
+                        bench_image=ctx.config.benchmark_image, owner=owner, sdep_name=sdep_name,
+                        tenancy=ctx.config.tenancy,
+                        result_token=seal.job_token(ctx.result_key, namespace, need.name, nonce))
+    try:
+        created = await ctx.kube.create(job)
+    except Conflict:
+        return  # the previous measurement's Job is still being deleted
+    ctx.metrics.profiling_jobs.labels(namespace, "created").inc()
+    await ctx.kube.patch("speculationprofiles", namespace, need.name, {"metadata": {"annotations": {
+        JOB_UID_ANNOTATION: (created or {}).get("metadata", {}).get("uid", "")}}})
+    # The phase is left as it is (Pending since the profile was created or restarted): the Job may already
+    # have written Running or its result, and this patch must not undo that.
+    await ctx.kube.patch("speculationprofiles", namespace, need.name,
+                         {"status": {"jobName": job["metadata"]["name"], "reason": "JobCreated"}},
+                         subresource="status")
+
+
+def _result_refusal(ctx: Context, namespace: str, profile: dict) -> tuple[str, str] | None:
+    """Why a Succeeded result must not reach a decision: it was not written by the profile's own current
+    benchmark Job (api.seal; anyone who may patch profiles' status in the namespace could have written it,
+    and every deployment needing the profile would act on it), or no GPU can produce it. Checked once per
+    resourceVersion."""
+    meta = profile.get("metadata") or {}
+    key = f"{namespace}/{meta.get('name')}@{meta.get('resourceVersion', '')}"
+    if key not in ctx.verified:
+        unsealed = seal.seal_problem(ctx.result_key, namespace, profile)
+        implausible = "; ".join(checked_result_problems(profile, ctx.catalog)) if unsealed is None else ""
+        ctx.verified[key] = ("UnsealedResult", unsealed) if unsealed else (
+            ("ImplausibleResult", implausible) if implausible else None)
+    return ctx.verified[key]
 
 
 async def _fail_profile(ctx: Context, namespace: str, need: desired.NeededProfile, events: list[Event],
@@ -234,12 +264,42 @@ def _restarted(profile: dict) -> dict:
 async def restart_profile(ctx: Context, namespace: str, name: str, profile: dict, reprofile: str | None) -> None:
     """Measure again: drop the old Job and reset the status (the identity, hence the name, is unchanged)."""
     await ctx.kube.delete("jobs", namespace, names.bench_job_name(name))
-    annotations: dict[str, str | None] = {JOB_UID_ANNOTATION: None}
+    annotations: dict[str, str | None] = {JOB_UID_ANNOTATION: None, seal.NONCE_ANNOTATION: None}
     if reprofile:
         annotations[REPROFILE_ANNOTATION] = reprofile
     await ctx.kube.patch("speculationprofiles", namespace, name, {"metadata": {"annotations": annotations}})
     await ctx.kube.patch("speculationprofiles", namespace, name, {"status": {
         "phase": "Pending", "reason": "Reprofiling", "message": None, "attempts": 0, "runs": None,
-        "completedAt": None}}, subresource="status")
+        "completedAt": None, "seal": None}}, subresource="status")
 
 
+
+
+async def start_refinement(ctx: Context, spec: SpeculativeDeploymentSpec, namespace: str, sdep_name: str,
+                           pool: GpuPool, need: desired.NeededProfile, profile: dict, job: RefinementJob,
+                           round_index: int, jobs: dict[str, dict]) -> None:
+    """Create one refinement Job (policy.planner asked for it): it appends its points to the profile. Waits
+    while another Job measures the same profile (a deployment sharing it may refine it too); the new Job's
+    nonce joins the one that sealed the current result, so both stay verifiable until it publishes."""
+    label = names.label_value(need.name)
+    for other in jobs.values():
+        meta = other.get("metadata") or {}
+        if meta.get("namespace", namespace) == namespace and (meta.get("labels") or {}).get(
+                names.LABEL_PROFILE) == label and job_state(other) == "Active":
+            return
+    nonce = seal.new_nonce()
+    sealing = seal.sealing_nonce(ctx.result_key, namespace, profile)
+    await ctx.kube.patch("speculationprofiles", namespace, need.name, {"metadata": {"annotations": {
+        seal.NONCE_ANNOTATION: f"{sealing} {nonce}" if sealing else nonce}}})
+    owner = {"apiVersion": "specpilot.io/v1alpha1", "kind": "SpeculationProfile", "name": need.name,
+             "uid": (profile.get("metadata") or {}).get("uid", "")}
+    body = benchmark_job(profile_name=need.name, namespace=namespace, profile_spec=need.spec, spec=spec, pool=pool,
+                         bench_image=ctx.config.benchmark_image, owner=owner, sdep_name=sdep_name,
+                         tenancy=ctx.config.tenancy, refine_round=round_index, levels=job.levels, ks=job.ks,
+                         repeat=job.repeat, append=True,
+                         result_token=seal.job_token(ctx.result_key, namespace, need.name, nonce))
+    try:
+        await ctx.kube.create(body)
+    except Conflict:
+        return  # created by an earlier reconciliation (or another deployment's)
+    ctx.metrics.profiling_jobs.labels(namespace, "created").inc()

@@ -40,8 +40,10 @@ from .profiles import (
     REPROFILE_ANNOTATION,
     Event,
     ensure_bench_identity,
+    job_state,
     reconcile_profiles,
     restart_profile,
+    start_refinement,
 )
 
 __all__ = ["JOB_UID_ANNOTATION", "REPROFILE_ANNOTATION", "Context", "Event", "Result", "reconcile"]
@@ -110,7 +112,7 @@ async def reconcile(ctx: Context, body: dict, nodes: list[dict], profiles: dict[
     status.pools = []
     for view in views:
         pool_old = old_pools.get(view.pool.name) or PoolStatus(name=view.pool.name)
-        pool = await _reconcile_pool(ctx, body, spec, view, needed, states, profiles, profile_users or {},
+        pool = await _reconcile_pool(ctx, body, spec, view, needed, states, profiles, jobs, profile_users or {},
                                      pool_old, now, events, observe and not url_refused, metrics)
         status.pools.append(pool)
         _record_decision_change(ctx, status, pool_old, pool, namespace, name, now, events)
@@ -231,8 +233,8 @@ def _pool_profiles(needed: list[desired.NeededProfile], view: desired.PoolView, 
 
 async def _reconcile_pool(ctx: Context, body: dict, spec: SpeculativeDeploymentSpec, view: desired.PoolView,
                           needed: list[desired.NeededProfile], states: dict[str, str], profiles: dict[str, dict],
-                          users: dict[str, set[str]], old: PoolStatus, now: datetime, events: list[Event],
-                          observe: bool, metrics: _Metrics) -> PoolStatus:
+                          jobs: dict[str, dict], users: dict[str, set[str]], old: PoolStatus, now: datetime,
+                          events: list[Event], observe: bool, metrics: _Metrics) -> PoolStatus:
     """Gather the pool's inputs, plan, and execute the plan: re-measure, apply the Deployment, count."""
     meta = body["metadata"]
     namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
@@ -253,13 +255,19 @@ async def _reconcile_pool(ctx: Context, body: dict, spec: SpeculativeDeploymentS
         profiles=_pool_profiles(needed, view, states, profiles, users, uid), observation=observation,
         current_replicas=int(existing) if existing is not None else None,
         rolling_out=current is not None and desired.rolling_out(current),
-        price_per_gpu_hour=_price(ctx, spec, view), now=now))
+        price_per_gpu_hour=_price(ctx, spec, view), now=now,
+        refine_jobs=_refine_job_states(old, namespace, jobs)))
     pool = outcome.status
     if outcome.reprofile is not None:
         need = next(n for n in needed if n.pool == view.pool.name and n.sku == view.primary_sku
                     and n.key == outcome.reprofile.method)
         await restart_profile(ctx, namespace, need.name, profiles[need.name], None)
         states[need.name] = "Pending"
+    for job in outcome.refine:
+        need = next((n for n in needed if n.name == job.profile), None)
+        if need is not None and job.profile in profiles:
+            await start_refinement(ctx, spec, namespace, name, view.pool, need, profiles[job.profile], job,
+                                   pool.refinement.round, jobs)
     events.extend(Event(e.type, e.reason, e.message) for e in outcome.events)
     labels = (namespace, name, view.pool.name)
     if outcome.toggled:
@@ -270,7 +278,7 @@ async def _reconcile_pool(ctx: Context, body: dict, spec: SpeculativeDeploymentS
     applied = await ctx.kube.apply(serving_deployment(
         sdep_name=name, namespace=namespace, uid=uid, spec=spec, pool=view.pool, method=serve.method,
         num_speculative_tokens=serve.num_speculative_tokens, schedule=serve.schedule, replicas=serve.replicas,
-        tenancy=ctx.config.tenancy))
+        tenancy=ctx.config.tenancy, engine_image=desired.engine_image(spec, ctx.config)))
     # The rollout as of this apply: a template just changed is RollingOut now, not RolledOut as it was.
     pool.rollout, rollout_message = desired.rollout_state(applied or current)
     if pool.rollout == desired.ROLLOUT_STALLED and old.rollout != desired.ROLLOUT_STALLED:
@@ -283,6 +291,16 @@ async def _reconcile_pool(ctx: Context, body: dict, spec: SpeculativeDeploymentS
     if pool.observed and pool.observed.concurrency is not None:
         ctx.metrics.observed_concurrency.labels(*labels).set(pool.observed.concurrency)
     return pool
+
+
+def _refine_job_states(old: PoolStatus, namespace: str, jobs: dict[str, dict]) -> dict[str, str]:
+    """The state of each Job of the pool's current refinement round that exists."""
+    states = {}
+    for job in (old.refinement.jobs if old.refinement else []):
+        body = jobs.get(f"{namespace}/{job.job_name}")
+        if body is not None:
+            states[job.job_name] = job_state(body)
+    return states
 
 
 def _count_observation(ctx: Context, uid: str, pool: str, observation, problem: MetricsUnavailable | None,

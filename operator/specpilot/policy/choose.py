@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 
 from ..api.deployment import Decision, Objective, Policy, Strategy
@@ -62,6 +62,9 @@ class CandidatePlan:
     expected_goodput_tok_s: float | None = None
     cost_per_mtok: float | None = None
     capacity_concurrency: float | None = None
+    tpot_ms_at: Callable[[float], float] | None = dataclasses.field(default=None, compare=False, repr=False)
+    """TPOT (ms) the option runs at with c concurrent requests per replica: what the replica planner scales
+    the observed demand by (policy.planner)."""
 
     @property
     def crossover_uncertainty_percent(self) -> float | None:
@@ -187,7 +190,8 @@ def decide_pool(policy: Policy, candidates: list[CandidateMethod], baseline: Spe
         key=BASELINE_KEY, method=None, ready=True, note="no speculation",
         kv_max_concurrency=base_kv, expected_goodput_tok_s=base_expected,
         cost_per_mtok=_cost(price_per_gpu_hour, gpus_per_replica, base_expected),
-        capacity_concurrency=_capacity(base_surface.tpot_ms, policy.tpot_slo_ms, base_limit))]
+        capacity_concurrency=_capacity(base_surface.tpot_ms, policy.tpot_slo_ms, base_limit),
+        tpot_ms_at=base_surface.tpot_ms)]
     sources: dict[str, str] = {}
     for candidate in candidates:
         row, source = _candidate_row(candidate, profiles.get(candidate.key), baseline_run, base_surface, policy,
@@ -258,13 +262,16 @@ def _candidate_row(candidate: CandidateMethod, profile: SpeculationProfile | Non
                                  note="no k beats no speculation at any concurrency", kv_max_concurrency=kv_max,
                                  expected_goodput_tok_s=0.0), source
         plan, k, crossover, expected, goodput_at = best
-        capacity = _capacity(lambda c: surface.tpot_ms(k, c) if crossover is None or c <= crossover
-                             else base.tpot_ms(c), policy.tpot_slo_ms, limit)
+        def tpot_at(c: float) -> float:
+            return surface.tpot_ms(k, c) if crossover is None or c <= crossover else base.tpot_ms(c)
+
+        capacity = _capacity(tpot_at, policy.tpot_slo_ms, limit)
         return CandidatePlan(key=key, method=candidate.method, ready=True, note=note, strategy=Strategy.RESTART,
                              num_speculative_tokens=k, schedule=plan, crossover_concurrency=crossover,
                              crossover_gain_se=surface.speedup_se(k, crossover) if crossover else None,
                              kv_max_concurrency=kv_max, expected_goodput_tok_s=expected,
-                             cost_per_mtok=_cost(price, gpus, expected), capacity_concurrency=capacity), source
+                             cost_per_mtok=_cost(price, gpus, expected), capacity_concurrency=capacity,
+                             tpot_ms_at=tpot_at), source
     plan = plan_schedule(surface, policy.tpot_slo_ms, policy.min_gain_percent, max_batch_size)
     expected = _expected(plan.goodput_at, distribution, kv_max)
     return CandidatePlan(key=key, method=candidate.method, ready=True, note=note, strategy=Strategy.DYNAMIC,
@@ -272,7 +279,8 @@ def _candidate_row(candidate: CandidateMethod, profile: SpeculationProfile | Non
                          crossover_concurrency=plan.crossover_concurrency,
                          crossover_gain_se=plan.crossover_gain_se, kv_max_concurrency=kv_max,
                          expected_goodput_tok_s=expected, cost_per_mtok=_cost(price, gpus, expected),
-                         capacity_concurrency=_capacity(plan.tpot_ms_at, policy.tpot_slo_ms, limit)), source
+                         capacity_concurrency=_capacity(plan.tpot_ms_at, policy.tpot_slo_ms, limit),
+                         tpot_ms_at=plan.tpot_ms_at), source
 
 
 def _margin(min_gain_percent: float) -> float:

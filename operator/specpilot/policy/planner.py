@@ -27,24 +27,32 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import math
 from datetime import datetime
 
 from ..api.deployment import (
+    MAX_TPOT_POINTS,
     Autoscaling,
     Decision,
     GpuPool,
     ObservedLoad,
     PoolStatus,
     ProfileProgress,
+    Refinement,
+    RefinementJob,
+    RefinementState,
     ReplicaTarget,
     SpeculativeDeploymentSpec,
     Strategy,
+    TpotPoint,
 )
 from ..api.methods import CandidateMethod
 from ..api.profile import SpeculationProfile
 from ..observe.model import PoolObservation
-from .choose import decide_pool, revisit_for_load
-from .replicas import ReplicaState, plan_replicas
+from ..manifests.names import refine_job_name
+from .choose import BASELINE_KEY, PoolPlan, decide_pool, revisit_for_load
+from .refine import initial_levels, refine_pool_plan
+from .replicas import ReplicaState, demand_at_capacity, plan_replicas
 from .restart import Observation as RestartObservation
 from .restart import RestartState
 from .restart import step as restart_step
@@ -108,6 +116,8 @@ class PoolInputs:
     """A rollout of the Deployment is in progress (or stalled): the restart toggle holds."""
     price_per_gpu_hour: float
     now: datetime
+    refine_jobs: dict[str, str] = dataclasses.field(default_factory=dict)
+    """The current refinement round's Jobs that exist: name -> "Active", "Complete" or "Failed"."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,6 +157,8 @@ class PoolOutcome:
     events: list[PlannedEvent] = dataclasses.field(default_factory=list)
     toggled: str | None = None
     """"on"/"off" when the restart toggle switched speculation in this call."""
+    refine: list[RefinementJob] = dataclasses.field(default_factory=list)
+    """Refinement Jobs to create (the current round's that do not exist yet)."""
 
 
 def profiled_acceptance(profile: SpeculationProfile | None) -> tuple[list[float], float] | None:
@@ -204,12 +216,15 @@ def live_acceptance(pool: PoolStatus, methods: dict[str, SpeculationProfile]) ->
 
 def basis(generation: int | None, baseline: SpeculationProfile | None, methods: dict[str, SpeculationProfile],
           live: LiveAcceptance | None) -> str:
-    """A short hash of what a decision rests on: the spec generation, each profile's name and completion
-    time, and the live acceptance (rounded, so noise does not change it)."""
+    """A short hash of what a decision rests on: the spec generation, each profile's name, completion time
+    and measured points (a refinement round appends some), and the live acceptance (rounded, so noise does
+    not change it)."""
     parts = [f"g{generation}"]
     for key, profile in sorted([("baseline", baseline)] if baseline else []) + sorted(methods.items()):
         completed = profile.status.completed_at if profile.status else None
-        parts.append(f"{key}:{profile.metadata.get('name', '')}@{completed.isoformat() if completed else ''}")
+        points = sum(len(run.points) for run in (profile.status.runs if profile.status else []))
+        parts.append(f"{key}:{profile.metadata.get('name', '')}@{completed.isoformat() if completed else ''}"
+                     f"#{points}")
     for key, (per_position, drafts_per_step) in sorted((live or {}).items()):
         length = 1 + drafts_per_step * sum(per_position)
         parts.append(f"live:{key}:{round(length * 10) / 10:.1f}")
@@ -265,10 +280,11 @@ def plan_pool(inputs: PoolInputs) -> PoolOutcome:
                 "Warning", "AcceptanceDrift", f"pool {status.name}: live acceptance of {served} is {drift:.0%} "
                 f"off its profile: re-profiling {profiles.methods[served].metadata.get('name', served)}"))
 
-    decision, capacity = _decide(inputs, status, methods)
+    decision, capacity, pool_plan = _decide(inputs, status, methods)
     status.decision = decision
     if capacity is not None or decision is not old.decision:
         status.capacity_concurrency_per_replica = capacity
+    _refine(inputs, status, pool_plan, methods, outcome)
 
     enabled = _speculation_state(inputs, status, outcome)
     replicas = _replicas(inputs, status)
@@ -285,7 +301,7 @@ def plan_pool(inputs: PoolInputs) -> PoolOutcome:
 
 
 def _decide(inputs: PoolInputs, old: PoolStatus,
-            methods: dict[str, SpeculationProfile]) -> tuple[Decision, float | None]:
+            methods: dict[str, SpeculationProfile]) -> tuple[Decision, float | None, PoolPlan | None]:
     """Recompute the pool's decision only when what it rests on changed: the spec, the profiles, live
     acceptance that drifted from the profile, or the observed load (first seen, or moved a factor of 2 after
     the cooldown). A change of method or schedule means a rollout."""
@@ -295,11 +311,11 @@ def _decide(inputs: PoolInputs, old: PoolStatus,
     histogram = inputs.observation.concurrency_histogram if inputs.observation else None
     if old.decision is not None and old.decision.basis == key and not revisit_for_load(
             old.decision, histogram, now, spec.policy.hysteresis.cooldown_seconds):
-        return old.decision, None
+        return old.decision, None, None
     if profiles.baseline is None or not methods:
         decision = _waiting_decision(spec, profiles.ready, profiles.total, now)
         decision.basis = key
-        return decision, None
+        return decision, None, None
     plan = decide_pool(
         policy=spec.policy, candidates=list(spec.methods), baseline=profiles.baseline, profiles=methods,
         price_per_gpu_hour=inputs.price_per_gpu_hour,
@@ -308,11 +324,71 @@ def _decide(inputs: PoolInputs, old: PoolStatus,
         # A change of method rolls the pods: the one served now stays unless another beats it by the margin.
         incumbent=old.decision.method if old.decision is not None else None,
         engine_supports_dynamic=spec.model.data_parallel_size == 1, now=now)
-    update: dict = {"basis": key}
+    chosen = next((r for r in plan.candidates if r.key == (plan.decision.method or BASELINE_KEY)), None)
+    update: dict = {"basis": key, "tpot_curve": tpot_curve(chosen.tpot_ms_at if chosen else None,
+                                                          plan.capacity_concurrency_per_replica)}
     for method, (per_position, drafts_per_step) in (live or {}).items():
         update.update(live_method=method, live_acceptance_per_position=per_position,
                       live_drafts_per_step=drafts_per_step)
-    return plan.decision.model_copy(update=update), plan.capacity_concurrency_per_replica
+    return plan.decision.model_copy(update=update), plan.capacity_concurrency_per_replica, plan
+
+
+def _refine(inputs: PoolInputs, status: PoolStatus, plan: PoolPlan | None, methods: dict[str, SpeculationProfile],
+            outcome: PoolOutcome) -> None:
+    """Adaptive refinement (policy.refine): after a decision from profiles, re-measure the levels around its
+    uncertain changes of k, a round of Jobs at a time, and decide again, until none is uncertain beyond the
+    minimum gain or profiling.refineBudgetPercent is spent. A round's Jobs append to the profiles; the round
+    ends when all of them completed and their points reached the decision (its basis counts them)."""
+    spec, old = inputs.spec, inputs.previous.refinement
+    percent = spec.profiling.refine_budget_percent
+    if percent == 0 or status.decision is None or status.decision.source in ("none", "prior") \
+            or inputs.profiles.baseline is None:
+        status.refinement = None
+        return
+    status.refinement = old
+    if old is not None and old.state == RefinementState.MEASURING:
+        states = [inputs.refine_jobs.get(job.job_name) for job in old.jobs]
+        failed = [job.job_name for job, state in zip(old.jobs, states, strict=True) if state == "Failed"]
+        if failed:
+            status.refinement = old.model_copy(update={
+                "state": RefinementState.FAILED, "jobs": [],
+                "message": f"refinement Job(s) {', '.join(failed)} failed (see `kubectl logs job/{failed[0]}`); "
+                           f"the decision stands on what was measured; annotate specpilot.io/reprofile to "
+                           f"measure again"})
+            outcome.events.append(PlannedEvent("Warning", "RefinementFailed",
+                                               f"pool {status.name}: {status.refinement.message}"))
+            return
+        if plan is None or not all(state == "Complete" for state in states):
+            outcome.refine = [job for job, state in zip(old.jobs, states, strict=True) if state is None]
+            return
+    if plan is None:
+        return  # the decision stands on the same profiles: so does what refinement found
+    group = [inputs.profiles.baseline, *methods.values()]
+    budget = math.ceil(percent / 100 * initial_levels(group))
+    found = refine_pool_plan(plan, spec.policy, inputs.profiles.baseline, methods, budget_levels=budget)
+    rounds = old.round if old is not None else 0
+    if found.done:
+        state = RefinementState.BUDGET_SPENT if found.uncertain else RefinementState.SETTLED
+        status.refinement = Refinement(round=rounds, state=state, message=found.reason, budget_levels=budget,
+                                       spent_levels=found.spent_levels)
+        if state == RefinementState.BUDGET_SPENT:
+            status.decision = status.decision.model_copy(update={
+                "reason": f"{status.decision.reason}; still uncertain after the refinement budget: {found.reason}"})
+        if old is not None and old.state != state:
+            outcome.events.append(PlannedEvent("Normal", "RefinementDone",
+                                               f"pool {status.name}: after {rounds} round(s): {found.reason}"))
+        return
+    rounds += 1
+    jobs = [RefinementJob(profile=job.profile_name, job_name=refine_job_name(job.profile_name, rounds),
+                          ks=list(job.ks), levels=list(job.levels), repeat=job.repeat)
+            for job in found.jobs() if job.profile_name][:16]
+    status.refinement = Refinement(round=rounds, state=RefinementState.MEASURING, message=found.reason,
+                                   budget_levels=budget, spent_levels=found.spent_levels, jobs=jobs)
+    outcome.refine = list(jobs)
+    outcome.events.append(PlannedEvent(
+        "Normal", "Refining", f"pool {status.name}: round {rounds}: measuring "
+        + "; ".join(f"{j.profile} k={','.join(map(str, j.ks))} at {','.join(map(str, j.levels))} x{j.repeat}"
+                    for j in jobs) + f" ({found.reason})"))
 
 
 def _waiting_decision(spec: SpeculativeDeploymentSpec, ready: int, total: int, now: datetime) -> Decision:
@@ -372,7 +448,13 @@ def _replicas(inputs: PoolInputs, pool: PoolStatus) -> int | None:
         pool.desired_replicas = max(lo, min(hi, now_replicas))
         return None if external else pool.desired_replicas
     observation = inputs.observation
-    demand = observation.total_running + observation.total_waiting if observation else None
+    demand = None
+    if observation is not None:
+        # Requests last longer on a fuller replica: the demand the capacity is measured against.
+        demand = demand_at_capacity(
+            max(observation.total_running + observation.total_waiting, 0.0),
+            max(observation.replicas_reporting, 1), _curve_function(pool.decision),
+            pool.capacity_concurrency_per_replica)
     result = plan_replicas(
         ReplicaState(tuple((t.time, t.replicas) for t in pool.replica_targets)), demand_concurrency=demand,
         current_replicas=now_replicas, capacity_per_replica=pool.capacity_concurrency_per_replica,
@@ -381,6 +463,41 @@ def _replicas(inputs: PoolInputs, pool: PoolStatus) -> int | None:
     pool.replica_targets = [ReplicaTarget(time=t, replicas=r) for t, r in result.state.recent]
     pool.desired_replicas = result.replicas
     return None if external else result.replicas
+
+
+def tpot_curve(tpot_ms_at, capacity: float | None) -> list[TpotPoint]:
+    """The option's TPOT at 1, 2, 4, ... requests per replica, through the first power of two at or past
+    its capacity (what the status keeps of the profiles' TPOT surface)."""
+    if tpot_ms_at is None or not capacity:
+        return []
+    points, c = [], 1
+    while len(points) < MAX_TPOT_POINTS:
+        ms = float(tpot_ms_at(float(c)))
+        if not math.isfinite(ms) or ms < 0:
+            break
+        points.append(TpotPoint(concurrency=c, ms=round(ms, 4)))
+        if c >= capacity:
+            break
+        c *= 2
+    return points
+
+
+def _curve_function(decision: Decision | None):
+    """TPOT at any concurrency from the decision's curve: linear in log2(concurrency) between its points."""
+    points = [(math.log2(max(p.concurrency, 1.0)), p.ms) for p in (decision.tpot_curve if decision else [])]
+    if len(points) < 2:
+        return None
+
+    def at(c: float) -> float:
+        x = math.log2(max(c, 1.0))
+        if x >= points[-1][0]:
+            (x0, y0), (x1, y1) = points[-2], points[-1]
+        else:
+            i = next(i for i, (px, _) in enumerate(points) if px >= x)
+            (x0, y0), (x1, y1) = points[max(i - 1, 0)], points[max(i, 1)]
+        return y0 + (y1 - y0) * (x - x0) / (x1 - x0) if x1 > x0 else y0
+
+    return at
 
 
 def _round(value: float | None, digits: int = 3) -> float | None:

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from datetime import datetime, timedelta
 
-__all__ = ["ReplicaPlan", "ReplicaState", "plan_replicas"]
+__all__ = ["ReplicaPlan", "ReplicaState", "demand_at_capacity", "plan_replicas"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,3 +80,23 @@ def _compact(recent: tuple[tuple[datetime, int], ...]) -> tuple[tuple[datetime, 
             kept.pop()
         kept.append((t, d))
     return tuple(kept[-MAX_TARGETS:])
+
+
+def demand_at_capacity(demand: float, replicas: int, tpot_ms_at: Callable[[float], float] | None,
+                       capacity_per_replica: float | None) -> float:
+    """The concurrency today's request rate would reach if every replica ran at capacity (Little's law).
+
+    Concurrency is request rate times latency, and latency grows with the batch: a lightly loaded replica
+    finishes requests fast (under speculation about 3x faster than at capacity), so running + waiting seen
+    there understates what the same traffic needs at the capacity the planner divides by, and a pool sized
+    from it scales in, queues, and scales out again. Scaling by TPOT(capacity) / TPOT(current) puts both in
+    the same units; an overloaded pool, or one without a TPOT curve, is taken as seen."""
+    if tpot_ms_at is None or not capacity_per_replica or replicas < 1 or not demand > 0:
+        return demand
+    current = demand / replicas
+    if current >= capacity_per_replica:
+        return demand
+    now_ms, at_capacity_ms = tpot_ms_at(max(current, 1.0)), tpot_ms_at(capacity_per_replica)
+    if not (now_ms > 0 and math.isfinite(now_ms) and math.isfinite(at_capacity_ms)):
+        return demand
+    return demand * max(1.0, at_capacity_ms / now_ms)

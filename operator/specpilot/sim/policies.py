@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from datetime import datetime, timedelta
 
 import numpy as np
@@ -51,7 +52,7 @@ from ..observe.model import PoolObservation
 from ..policy import planner
 from ..policy.choose import BASELINE_KEY, CandidatePlan, PoolPlan, decide_pool
 from ..policy.planner import PoolInputs, PoolProfiles, Serve
-from ..policy.replicas import ReplicaState, plan_replicas
+from ..policy.replicas import ReplicaState, demand_at_capacity, plan_replicas
 from ..policy.surface import BaselineSurface, build_baseline
 from .connector import EPOCH, SimulatedConnector
 from .fleet import Action, FleetSetup, Mode, Observation
@@ -399,7 +400,8 @@ def replay_agreement(policy: OperatorPolicy) -> tuple[int, int]:
 @dataclasses.dataclass
 class AutoscalePolicy:
     """One engine mode; replicas from policy.replicas.plan_replicas with a given capacity per replica, fed as
-    the operator's planner feeds it (demand = running + waiting requests of the pool)."""
+    the operator's planner feeds it (running + waiting requests of the pool, scaled by TPOT(capacity) /
+    TPOT(load now): policy.replicas.demand_at_capacity)."""
 
     name: str
     method: str | None
@@ -411,6 +413,8 @@ class AutoscalePolicy:
     target_utilization_percent: float
     stabilization_s: float
     description: str = ""
+    tpot_ms_at: Callable[[float], float] | None = None
+    """TPOT of the mode at c requests per replica (policy.replicas.demand_at_capacity)."""
     state: ReplicaState = dataclasses.field(default_factory=ReplicaState)
     current: int = 0
 
@@ -425,8 +429,10 @@ class AutoscalePolicy:
         return Action(self.current, self.mode.name)
 
     def control(self, observation: Observation) -> Action:
-        # running + waiting summed over the pool, as the operator's planner computes demand
-        demand = observation.running_per_replica * observation.serving_replicas + observation.waiting
+        # running + waiting summed over the pool, scaled to the capacity's TPOT, as the operator's planner does
+        demand = demand_at_capacity(observation.running_per_replica * observation.serving_replicas
+                                    + observation.waiting, max(observation.serving_replicas, 1), self.tpot_ms_at,
+                                    self.capacity_per_replica)
         plan = plan_replicas(self.state, demand, self.current, self.capacity_per_replica,
                              self.target_utilization_percent, self.min_replicas, self.max_replicas,
                              self.stabilization_s, _EPOCH + timedelta(seconds=observation.t_s))
@@ -482,7 +488,8 @@ def build_policies(inputs: PlanningInputs, planning: PoolPlanning, record: bool 
                                     max_replicas=inputs.max_replicas,
                                     target_utilization_percent=inputs.target_utilization_percent,
                                     stabilization_s=inputs.scale_down_stabilization_s,
-                                    description=f"no speculation; {_capacity_words(base_row.capacity_concurrency)}"))
+                                    description=f"no speculation; {_capacity_words(base_row.capacity_concurrency)}",
+                                    tpot_ms_at=base_row.tpot_ms_at))
     return policies
 
 

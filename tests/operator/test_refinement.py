@@ -1,0 +1,94 @@
+"""Adaptive refinement end to end (issue 14): the real operator, on the sandbox API server, starts a round of
+refinement Jobs where noisy profiles leave a change of k uncertain, accepts the points they append (sealed by
+each Job's own token), and decides again."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from specpilot.api import seal
+from specpilot.manifests.names import LABEL_REFINE_ROUND
+from tests.operator.scenario import (
+    H100,
+    NAMESPACE,
+    complete_job,
+    events,
+    jobs,
+    node,
+    profiles,
+    publish_results,
+    sdep,
+    status,
+)
+
+pytestmark = pytest.mark.operator
+
+
+def _refine_jobs(api, round_index: int) -> list[dict]:
+    return [j for j in jobs(api) if (j["metadata"].get("labels") or {}).get(LABEL_REFINE_ROUND) == str(round_index)]
+
+
+def _flag(args: list[str], name: str) -> str:
+    return args[args.index(name) + 1]
+
+
+async def _play_refinement_job(api, job: dict) -> int:
+    """What `specpilot-bench --levels --ks --repeat --append` does: measure the levels again and append the
+    points to the profile's runs, sealed with the Job's token; then the Job controller marks it Complete.
+    Returns the points appended."""
+    args = job["spec"]["template"]["spec"]["containers"][0]["args"]
+    levels = {int(c) for c in _flag(args, "--levels").split(",")}
+    ks = {int(k) for k in _flag(args, "--ks").split(",")}
+    repeat = int(_flag(args, "--repeat")) if "--repeat" in args else 1
+    assert "--append" in args
+    name = job["metadata"]["ownerReferences"][0]["name"]
+    stored = api.get("speculationprofiles", NAMESPACE, name)["status"]
+    runs, appended = [dict(run) for run in stored["runs"]], 0
+    for run in runs:
+        if run["numSpeculativeTokens"] in ks:
+            again = [p for p in run["points"] if p["concurrency"] in levels] * repeat
+            run["points"] = run["points"] + again
+            appended += len(again)
+    result = {k: v for k, v in stored.items() if k not in ("seal",)} | {"runs": runs}
+    await api.patch("speculationprofiles", NAMESPACE, name, {"status": seal.sealed(result, job)},
+                    subresource="status")
+    await complete_job(api, job, datetime.now(tz=UTC))
+    return appended
+
+
+async def test_uncertain_crossovers_are_measured_again_and_decided_again(sandbox, operator):
+    await sandbox.create(node("gpu-a", H100, "h100"))
+    await sandbox.create(sdep())
+    await sandbox.wait_for(lambda: len(jobs(sandbox)) == 2, what="the first benchmark Jobs")
+    await publish_results(sandbox, "H100-SXM", noise=0.05, seed=1)
+    for job in jobs(sandbox):  # their pods exit after publishing; no refinement Job starts beside them
+        await complete_job(sandbox, job, datetime.now(tz=UTC))
+
+    refinement = await sandbox.wait_for(
+        lambda: ((status(sandbox).get("pools") or [{}])[0].get("refinement") or {}).get("round") == 1
+        and status(sandbox)["pools"][0]["refinement"], what="refinement round 1")
+    assert refinement["state"] == "Measuring" and refinement["jobs"] and "uncertain" in refinement["message"]
+    first_basis = status(sandbox)["pools"][0]["decision"]["basis"]
+    round_jobs = await sandbox.wait_for(lambda: len(_refine_jobs(sandbox, 1)) == len(refinement["jobs"])
+                                        and _refine_jobs(sandbox, 1), what="round 1's Jobs")
+    assert {j["metadata"]["name"] for j in round_jobs} == {j["jobName"] for j in refinement["jobs"]}
+    assert any("Refining" == e["reason"] for e in events(sandbox))
+
+    appended = 0
+    for job in round_jobs:
+        appended += await _play_refinement_job(sandbox, job)
+    assert appended > 0
+
+    def taken_in() -> dict | None:
+        refinement = status(sandbox)["pools"][0].get("refinement") or {}
+        moved_on = refinement.get("round", 0) > 1 or refinement.get("state") in ("Settled", "BudgetSpent")
+        return refinement if moved_on else None
+
+    after = await sandbox.wait_for(taken_in, what="round 1 taken into the decision")
+    assert after["spentLevels"] > 0
+    assert status(sandbox)["pools"][0]["decision"]["basis"] != first_basis
+    # The appended results passed the seal check: no profile failed.
+    assert all((p.get("status") or {}).get("phase") == "Succeeded" for p in profiles(sandbox))
+    assert not events(sandbox, "ProfilingFailed")
