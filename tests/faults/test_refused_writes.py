@@ -75,8 +75,9 @@ async def test_jobs_refused_as_too_large_are_reported_then_run(sandbox, operator
         what="Reconciled=False")
     assert cond["reason"] == "WriteRefused" and "jobs team/" in cond["message"]
     assert "HTTP 413" in cond["message"] and "too large" in cond["message"]
-    warning = events(sandbox, "WriteRefused")
-    assert len(warning) == 1 and warning[0]["type"] == "Warning"
+    warning = await sandbox.wait_for(lambda: events(sandbox, "WriteRefused"), timeout_s=30, what="a WriteRefused Event")
+    await asyncio.sleep(3)  # further retries post no more
+    assert len(events(sandbox, "WriteRefused")) == 1 and warning[0]["type"] == "Warning"
     assert jobs(sandbox) == []
 
     sandbox.allow(fault)
