@@ -736,7 +736,9 @@ class SpeculativeDeploymentStatus(StatusModel):
     observed_generation: int | None = None
     """The .metadata.generation last acted on."""
     conditions: list[Condition] = Field(default_factory=list, max_length=32)
-    """Valid, Profiled, Serving, RolledOut, MetricsAvailable, NodesAvailable."""
+    """Valid, Profiled, Serving, RolledOut, MetricsAvailable, MetricsTruncated, NodesAvailable, and Reconciled (the
+    last reconciliation ran to its end and its status was written; False names the cause and the fix while the
+    operator retries with back-off)."""
     pools: list[PoolStatus] = Field(default_factory=list, max_length=64)
     """Per pool: profiles, decision, replicas, load."""
     decision_summary: Text = ""
