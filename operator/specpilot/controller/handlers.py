@@ -143,7 +143,11 @@ def register(registry: kopf.OperatorRegistry, ctx: Context, *, peering: bool) ->
                 logger.warning(f"status sanitised before writing: {cut}")
             old = {**(raw.get("status") or {}), **(view.get("status") or {})}
             try:
-                # Written here rather than through kopf's patch: a patch kopf cannot apply ends a timer for good.
+                # Written here rather than through kopf's `patch`: kopf applies a timer's patch after the handler
+                # returns (daemons._timer -> application.patch_and_check), outside any handler error handling, so
+                # a refused patch (422 for NaN, 413 for size) escapes the timer task, whose runner then marks the
+                # timer `forever_stopped` for that object until the operator restarts. Here a refusal is a
+                # handler error: reported, and retried with back-off like any other.
                 await ctx.kube.patch(SDEP[2], namespace, body.metadata.name,
                                      {"status": _nulls_for_removed(old, status)}, subresource="status")
             except Exception as exc:
