@@ -124,7 +124,7 @@ class Fault:
     def matches(self, request: kmock.Request) -> bool:
         if request.resource is None or request.resource.plural != self.resource:
             return False
-        if self.name is not None and request.name != self.name:
+        if self.name is not None and (request.name or _body_name(request)) != self.name:
             return False
         if self.subresource != Fault.ANY and request.subresource != self.subresource:
             return False
@@ -140,6 +140,12 @@ class Fault:
         return aiohttp.web.json_response({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
                                           "message": message, "reason": reason, "code": self.code},
                                          status=self.code)
+
+
+def _body_name(request: kmock.Request) -> str | None:
+    """The name a create request gives its object (its URL has none)."""
+    meta = request.data.get("metadata") if isinstance(request.data, dict) else None
+    return meta.get("name") if isinstance(meta, dict) else None
 
 
 def _has_non_finite(value: Any) -> bool:
