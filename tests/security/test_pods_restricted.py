@@ -56,12 +56,9 @@ def _bench_jobs(spec: SpeculativeDeploymentSpec, policy: TenancyPolicy | None = 
     for pool in spec.gpu_pools:
         for method in [None, *spec.methods]:
             profile = profile_spec(spec, pool.sku or "H100-SXM", method, config)
-            runs = [("launch", None), ("sidecar", 0)] + ([("sidecar", 1)] if method else [])
-            for mode, run_k in runs:
-                job = benchmark_job(profile_name=profile.object_name(), namespace="team", profile_spec=profile,
-                                    spec=spec, pool=pool, bench_image=BENCH_IMAGE, owner=OWNER, mode=mode,
-                                    run_k=run_k, tenancy=policy)
-                yield f"{pool.name}/{method.key if method else 'baseline'}/{mode}/{run_k}", job
+            job = benchmark_job(profile_name=profile.object_name(), namespace="team", profile_spec=profile,
+                                spec=spec, pool=pool, bench_image=BENCH_IMAGE, owner=OWNER, tenancy=policy)
+            yield f"{pool.name}/{method.key if method else 'baseline'}", job
 
 
 @pytest.mark.parametrize("overrides", [None, SAFE_OVERRIDES], ids=["plain", "tenant-overrides"])
@@ -73,7 +70,7 @@ def test_every_operator_pod_passes_restricted(example, overrides):
         for _, pod_spec in pod_templates(obj):
             assert violations(pod_spec) == [], where
             checked += 1
-    assert checked >= 6
+    assert checked >= 4  # the minimal example: serving with and without its method, and two benchmark Jobs
 
 
 def test_serving_pods_run_as_their_own_account_without_a_token():

@@ -53,8 +53,7 @@ def judge(doc: dict, policy: TenancyPolicy | None = None, crds: dict | None = No
                            replicas=1, tenancy=policy)
         profile = profile_spec(spec, "H100-SXM", spec.methods[0], OperatorConfig(tenancy=policy))
         benchmark_job(profile_name=profile.object_name(), namespace="team", profile_spec=profile, spec=spec,
-                      pool=pool, bench_image=BENCH_IMAGE, owner=OWNER, mode="sidecar",
-                      run_k=1, tenancy=policy)
+                      pool=pool, bench_image=BENCH_IMAGE, owner=OWNER, tenancy=policy)
         reached = True
     except TenancyViolation:
         pass

@@ -285,7 +285,7 @@ def test_service_spans_every_pool(example):
     profile = profile_spec_for(spec, method)
     job = benchmark_job(profile_name=profile.object_name(), namespace=NAMESPACE, profile_spec=profile, spec=spec,
                         pool=spec.gpu_pools[0], bench_image=BENCH_IMAGE, owner=profile_owner(profile.object_name()),
-                        mode="sidecar", run_k=1, sdep_name=sdep_name_of(example))
+                        sdep_name=sdep_name_of(example))
     assert not selector <= job["spec"]["template"]["metadata"]["labels"].items()
 
 
@@ -336,32 +336,29 @@ def _job_cases():
         spec = spec_of(example)
         for pool_index in range(len(spec.gpu_pools)):
             for method in [None, *spec.methods]:
-                yield example, pool_index, method, "launch", None
-                ks = [0] if method is None else [1, method.num_speculative_tokens]
-                for k in ks:
-                    yield example, pool_index, method, "sidecar", k
+                yield example, pool_index, method
 
 
-JOB_CASES = [pytest.param(*case, id=f"{case[0]}-{case[1]}-{case[2].key if case[2] else 'baseline'}-{case[3]}-{case[4]}")
+JOB_CASES = [pytest.param(*case, id=f"{case[0]}-{case[1]}-{case[2].key if case[2] else 'baseline'}")
              for case in _job_cases()]
 
 
-def job_for(example: str, pool_index: int, method, mode: str, run_k: int | None, spec=None) -> tuple[dict, dict]:
+def job_for(example: str, pool_index: int, method, spec=None) -> tuple[dict, dict]:
     spec = spec or spec_of(example)
     profile = profile_spec_for(spec, method)
     name = profile.object_name()
     job = benchmark_job(profile_name=name, namespace=NAMESPACE, profile_spec=profile, spec=spec,
                         pool=spec.gpu_pools[pool_index], bench_image=BENCH_IMAGE, owner=profile_owner(name),
-                        mode=mode, run_k=run_k, sdep_name=sdep_name_of(example))
+                        sdep_name=sdep_name_of(example))
     return job, {"profile": profile, "name": name, "spec": spec, "pool": spec.gpu_pools[pool_index]}
 
 
-@pytest.mark.parametrize(("example", "pool_index", "method", "mode", "run_k"), JOB_CASES)
-def test_benchmark_job_validates_with_the_pools_placement(example, pool_index, method, mode, run_k):
-    job, ctx = job_for(example, pool_index, method, mode, run_k)
+@pytest.mark.parametrize(("example", "pool_index", "method"), JOB_CASES)
+def test_benchmark_job_validates_with_the_pools_placement(example, pool_index, method):
+    job, ctx = job_for(example, pool_index, method)
     validate(job)
     spec, pool, name = ctx["spec"], ctx["pool"], ctx["name"]
-    assert job["metadata"]["name"] == names.bench_job_name(name, run_k)
+    assert job["metadata"]["name"] == names.bench_job_name(name)
     assert job["metadata"]["ownerReferences"] == [{
         "apiVersion": "specpilot.io/v1alpha1", "kind": "SpeculationProfile", "name": name, "uid": PROFILE_UID,
         "controller": True, "blockOwnerDeletion": True}]
@@ -376,7 +373,7 @@ def test_benchmark_job_validates_with_the_pools_placement(example, pool_index, m
     assert pod_spec["restartPolicy"] == "Never"
     assert pod_spec.get("nodeSelector", {}) == pool.node_selector
     assert pod_spec.get("tolerations", []) == [t.dump() for t in pool.tolerations]
-    gpu_holder = bench_of(pod_spec) if mode == "launch" else engine_of(pod_spec, "initContainers")
+    gpu_holder = bench_of(pod_spec)  # the bench starts the engine in its own container
     assert gpu_holder["resources"]["limits"][pool.gpu_resource_name] == str(spec.model.tensor_parallel_size)
     assert {"name": "dshm", "mountPath": "/dev/shm"} in gpu_holder["volumeMounts"]
     bench = bench_of(pod_spec)
@@ -390,7 +387,7 @@ def test_benchmark_job_validates_with_the_pools_placement(example, pool_index, m
 
 def test_launch_mode_passes_the_engine_command_line_to_the_bench():
     spec = spec_of("realistic")
-    job, ctx = job_for("realistic", 0, spec.methods[0], "launch", None)
+    job, ctx = job_for("realistic", 0, spec.methods[0])
     pod_spec = job["spec"]["template"]["spec"]
     assert "initContainers" not in pod_spec
     args = bench_of(pod_spec)["args"]
@@ -413,58 +410,25 @@ def test_launch_mode_passes_the_engine_command_line_to_the_bench():
 
 
 def test_baseline_launch_job_has_no_speculative_config():
-    job, _ = job_for("minimal", 0, None, "launch", None)
+    job, _ = job_for("minimal", 0, None)
     assert "--speculative-config" not in bench_of(job["spec"]["template"]["spec"])["args"]
-
-
-def test_sidecar_mode_runs_the_engine_as_a_native_sidecar_at_run_k():
-    spec = spec_of("realistic")
-    eagle3 = spec.methods[1]
-    job, ctx = job_for("realistic", 1, eagle3, "sidecar", 3)
-    assert job["metadata"]["name"].endswith("-k3")
-    pod_spec = job["spec"]["template"]["spec"]
-    engine = engine_of(pod_spec, "initContainers")
-    assert engine["restartPolicy"] == "Always"
-    assert engine["image"] == ctx["profile"].engine_image
-    assert engine["command"] == ["python3", "-m", "vllm.entrypoints.openai.api_server"]
-    assert engine["startupProbe"]["httpGet"] == {"path": "/health", "port": "http"}
-    assert json.loads(flag_value(engine["args"], "--speculative-config")) == eagle3.speculative_config(3)
-    assert engine["env"] == bench_of(pod_spec)["env"] and engine["env"] is not bench_of(pod_spec)["env"]
-    bench = bench_of(pod_spec)
-    assert "resources" not in bench
-    assert flag_value(bench["args"], "--engine-url") == "http://127.0.0.1:8000"
-    assert flag_value(bench["args"], "--num-speculative-tokens") == "3"
-    assert flag_value(bench["args"], "--job-name") == job["metadata"]["name"]
-    assert "--launch" not in bench["args"]
-    assert not any(a.startswith("--engine-arg") for a in bench["args"])
-
-
-def test_sidecar_baseline_run_does_not_speculate():
-    spec = spec_of("realistic")
-    for method in (None, spec.methods[1]):
-        job, _ = job_for("realistic", 0, method, "sidecar", 0)
-        pod_spec = job["spec"]["template"]["spec"]
-        assert "--speculative-config" not in engine_of(pod_spec, "initContainers")["args"]
-        assert "--speculative-config" not in bench_of(pod_spec)["args"]
 
 
 def test_profile_engine_is_one_data_parallel_rank_of_the_profiled_identity():
     doc = copy.deepcopy(EXAMPLES["realistic"]["spec"])
     doc["model"]["dataParallelSize"] = 2
     spec = SpeculativeDeploymentSpec.model_validate(doc)
-    job, ctx = job_for("realistic", 0, spec.methods[0], "sidecar", 1, spec=spec)
-    engine = engine_of(job["spec"]["template"]["spec"], "initContainers")
-    assert "--data-parallel-size" not in engine["args"]
-    assert engine["resources"]["limits"]["nvidia.com/gpu"] == "4"
+    job, ctx = job_for("realistic", 0, spec.methods[0], spec=spec)
+    bench = bench_of(job["spec"]["template"]["spec"])
+    assert not any(a.startswith("--engine-arg=--data-parallel-size") for a in bench["args"])
+    assert bench["resources"]["limits"]["nvidia.com/gpu"] == "4"
     model = bench_engine_model(spec, ctx["profile"])
     assert (model.id, model.tensor_parallel_size, model.image) == (
         ctx["profile"].model.id, ctx["profile"].model.tensor_parallel_size, ctx["profile"].engine_image)
 
 
-@pytest.mark.parametrize("mode", ["launch", "sidecar"])
-def test_custom_workload_mounts_the_configmap_key(mode):
-    job, _ = job_for("custom-workload", 0, spec_of("custom-workload").methods[0], mode,
-                     None if mode == "launch" else 1)
+def test_custom_workload_mounts_the_configmap_key():
+    job, _ = job_for("custom-workload", 0, spec_of("custom-workload").methods[0])
     validate(job)
     pod_spec = job["spec"]["template"]["spec"]
     assert {"name": "workload", "configMap": {"name": "prompts", "items": [
@@ -482,48 +446,39 @@ def test_profiling_pod_overrides_merge_but_keep_the_bench_identity():
     doc["profiling"]["podOverrides"] = {
         "priorityClassName": "batch-low",
         "volumes": [{"name": "weights", "persistentVolumeClaim": {"claimName": "llama-70b-weights"}}],
-        "initContainers": [{"name": "engine", "volumeMounts": [{"name": "weights", "mountPath": "/models"}]}],
-        "containers": [{"name": "bench", "env": [{"name": "SPECPILOT_LOG", "value": "debug"}]}],
+        "containers": [{"name": "bench", "env": [{"name": "SPECPILOT_LOG", "value": "debug"}],
+                        "volumeMounts": [{"name": "weights", "mountPath": "/models"}]}],
     }
     spec = SpeculativeDeploymentSpec.model_validate(doc)
-    job, _ = job_for("realistic", 0, spec.methods[1], "sidecar", 1, spec=spec)
+    job, _ = job_for("realistic", 0, spec.methods[1], spec=spec)
     validate(job)
     pod_spec = job["spec"]["template"]["spec"]
     assert pod_spec["priorityClassName"] == "batch-low"
     assert pod_spec["serviceAccountName"] == "specpilot-bench"
     assert pod_spec["restartPolicy"] == "Never"
-    engine = engine_of(pod_spec, "initContainers")
-    assert engine["restartPolicy"] == "Always"
-    assert [m["mountPath"] for m in engine["volumeMounts"]] == ["/dev/shm", "/home/specpilot", "/models"]
     bench = bench_of(pod_spec)
+    assert "/models" in [m["mountPath"] for m in bench["volumeMounts"]]
     assert bench["image"] == BENCH_IMAGE
     assert {"name": "SPECPILOT_LOG", "value": "debug"} in bench["env"]
 
 
-def test_bench_args_are_one_list_shared_by_both_modes():
+def test_bench_args_are_the_jobs_arguments():
     spec = spec_of("minimal")
     profile = profile_spec_for(spec, spec.methods[0])
     model = bench_engine_model(spec, profile)
-    common = {"profile_name": "p", "namespace": "ns", "profile_spec": profile, "engine_model": model, "port": 8000}
-    launch = bench_args(**common, mode="launch")
-    sidecar = bench_args(**common, mode="sidecar", run_k=2)
-    for flag in ("--profile-name", "--namespace", "--model", "--tensor-parallel-size", "--levels",
-                 "--requests-per-level", "--workload", "--output-len", "--seed", "--sku", "--engine-image"):
-        assert flag_value(launch, flag) == flag_value(sidecar, flag)
-    assert json.loads(flag_value(sidecar, "--speculative-config"))["num_speculative_tokens"] == 2
-    assert json.loads(flag_value(launch, "--speculative-config"))["num_speculative_tokens"] == 4
+    args = bench_args(profile_name="p", namespace="ns", profile_spec=profile, engine_model=model, port=8000)
+    assert "--launch" in args and flag_value(args, "--job-name") == names.bench_job_name("p")
+    assert json.loads(flag_value(args, "--speculative-config"))["num_speculative_tokens"] == 4
 
 
-@pytest.mark.parametrize(("example", "pool_index", "method", "mode", "run_k"), JOB_CASES)
-def test_the_bench_parses_what_the_job_passes(example, pool_index, method, mode, run_k):
-    job, ctx = job_for(example, pool_index, method, mode, run_k)
+@pytest.mark.parametrize(("example", "pool_index", "method"), JOB_CASES)
+def test_the_bench_parses_what_the_job_passes(example, pool_index, method):
+    job, ctx = job_for(example, pool_index, method)
     profile = ctx["profile"]
     parsed = build_bench_parser().parse_args(bench_of(job["spec"]["template"]["spec"])["args"])
     assert (parsed.profile_name, parsed.namespace, parsed.job_name) == (ctx["name"], NAMESPACE,
                                                                         job["metadata"]["name"])
-    assert parsed.launch == (mode == "launch")
-    assert parsed.engine_url == (None if mode == "launch" else "http://127.0.0.1:8000")
-    assert parsed.num_speculative_tokens == run_k
+    assert parsed.launch and parsed.engine_url is None and parsed.num_speculative_tokens is None
     assert (parsed.model, parsed.tensor_parallel_size, parsed.max_model_len) == (
         profile.model.id, profile.model.tensor_parallel_size, profile.model.max_model_len)
     assert parsed.levels == profile.concurrency_levels
@@ -532,27 +487,13 @@ def test_the_bench_parses_what_the_job_passes(example, pool_index, method, mode,
         profile.workload.name, profile.workload.output_len, profile.workload.temperature, profile.workload.seed)
     assert (parsed.sku, parsed.engine_image) == (profile.sku, profile.engine_image)
     assert (parsed.workload_file is not None) == (profile.workload.file is not None)
-    if method is not None and (mode == "launch" or run_k):
-        assert json.loads(parsed.speculative_config) == method.speculative_config(run_k)
+    if method is not None:
+        assert json.loads(parsed.speculative_config) == method.speculative_config(None)
     else:
         assert parsed.speculative_config is None
     owned = {"--model", "--speculative-config", "--port", "--host", "--tensor-parallel-size", "--max-model-len"}
     assert not owned & {a.split("=", 1)[0] for a in parsed.engine_arg}
-    assert bool(parsed.engine_arg) == (mode == "launch")
-
-
-@pytest.mark.parametrize(("method_index", "mode", "run_k", "match"), [
-    (0, "launch", 1, "sidecar mode only"),
-    (0, "sidecar", None, "run_k must be 0"),
-    (None, "sidecar", 1, "baseline profile"),
-    (0, "sidecar", 5, "numSpeculativeTokens 4"),
-    (0, "batch", None, "'launch' or 'sidecar'"),
-])
-def test_inconsistent_job_requests_are_refused(method_index, mode, run_k, match):
-    spec = spec_of("minimal")
-    method = None if method_index is None else spec.methods[method_index]
-    with pytest.raises(ValueError, match=match):
-        job_for("minimal", 0, method, mode, run_k)
+    assert parsed.engine_arg
 
 
 # ----- RBAC -----

@@ -1,11 +1,9 @@
 """The benchmark Job that measures one SpeculationProfile on one GPU pool.
 
-Two shapes:
-- launch (default): one pod; `specpilot-bench` starts and restarts the engine itself for each run
-  (baseline, or K=1 and the method's maximum K), so one Job measures the whole profile;
-- sidecar: one Job per run; the engine is a Kubernetes native sidecar (an init container with
-  restartPolicy Always, started before the bench and stopped after it) serving on loopback, and the
-  bench measures it at `run_k` (0 = the no-speculation baseline).
+One pod: `specpilot-bench` starts and restarts the engine itself for each run (baseline, or K=1 and the
+method's maximum K), so one Job measures the whole profile. (A per-run Job with the engine as a native
+sidecar was built here once but never used by the operator, and is removed; `specpilot-bench --engine-url`
+still measures an engine that is already running, by hand.)
 
 `bench_args` is the single list of flags the operator passes to `specpilot-bench`; a unit test parses
 every Job's arguments with the bench's own parser, so the two cannot drift apart silently.
@@ -13,9 +11,8 @@ every Job's arguments with the bench's own parser, so the two cannot drift apart
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any
 
 from ..api import seal
 from ..api.deployment import GpuPool, ModelSpec, SpeculativeDeploymentSpec, WorkloadName
@@ -23,8 +20,6 @@ from ..api.profile import SpeculationProfileSpec
 from ..api.tenancy import TenancyPolicy, profiling_problems, refuse, serving_problems
 from . import names
 from .engine import (
-    ENGINE_COMMAND,
-    ENGINE_CONTAINER,
     MODEL_FLAG,
     SPECULATIVE_CONFIG_FLAG,
     engine_env,
@@ -40,18 +35,14 @@ from .pod import (
     harden,
     home_mount,
     home_volume,
-    http_port,
     owner_reference,
     pool_placement,
     restore_container,
     restore_placement,
-    startup_probe,
     token_mount,
     token_volume,
     with_identity_env,
 )
-
-BenchMode = Literal["launch", "sidecar"]
 
 BENCH_COMMAND = ["specpilot-bench"]
 BENCH_CONTAINER = "bench"
@@ -61,7 +52,6 @@ WORKLOAD_FILE_NAME = "prompts.jsonl"
 WORKLOAD_FILE = f"{WORKLOAD_DIR}/{WORKLOAD_FILE_NAME}"
 TTL_SECONDS_AFTER_FINISHED = 86400
 """Finished Jobs stay a day for `kubectl logs`; the results are in the profile's status."""
-SIDECAR_ENGINE_HOST = "127.0.0.1"
 BENCH_OWNED_ENGINE_FLAGS = frozenset({
     MODEL_FLAG, SPECULATIVE_CONFIG_FLAG, "--port", "--host", "--tensor-parallel-size", "--max-model-len",
 })
@@ -105,7 +95,7 @@ def _without_flags(args: list[str], flags: frozenset[str]) -> list[str]:
 
 
 def bench_args(*, profile_name: str, namespace: str, profile_spec: SpeculationProfileSpec, engine_model: ModelSpec,
-               port: int, mode: BenchMode, run_k: int | None = None) -> list[str]:
+               port: int) -> list[str]:
     """Arguments of `specpilot-bench` for one Job (its parser: `specpilot_bench.cli.build_parser`).
 
     With --profile-name the bench reads what to measure from the profile itself; the flags that
@@ -113,18 +103,13 @@ def bench_args(*, profile_name: str, namespace: str, profile_spec: SpeculationPr
     standalone as it is. Options with a None value are left out.
     """
     workload = profile_spec.workload
-    if mode == "launch":
-        how: list[tuple[str, str | bool | None]] = [("--launch", True)]
-        method_config = speculative_config_json(profile_spec.method)
-    else:
-        how = [("--engine-url", f"http://{SIDECAR_ENGINE_HOST}:{port}"), ("--num-speculative-tokens", str(run_k))]
-        method_config = speculative_config_json(profile_spec.method, run_k)
+    method_config = speculative_config_json(profile_spec.method)
     target = profile_spec.model
     options: list[tuple[str, str | bool | None]] = [
         ("--profile-name", profile_name),
         ("--namespace", namespace),
-        ("--job-name", names.bench_job_name(profile_name, run_k)),
-        *how,
+        ("--job-name", names.bench_job_name(profile_name)),
+        ("--launch", True),
         (MODEL_FLAG, target.id),
         (SPECULATIVE_CONFIG_FLAG, method_config),
         ("--tensor-parallel-size", str(target.tensor_parallel_size)),
@@ -147,32 +132,13 @@ def bench_args(*, profile_name: str, namespace: str, profile_spec: SpeculationPr
             args.append(flag)
         elif value is not None:
             args += [flag, value]
-    if mode == "launch":
-        engine = model_engine_args(engine_model, method=None, port=port)
-        args += [f"--engine-arg={arg}" for arg in _without_flags(engine, BENCH_OWNED_ENGINE_FLAGS)]
+    engine = model_engine_args(engine_model, method=None, port=port)
+    args += [f"--engine-arg={arg}" for arg in _without_flags(engine, BENCH_OWNED_ENGINE_FLAGS)]
     return args
-
-
-def _check_run(profile_spec: SpeculationProfileSpec, mode: str, run_k: int | None) -> None:
-    if mode == "launch":
-        if run_k is not None:
-            raise ValueError(f"run_k applies to sidecar mode only (got run_k={run_k} with mode=launch): "
-                             "a launch-mode Job measures every run of the profile")
-        return
-    if mode != "sidecar":
-        raise ValueError(f"mode must be 'launch' or 'sidecar' (got {mode!r})")
-    if run_k is None or run_k < 0:
-        raise ValueError(f"sidecar mode measures one run per Job: run_k must be 0 (baseline) or a K (got {run_k})")
-    if run_k > 0 and profile_spec.method is None:
-        raise ValueError(f"a baseline profile has only run_k=0 (got {run_k})")
-    if profile_spec.method is not None and run_k > profile_spec.method.num_speculative_tokens:
-        raise ValueError(f"run_k must be <= the method's numSpeculativeTokens "
-                         f"{profile_spec.method.num_speculative_tokens} (got {run_k})")
 
 
 def benchmark_job(*, profile_name: str, namespace: str, profile_spec: SpeculationProfileSpec,
                   spec: SpeculativeDeploymentSpec, pool: GpuPool, bench_image: str, owner: dict[str, str],
-                  mode: BenchMode = "launch", run_k: int | None = None,
                   sdep_name: str | None = None, tenancy: TenancyPolicy | None = None,
                   refine_round: int | None = None, levels: Sequence[int] | None = None,
                   ks: Sequence[int] | None = None, repeat: int = 1, append: bool = False,
@@ -193,7 +159,6 @@ def benchmark_job(*, profile_name: str, namespace: str, profile_spec: Speculatio
 
     `result_token` (api.seal.job_token) goes into the bench container's environment only: the benchmark
     seals its results with it, and the operator uses no result without a matching seal."""
-    _check_run(profile_spec, mode, run_k)
     _check_refinement(profile_spec, refine_round, levels, ks, repeat, append)
     policy = tenancy or TenancyPolicy()
     refuse(serving_problems(spec, policy) + profiling_problems(spec, policy, benchmark_image=bench_image))
@@ -204,8 +169,8 @@ def benchmark_job(*, profile_name: str, namespace: str, profile_spec: Speculatio
     gpu_count = model.tensor_parallel_size
     env = with_identity_env(engine_env(model), security)
     args = bench_args(profile_name=profile_name, namespace=namespace, profile_spec=profile_spec,
-                      engine_model=model, port=port, mode=mode, run_k=run_k)
-    job_name = names.bench_job_name(profile_name, run_k)
+                      engine_model=model, port=port)
+    job_name = names.bench_job_name(profile_name)
     if refine_round is not None:
         job_name = names.refine_job_name(profile_name, refine_round)
         args = _refinement_args(args, job_name, levels, ks, repeat, append)
@@ -222,32 +187,15 @@ def benchmark_job(*, profile_name: str, namespace: str, profile_spec: Speculatio
 
     pod_spec: dict[str, Any] = {
         "serviceAccountName": names.BENCH_SERVICE_ACCOUNT,
-        # The token is mounted into the bench container only (token_volume), not into the engine sidecar.
+        # The token is mounted into the bench container only (token_volume).
         "automountServiceAccountToken": False,
         "restartPolicy": "Never",
         "enableServiceLinks": False,
         **pool_placement(pool),
         "volumes": volumes,
     }
-    owned_engine: dict[str, Any] | None = None
-    if mode == "launch":
-        bench["resources"] = gpu_resources(model.resources, pool.gpu_resource_name, gpu_count)
-        bench["volumeMounts"].insert(0, dshm_mount())
-    else:
-        owned_engine = {
-            "name": ENGINE_CONTAINER, "image": model.image, "command": list(ENGINE_COMMAND),
-            "args": model_engine_args(model, method=profile_spec.method, num_speculative_tokens=run_k, port=port),
-            "restartPolicy": "Always",
-        }
-        engine: dict[str, Any] = {
-            **owned_engine,
-            "ports": [http_port(port)],
-            "resources": gpu_resources(model.resources, pool.gpu_resource_name, gpu_count),
-            "startupProbe": startup_probe(),
-            "volumeMounts": [dshm_mount(), home_mount(security)],
-            "env": copy.deepcopy(env),
-        }
-        pod_spec["initContainers"] = [engine]
+    bench["resources"] = gpu_resources(model.resources, pool.gpu_resource_name, gpu_count)
+    bench["volumeMounts"].insert(0, dshm_mount())
     pod_spec["containers"] = [bench]
 
     pod_spec = deep_merge(pod_spec, spec.profiling.pod_overrides)
@@ -255,16 +203,11 @@ def benchmark_job(*, profile_name: str, namespace: str, profile_spec: Speculatio
     pod_spec["automountServiceAccountToken"] = False
     pod_spec["enableServiceLinks"] = False
     pod_spec["restartPolicy"] = "Never"
-    if owned_engine is None:
-        restore_container(pod_spec, owned_bench, gpu_resource_name=pool.gpu_resource_name, gpu_count=gpu_count)
-    else:
-        restore_container(pod_spec, owned_bench)
-        restore_container(pod_spec, owned_engine, field="initContainers",
-                          gpu_resource_name=pool.gpu_resource_name, gpu_count=gpu_count)
+    restore_container(pod_spec, owned_bench, gpu_resource_name=pool.gpu_resource_name, gpu_count=gpu_count)
     restore_placement(pod_spec, pool)
     harden(pod_spec, policy)
 
-    labels = names.bench_labels(profile_name, pool.name, sdep_name, run_k)
+    labels = names.bench_labels(profile_name, pool.name, sdep_name)
     if refine_round is not None:
         labels[names.LABEL_REFINE_ROUND] = str(refine_round)
     return {
