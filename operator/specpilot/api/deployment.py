@@ -336,8 +336,8 @@ class Profiling(ApiModel):
     """Merged into the benchmark pod spec (e.g. volumes with model weights, priorityClassName). Only what the
     operator's config allows: placement (affinity, tolerations with a key, nodeSelector additions,
     priorityClassName, topologySpreadConstraints), volumes of allowed types, non-root fsGroup/runAsUser, and
-    env, resources and volumeMounts of the `bench` container (and the `engine` init container in sidecar
-    mode); see docs/security.md. The bench container's env and resources are part of a profile's identity."""
+    env, resources and volumeMounts of the `bench` container (which starts the engine); see
+    docs/security.md. The bench container's env and resources are part of a profile's identity."""
     speculate_before_profiled: bool = False
     """Serve with the method's maximum K (no schedule) while its profile is not ready. Off: serve without SD."""
 
