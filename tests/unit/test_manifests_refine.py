@@ -42,6 +42,9 @@ def test_refine_job_names_are_per_round_and_distinct_from_the_benchmark_job():
     assert len(long) <= 63 and long.endswith("-r12")
     with pytest.raises(ValueError):
         names.refine_job_name(profile, 0)
+    assert names.refine_job_name(profile, 1, 2) == f"refine-{profile}-r1-2"
+    with pytest.raises(ValueError):
+        names.refine_job_name(profile, 1, 0)
 
 
 def test_a_refinement_job_carries_the_bench_flags_and_its_own_name():
@@ -93,3 +96,13 @@ def test_parameters_that_make_no_round_are_refused(kw, match):
 def test_a_baseline_round_measures_only_k0():
     with pytest.raises(ValueError, match=r"ks must lie in 0..0"):
         refine_job(None, refine_round=1, ks=[1])
+
+
+def test_the_jobs_of_one_profile_in_one_round_have_names_of_their_own():
+    first, name = refine_job(0, refine_round=1, levels=[64], ks=[1], repeat=5, append=True, refine_part=1)
+    second, _ = refine_job(0, refine_round=1, levels=[64, 96], ks=[4], repeat=3, append=True, refine_part=2)
+    assert first["metadata"]["name"] == names.refine_job_name(name, 1, 1) != second["metadata"]["name"]
+    parsed = build_bench_parser().parse_args(bench_of(second["spec"]["template"]["spec"])["args"])
+    assert parsed.job_name == second["metadata"]["name"] and (parsed.ks, parsed.repeat) == ([4], 3)
+    with pytest.raises(ValueError, match="refine_part"):
+        refine_job(0, refine_part=1)

@@ -72,7 +72,11 @@ def test_jobs_group_requests_per_profile_and_turn_into_bench_flags():
     assert by_run <= covered
     job = jobs[0]
     assert job.job_parameters() == {"levels": list(job.levels), "ks": list(job.ks), "repeat": job.repeat,
-                                    "append": True}
+                                    "append": True, **({"refine_part": job.part} if job.part else {})}
+    # a profile with several Jobs in the round numbers them, so each gets a name of its own
+    for key in {j.profile_key for j in jobs}:
+        parts = [j.part for j in jobs if j.profile_key == key]
+        assert parts == [None] or parts == list(range(1, len(parts) + 1))
     assert job.bench_args()[-1] == "--append"
     from specpilot_bench.cli import build_parser
 

@@ -142,7 +142,7 @@ def benchmark_job(*, profile_name: str, namespace: str, profile_spec: Speculatio
                   sdep_name: str | None = None, tenancy: TenancyPolicy | None = None,
                   refine_round: int | None = None, levels: Sequence[int] | None = None,
                   ks: Sequence[int] | None = None, repeat: int = 1, append: bool = False,
-                  result_token: str | None = None) -> dict[str, Any]:
+                  refine_part: int | None = None, result_token: str | None = None) -> dict[str, Any]:
     """batch/v1 Job measuring `profile_spec` on `pool`, owned by the SpeculationProfile `owner`
     (apiVersion, kind, name, uid) so it is collected with it. `sdep_name`, when given, labels the Job with
     the SpeculativeDeployment that asked for it. `bench_image` is the operator's benchmark image;
@@ -153,13 +153,17 @@ def benchmark_job(*, profile_name: str, namespace: str, profile_spec: Speculatio
     A refinement round (issue 14; `refine_round` from 1) re-measures some levels of a profile that is already
     measured: `levels` (default: the profile's), only at `ks` (default: every run the profile has),
     `repeat` times each, and with `append` adds the points to the profile's stored runs (`specpilot-bench
-    --levels --ks --repeat --append`). Its Job is named `names.refine_job_name(profile_name, refine_round)`
-    and labelled with the round, so it never collides with the profile's benchmark Job or an earlier round.
-    The parameters come from `policy.refine.RefineRequest.job_parameters()`.
+    --levels --ks --repeat --append`). Its Job is named `names.refine_job_name(profile_name, refine_round,
+    refine_part)` and labelled with the round, so it never collides with the profile's benchmark Job or an
+    earlier round; `refine_part` tells apart the Jobs of one profile in one round (runs asking for different
+    levels or repeats). The parameters come from `policy.refine.RefineJob.job_parameters()`.
 
     `result_token` (api.seal.job_token) goes into the bench container's environment only: the benchmark
     seals its results with it, and the operator uses no result without a matching seal."""
     _check_refinement(profile_spec, refine_round, levels, ks, repeat, append)
+    if refine_part is not None and (refine_round is None or refine_part < 1):
+        raise ValueError(f"refine_part numbers the Jobs of one refinement round from 1 (got {refine_part} "
+                         f"with refine_round={refine_round})")
     policy = tenancy or TenancyPolicy()
     refuse(serving_problems(spec, policy) + profiling_problems(spec, policy, benchmark_image=bench_image))
     bench_image = spec.profiling.image or bench_image
@@ -172,7 +176,7 @@ def benchmark_job(*, profile_name: str, namespace: str, profile_spec: Speculatio
                       engine_model=model, port=port)
     job_name = names.bench_job_name(profile_name)
     if refine_round is not None:
-        job_name = names.refine_job_name(profile_name, refine_round)
+        job_name = names.refine_job_name(profile_name, refine_round, refine_part)
         args = _refinement_args(args, job_name, levels, ks, repeat, append)
     owned_bench = {"name": BENCH_CONTAINER, "image": bench_image, "command": list(BENCH_COMMAND), "args": args}
     bench_env = [*env, {"name": seal.TOKEN_ENV, "value": result_token}] if result_token else env

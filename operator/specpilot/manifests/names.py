@@ -97,13 +97,16 @@ def bench_job_name(profile_name: str, run_k: int | None = None) -> str:
     return dns_label(f"bench-{profile_name}", "" if run_k is None else f"-k{run_k}")
 
 
-def refine_job_name(profile_name: str, round_index: int) -> str:
+def refine_job_name(profile_name: str, round_index: int, part: int | None = None) -> str:
     """Refinement Job of a profile (issue 14): `refine-<profile>-r<round>`, one name per round, distinct from
     the profile's benchmark Job (`bench-<profile>`), so a round never collides with the Job that measured
-    the profile or with an earlier round (finished Jobs stay a day)."""
+    the profile or with an earlier round (finished Jobs stay a day). `part` (from 1) tells apart several
+    Jobs of one profile in one round: `refine-<profile>-r<round>-<part>`."""
     if round_index < 1:
         raise ValueError(f"a refinement round is numbered from 1 (got {round_index})")
-    return dns_label(f"refine-{profile_name}", f"-r{round_index}")
+    if part is not None and part < 1:
+        raise ValueError(f"a refinement Job's part is numbered from 1 (got {part})")
+    return dns_label(f"refine-{profile_name}", f"-r{round_index}" + ("" if part is None else f"-{part}"))
 
 
 def deployment_labels(sdep_name: str) -> dict[str, str]:

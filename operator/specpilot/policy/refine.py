@@ -30,6 +30,7 @@ For the controller (the operator's side of issue 14):
     if not plan.done:
         for job in plan.jobs():       # one refinement Job per entry, round r = 1, 2, ...
             benchmark_job(profile_name=job.profile_name, ..., refine_round=r, **job.job_parameters())
+            # (job_parameters() carries refine_part when a profile has several Jobs in the round)
     # when the Jobs succeed (their points are appended to the profiles), decide again and call
     # plan_refinement again; stop when plan.done (plan.reason says why).
 
@@ -218,6 +219,8 @@ class RefineJob:
     ks: tuple[int, ...]
     levels: tuple[int, ...]
     repeat: int
+    part: int | None = None
+    """Which of its profile's Jobs this round it is (from 1), when the profile has more than one."""
 
     @property
     def engine_starts(self) -> int:
@@ -229,7 +232,10 @@ class RefineJob:
 
     def job_parameters(self) -> dict[str, Any]:
         """Keyword arguments of `manifests.benchmark.benchmark_job` for this round (with refine_round)."""
-        return {"levels": list(self.levels), "ks": list(self.ks), "repeat": self.repeat, "append": True}
+        parameters = {"levels": list(self.levels), "ks": list(self.ks), "repeat": self.repeat, "append": True}
+        if self.part is not None:
+            parameters["refine_part"] = self.part
+        return parameters
 
     def bench_args(self) -> list[str]:
         """The same as `specpilot-bench` flags (a refinement by hand, next to --profile-name or --model)."""
@@ -238,8 +244,8 @@ class RefineJob:
 
     def to_dict(self) -> dict[str, Any]:
         return {"profile": self.profile_key, "profileName": self.profile_name, "ks": list(self.ks),
-                "levels": list(self.levels), "repeat": self.repeat, "engineStarts": self.engine_starts,
-                "measuredLevels": self.measured_levels}
+                "levels": list(self.levels), "repeat": self.repeat, "part": self.part,
+                "engineStarts": self.engine_starts, "measuredLevels": self.measured_levels}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -281,9 +287,20 @@ class RefinePlan:
         grouped: dict[tuple[str, str | None, tuple[int, ...], int], list[int]] = {}
         for (key, name, k, repeat), levels in by_run.items():
             grouped.setdefault((key, name, tuple(sorted(levels)), repeat), []).append(k)
-        return [RefineJob(key, name, tuple(sorted(ks)), levels, repeat)
+        jobs = [RefineJob(key, name, tuple(sorted(ks)), levels, repeat)
                 for (key, name, levels, repeat), ks in sorted(grouped.items(),
                                                               key=lambda item: (item[0][0], min(item[1])))]
+        per_profile: dict[str, int] = {}
+        for job in jobs:
+            per_profile[job.profile_key] = per_profile.get(job.profile_key, 0) + 1
+        seen: dict[str, int] = {}
+        out = []
+        for job in jobs:  # several Jobs of one profile in one round need names of their own
+            if per_profile[job.profile_key] > 1:
+                seen[job.profile_key] = seen.get(job.profile_key, 0) + 1
+                job = dataclasses.replace(job, part=seen[job.profile_key])
+            out.append(job)
+        return out
 
     def to_dict(self) -> dict[str, Any]:
         return {
