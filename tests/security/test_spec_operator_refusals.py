@@ -82,16 +82,21 @@ async def test_a_physically_impossible_result_fails_its_profile(sandbox, operato
     await sandbox.patch("speculationprofiles", NAMESPACE, target["metadata"]["name"],
                         {"status": seal.sealed(poisoned, own_job)}, subresource="status")
 
-    name = target["metadata"]["name"]
+    failed = await _refused(sandbox, target["metadata"]["name"], "ImplausibleResult")
+    assert "outputThroughput is 1e+308 tokens/s" in failed["message"] and "physical bound" in failed["message"]
+
+
+async def _refused(sandbox, name: str, reason: str) -> dict:  # noqa: F811  (sandbox is the fixture's value)
+    """The profile Failed with `reason`, a ProfilingFailed Event says so, and nothing was decided on it."""
     failed = await sandbox.wait_for(
         lambda: (sandbox.get("speculationprofiles", NAMESPACE, name).get("status") or {}).get("phase") == "Failed"
-        and sandbox.get("speculationprofiles", NAMESPACE, name)["status"], what="the poisoned profile Failed")
-    assert failed["reason"] == "ImplausibleResult"
-    assert "outputThroughput is 1e+308 tokens/s" in failed["message"] and "physical bound" in failed["message"]
+        and sandbox.get("speculationprofiles", NAMESPACE, name)["status"], what=f"{name} Failed")
+    assert failed["reason"] == reason and "specpilot.io/reprofile" in failed["message"]
     warning = await sandbox.wait_for(lambda: events(sandbox, "ProfilingFailed"), what="a ProfilingFailed Event")
-    assert "ImplausibleResult" in warning[0]["message"]
+    assert reason in warning[0]["message"]
     pools = status(sandbox).get("pools") or [{}]
-    assert (pools[0].get("decision") or {}).get("method") is None  # nothing decided on the poisoned result
+    assert (pools[0].get("decision") or {}).get("method") is None
+    return failed
 
 
 @pytest.mark.parametrize("writer", ["another profile's Job", "a pod with the bench ServiceAccount"])
@@ -110,12 +115,5 @@ async def test_a_result_not_written_by_the_profiles_own_job_is_refused(sandbox, 
     name = target["metadata"]["name"]
     await sandbox.patch("speculationprofiles", NAMESPACE, name, {"status": forged}, subresource="status")
 
-    failed = await sandbox.wait_for(
-        lambda: (sandbox.get("speculationprofiles", NAMESPACE, name).get("status") or {}).get("phase") == "Failed"
-        and sandbox.get("speculationprofiles", NAMESPACE, name)["status"], what="the forged profile Failed")
-    assert failed["reason"] == "UnsealedResult"
-    assert "not written by" in failed["message"] and "specpilot.io/reprofile" in failed["message"]
-    warning = await sandbox.wait_for(lambda: events(sandbox, "ProfilingFailed"), what="a ProfilingFailed Event")
-    assert "UnsealedResult" in warning[0]["message"]
-    pools = status(sandbox).get("pools") or [{}]
-    assert (pools[0].get("decision") or {}).get("method") is None  # nothing decided on the forged result
+    failed = await _refused(sandbox, name, "UnsealedResult")
+    assert "not written by" in failed["message"]

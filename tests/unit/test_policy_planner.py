@@ -11,6 +11,7 @@ import pytest
 
 from specpilot.api.deployment import Decision, ObservedLoad, PoolStatus, SpeculativeDeploymentSpec
 from specpilot.api.profile import SpeculationProfile
+from specpilot.manifests.names import refine_job_name
 from specpilot.observe.model import PoolObservation
 from specpilot.policy.planner import (
     PoolInputs,
@@ -247,7 +248,8 @@ def test_noise_near_a_change_of_k_starts_a_refinement_round():
     refinement = outcome.status.refinement
     assert refinement.state == "Measuring" and refinement.round == 1 and refinement.jobs
     assert outcome.refine == refinement.jobs
-    assert {j.job_name for j in refinement.jobs} == {f"refine-{j.profile}-r1" for j in refinement.jobs}
+    assert {j.job_name for j in refinement.jobs} == {refine_job_name(j.profile, 1, j.part) for j in refinement.jobs}
+    assert len({j.job_name for j in refinement.jobs}) == len(refinement.jobs)
     assert all(j.repeat >= 1 and j.levels and j.ks for j in refinement.jobs)
     assert "uncertain" in refinement.message and refinement.budget_levels > 0
     assert [e.reason for e in outcome.events] == ["Refining"]

@@ -638,6 +638,8 @@ class RefinementJob(StatusModel):
     """The SpeculationProfile it appends to."""
     job_name: str = Field(max_length=253)
     """The Job's name."""
+    part: int | None = Field(default=None, ge=1)
+    """Which of the profile's Jobs in this round (when it has several)."""
     ks: list[int] = Field(default_factory=list, max_length=17)
     """The k values (runs) it measures."""
     levels: list[int] = Field(default_factory=list, max_length=32)

@@ -279,8 +279,9 @@ async def start_refinement(ctx: Context, spec: SpeculativeDeploymentSpec, namesp
                            pool: GpuPool, need: desired.NeededProfile, profile: dict, job: RefinementJob,
                            round_index: int, jobs: dict[str, dict]) -> None:
     """Create one refinement Job (policy.planner asked for it): it appends its points to the profile. Waits
-    while another Job measures the same profile (a deployment sharing it may refine it too); the new Job's
-    nonce joins the one that sealed the current result, so both stay verifiable until it publishes."""
+    while another Job measures the same profile (its other part in this round, or a deployment sharing it
+    that refines it too): appends to one profile go one Job at a time, and the new Job's nonce joins the one
+    that sealed the current result, so both stay verifiable until it publishes."""
     label = names.label_value(need.name)
     for other in jobs.values():
         meta = other.get("metadata") or {}
@@ -295,8 +296,8 @@ async def start_refinement(ctx: Context, spec: SpeculativeDeploymentSpec, namesp
              "uid": (profile.get("metadata") or {}).get("uid", "")}
     body = benchmark_job(profile_name=need.name, namespace=namespace, profile_spec=need.spec, spec=spec, pool=pool,
                          bench_image=ctx.config.benchmark_image, owner=owner, sdep_name=sdep_name,
-                         tenancy=ctx.config.tenancy, refine_round=round_index, levels=job.levels, ks=job.ks,
-                         repeat=job.repeat, append=True,
+                         tenancy=ctx.config.tenancy, refine_round=round_index, refine_part=job.part,
+                         levels=job.levels, ks=job.ks, repeat=job.repeat, append=True,
                          result_token=seal.job_token(ctx.result_key, namespace, need.name, nonce))
     try:
         await ctx.kube.create(body)

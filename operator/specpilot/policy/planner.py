@@ -379,8 +379,8 @@ def _refine(inputs: PoolInputs, status: PoolStatus, plan: PoolPlan | None, metho
                                                f"pool {status.name}: after {rounds} round(s): {found.reason}"))
         return
     rounds += 1
-    jobs = [RefinementJob(profile=job.profile_name, job_name=refine_job_name(job.profile_name, rounds),
-                          ks=list(job.ks), levels=list(job.levels), repeat=job.repeat)
+    jobs = [RefinementJob(profile=job.profile_name, job_name=refine_job_name(job.profile_name, rounds, job.part),
+                          part=job.part, ks=list(job.ks), levels=list(job.levels), repeat=job.repeat)
             for job in found.jobs() if job.profile_name][:16]
     status.refinement = Refinement(round=rounds, state=RefinementState.MEASURING, message=found.reason,
                                    budget_levels=budget, spent_levels=found.spent_levels, jobs=jobs)

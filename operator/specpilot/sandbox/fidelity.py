@@ -79,7 +79,11 @@ def profile_fidelity(profile: dict, *, workload: str = "sharegpt") -> ProfileFid
         config = build_config(_engine_argv(spec, run.num_speculative_tokens, workload))
         room = config.max_model_len - output_len
         core = make_core(config)
+        swept: set[int] = set()
         for point in run.points:
+            if point.concurrency in swept:
+                continue  # a refinement round's repeat, measured on an engine of its own: not this replay's
+            swept.add(point.concurrency)
             lens = [min(room, max(1, len(tokenize(p.text)))) for p in prompts[point.concurrency]]
             warmup = default_warmup(point.concurrency)
             closed_loop_level(core, lens[:1] * warmup, output_len, warmup)
