@@ -156,6 +156,10 @@ HOSTILE = [
      "spec.model.env[0].name 'KUBERNETES_SERVICE_HOST' is not allowed"),
     ("env-ld-preload", "spec.model.env", [{"name": "LD_PRELOAD", "value": "/models/evil.so"}],
      "spec.model.env[0].name 'LD_PRELOAD' is not allowed"),
+    ("env-forge-result-token", "spec.model.env", [{"name": "SPECPILOT_RESULT_TOKEN", "value": "0" * 64}],
+     "spec.model.env[0].name 'SPECPILOT_RESULT_TOKEN' is not allowed"),
+    ("env-vllm-dev-endpoints", "spec.model.env", [{"name": "VLLM_SERVER_DEV_MODE", "value": "1"}],
+     "spec.model.env[0].name 'VLLM_SERVER_DEV_MODE' is not allowed"),
     ("attacker-bench-image", "spec.profiling.image", ATTACKER_IMAGE,
      "spec.profiling.image 'evil.example.com/miner:latest' is not a benchmark image the operator's config allows"),
 ]

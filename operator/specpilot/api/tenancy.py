@@ -65,12 +65,15 @@ OWNED_MOUNT_PATHS = ("/dev/shm", "/var/run/secrets/kubernetes.io/serviceaccount"
 REFUSED_ENV_NAMES = frozenset({
     "LD_PRELOAD", "LD_AUDIT", "LD_LIBRARY_PATH", "PYTHONPATH", "PYTHONSTARTUP", "PYTHONHOME", "PYTHONUSERBASE",
     "PYTHONINSPECT", "PYTHONEXECUTABLE", "BASH_ENV", "ENV",
+    # vLLM switches that open the engine beyond what is measured and served: development endpoints (sleep,
+    # reset caches, ...) on the serving port, pickle deserialization between its processes.
+    "VLLM_SERVER_DEV_MODE", "VLLM_ALLOW_INSECURE_SERIALIZATION",
 })
 """Variables that load code into the process before it runs its own (the bench runs the engine in its
-container, next to its token)."""
-REFUSED_ENV_PREFIXES = ("KUBERNETES_",)
+container, next to its token), or open the engine to more than it serves."""
+REFUSED_ENV_PREFIXES = ("KUBERNETES_", "SPECPILOT_")
 """Variables that redirect a Kubernetes client (KUBERNETES_SERVICE_HOST would send the bench's token to
-another host)."""
+another host), and specpilot's own (the bench's result token, the sandbox's clock)."""
 MAX_SPEC_BYTES = 131072
 """A SpeculativeDeployment's spec as JSON, at most (kopf keeps a copy in an annotation; annotations of an
 object total at most 256 KiB)."""
@@ -162,7 +165,8 @@ def env_problems(env: Any, where: str, policy: TenancyPolicy) -> list[str]:
         name = var.get("name")
         if isinstance(name, str) and (name in REFUSED_ENV_NAMES or name.startswith(REFUSED_ENV_PREFIXES)):
             problems.append(f"{at}.name {echo(name, 80)} is not allowed: it would load other code into the engine "
-                            f"or the bench, or redirect the bench's Kubernetes client; remove it")
+                            f"or the bench, open the engine beyond serving, redirect the bench's Kubernetes "
+                            f"client, or set one of specpilot's own variables; remove it")
         source = var.get("valueFrom")
         if isinstance(source, dict):
             ref = source.get("secretKeyRef")
