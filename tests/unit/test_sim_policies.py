@@ -184,7 +184,7 @@ def _engine_runs(deployment: dict, max_num_seqs: int) -> tuple:
 async def _controller_agreement(policy: OperatorPolicy, monkeypatch) -> tuple[int, int]:
     """(control steps where the operator's executor applies the engine and replicas the simulator ran, steps).
 
-    Each recorded step goes through `controller.reconcile._reconcile_pool`, the controller's per-pool path:
+    Each recorded step goes through `controller.reconcile.reconcile_pool`, the controller's per-pool path:
     it reads the Deployment (replicas, rollout) from the cluster, validates the profile objects, observes
     (here: the step's observation), plans with `plan_pool` from the status as read back, and applies the
     pool's Deployment; what vLLM would run from that Deployment is compared with the simulator's mode."""
@@ -222,9 +222,9 @@ async def _controller_agreement(policy: OperatorPolicy, monkeypatch) -> tuple[in
             "metadata": {"name": name, "generation": 2}, "spec": {"replicas": step.current_replicas},
             "status": {"observedGeneration": 2, "updatedReplicas": 0 if step.rolling_out else step.current_replicas}}
         observation[0] = step.observation
-        await controller._reconcile_pool(ctx, body, spec, views[0], needed, states, profiles, {}, {},
+        await controller.reconcile_pool(ctx, body, spec, views[0], needed, states, profiles, {}, {},
                                          PoolStatus.model_validate(step.previous), step.now, [],
-                                         step.observation is not None, controller._Metrics([], []))
+                                         step.observation is not None, controller.PoolReadings([], []))
         mode = policy.connector.mode(step.serve)
         sim = (mode.method, mode.k_by_batch_size, step.serve.replicas)
         same += _engine_runs(cluster.applied[-1], size) == sim

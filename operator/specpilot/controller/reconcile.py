@@ -46,7 +46,8 @@ from .profiles import (
     start_refinement,
 )
 
-__all__ = ["JOB_UID_ANNOTATION", "REPROFILE_ANNOTATION", "Context", "Event", "Result", "reconcile"]
+__all__ = ["JOB_UID_ANNOTATION", "REPROFILE_ANNOTATION", "Context", "Event", "PoolReadings", "Result", "reconcile",
+           "reconcile_pool"]
 
 log = logging.getLogger("specpilot.reconcile")
 
@@ -58,7 +59,7 @@ class Result:
 
 
 @dataclass
-class _Metrics:
+class PoolReadings:
     """How the pools' observations went, for the MetricsAvailable and MetricsTruncated conditions."""
 
     problems: list[str]
@@ -106,13 +107,13 @@ async def reconcile(ctx: Context, body: dict, nodes: list[dict], profiles: dict[
     states = await reconcile_profiles(ctx, spec, namespace, name, needed, profiles, jobs, reprofile, now, events)
 
     url_refused = prometheus_url_refusal(ctx, spec)
-    metrics = _Metrics([url_refused] if url_refused else [], [],
+    metrics = PoolReadings([url_refused] if url_refused else [], [],
                        "PrometheusUrlNotAllowed" if url_refused else "MetricsUnavailable")
     old_pools = {p.name: p for p in old.pools}
     status.pools = []
     for view in views:
         pool_old = old_pools.get(view.pool.name) or PoolStatus(name=view.pool.name)
-        pool = await _reconcile_pool(ctx, body, spec, view, needed, states, profiles, jobs, profile_users or {},
+        pool = await reconcile_pool(ctx, body, spec, view, needed, states, profiles, jobs, profile_users or {},
                                      pool_old, now, events, observe and not url_refused, metrics)
         status.pools.append(pool)
         _record_decision_change(ctx, status, pool_old, pool, namespace, name, now, events)
@@ -164,7 +165,7 @@ def _record_decision_change(ctx: Context, status: SpeculativeDeploymentStatus, o
 
 
 def _conditions(ctx: Context, status: SpeculativeDeploymentStatus, old: SpeculativeDeploymentStatus,
-                views: list[desired.PoolView], ready: int, total: int, failed: int, metrics: _Metrics,
+                views: list[desired.PoolView], ready: int, total: int, failed: int, metrics: PoolReadings,
                 namespace: str, name: str, generation: int | None, now: datetime, events: list[Event]) -> None:
     def set_(type_: str, ok: bool, reason: str, message: str) -> None:
         status.conditions = desired.set_condition(status.conditions, type_, ok, reason, message, generation, now)
@@ -231,11 +232,13 @@ def _pool_profiles(needed: list[desired.NeededProfile], view: desired.PoolView, 
         names=tuple(sorted({n.name for n in pool_needed})))
 
 
-async def _reconcile_pool(ctx: Context, body: dict, spec: SpeculativeDeploymentSpec, view: desired.PoolView,
+async def reconcile_pool(ctx: Context, body: dict, spec: SpeculativeDeploymentSpec, view: desired.PoolView,
                           needed: list[desired.NeededProfile], states: dict[str, str], profiles: dict[str, dict],
                           jobs: dict[str, dict], users: dict[str, set[str]], old: PoolStatus, now: datetime,
-                          events: list[Event], observe: bool, metrics: _Metrics) -> PoolStatus:
-    """Gather the pool's inputs, plan, and execute the plan: re-measure, apply the Deployment, count."""
+                          events: list[Event], observe: bool, metrics: PoolReadings) -> PoolStatus:
+    """One pool: gather its inputs (its Deployment, a due observation, its validated profiles, its refinement
+    Jobs), plan (`policy.planner.plan_pool`), and execute the plan: re-measure a drifted profile, start
+    refinement Jobs, apply the Deployment, count. The executor the simulator's agreement test drives."""
     meta = body["metadata"]
     namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
     current = None
@@ -304,7 +307,7 @@ def _refine_job_states(old: PoolStatus, namespace: str, jobs: dict[str, dict]) -
 
 
 def _count_observation(ctx: Context, uid: str, pool: str, observation, problem: MetricsUnavailable | None,
-                       metrics: _Metrics) -> None:
+                       metrics: PoolReadings) -> None:
     if problem is not None:
         metrics.problems.append(f"pool {pool}: {problem.reason}")
     elif observation is not None:
