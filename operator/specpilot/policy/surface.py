@@ -62,7 +62,6 @@ __all__ = [
     "NotEnoughDataError",
     "RooflineFit",
     "RunCurve",
-    "acceptance_drift",
     "acceptance_from_run",
     "build_baseline",
     "build_surface",
@@ -801,12 +800,6 @@ def with_live_acceptance(surface: MethodSurface, per_position: Sequence[float],
     f = min(1.0, f)
     return dataclasses.replace(surface, per_position=tuple(clean), drafts_per_step=f,
                                tokens_per_step=_tokens_per_step(clean, f, surface.max_k))
-
-
-def acceptance_drift(surface: MethodSurface, per_position: Sequence[float], drafts_per_step: float) -> float:
-    """Relative change of E_K (mean acceptance length at the largest k) from the profile to live acceptance."""
-    live = with_live_acceptance(surface, per_position, drafts_per_step)
-    return (live.mean_acceptance_length() - surface.mean_acceptance_length()) / surface.mean_acceptance_length()
 
 
 @dataclasses.dataclass(frozen=True)
