@@ -95,3 +95,20 @@ def test_a_huge_spec_is_kept_as_a_digest_in_kopfs_annotation():
     other = kopf.Body({"metadata": {"name": "a"}, "spec": {"x": "z" * 300_000}})
     assert storage.build(body=other) != essence
     assert not math.isnan(essence["bytes"])
+
+
+async def test_every_status_the_operator_writes_is_sanitised(monkeypatch):
+    from specpilot.controller.kube import Kube
+
+    sent = []
+
+    async def call(self, method, path, body=None, content_type="", query=None):
+        sent.append(body)
+        return {}
+
+    monkeypatch.setattr(Kube, "_call", call)
+    kube = Kube.__new__(Kube)
+    await kube.patch("speculationprofiles", "team", "p", {"status": {"message": "x", "rate": float("nan")}},
+                     subresource="status")
+    await kube.patch("deployments", "team", "d", {"spec": {"replicas": 2}})
+    assert sent == [{"status": {"message": "x", "rate": None}}, {"spec": {"replicas": 2}}]

@@ -19,6 +19,8 @@ import urllib3
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
+from ..api.sanitize import sanitize
+
 CORE = ("", "v1")
 
 # plural -> (group, version, namespaced)
@@ -206,6 +208,9 @@ class Kube:
 
     async def patch(self, plural: str, namespace: str | None, name: str, patch: dict,
                     subresource: str | None = None) -> dict:
+        if subresource == "status" and isinstance(patch.get("status"), dict):
+            # Every status the operator writes (deployments' and profiles'): no NaN/Inf, bounded sizes.
+            patch = {**patch, "status": sanitize(patch["status"])}
         return await self._call("PATCH", resource_path(plural, namespace, name, subresource), body=patch,
                                 content_type="application/merge-patch+json")
 
