@@ -98,3 +98,23 @@ async def test_uncertain_crossovers_are_measured_again_and_decided_again(sandbox
     # The appended results passed the seal check: no profile failed.
     assert all((p.get("status") or {}).get("phase") == "Succeeded" for p in profiles(sandbox))
     assert not events(sandbox, "ProfilingFailed")
+
+
+async def test_deployments_sharing_profiles_accept_the_one_jobs_sealed_results(sandbox, operator):
+    """Two deployments race to start the same profiles' Jobs: whichever created a Job records its nonce, the
+    other leaves it alone, and the results its token seals are accepted for both."""
+    await sandbox.create(node("gpu-a", H100, "h100"))
+    first, second = sdep(), sdep()
+    second["metadata"]["name"] = "llama-2"
+    await sandbox.create(first)
+    await sandbox.create(second)
+    await sandbox.wait_for(lambda: len(jobs(sandbox)) == 2 and all(
+        (p.get("status") or {}).get("jobName") for p in profiles(sandbox) if p["metadata"]["name"] in
+        {j["metadata"]["labels"].get("specpilot.io/profile") for j in jobs(sandbox)}), what="the shared Jobs")
+    await publish_results(sandbox, "H100-SXM")
+    for name in ("llama", "llama-2"):
+        await sandbox.wait_for(lambda name=name: status(sandbox, name).get("phase") == "Serving",
+                               what=f"{name} Serving")
+    assert len(profiles(sandbox)) == 3, "one set of profiles, shared"
+    assert all((p.get("status") or {}).get("phase") == "Succeeded" for p in profiles(sandbox))
+    assert not events(sandbox, "ProfilingFailed")

@@ -104,6 +104,8 @@ async def reconcile_profiles(ctx: Context, spec: SpeculativeDeploymentSpec, name
                                          events)
         phase = (profile.get("status") or {}).get("phase") or "Pending"
         job = _current_job(jobs.get(f"{namespace}/{names.bench_job_name(need.name)}"), profile)
+        if job is not None and phase in ("Pending", "Running"):
+            profile = await _sync_nonce(ctx, namespace, need.name, profile, job)
         if phase in ("Pending", "Running") and job is None:
             waiting.setdefault(need.pool, []).append(need)
         elif phase in ("Pending", "Running"):
@@ -189,26 +191,41 @@ async def _start_job(ctx: Context, spec: SpeculativeDeploymentSpec, namespace: s
     if not owner["uid"]:
         fetched = await ctx.kube.get("speculationprofiles", namespace, need.name)
         owner["uid"] = fetched["metadata"].get("uid", "")
-    # A fresh nonce per Job: a token of an earlier Job (or another profile's) seals nothing here.
+    # A fresh nonce per Job: a token of an earlier Job (or another profile's) seals nothing here. The Job
+    # carries it; the profile records it only once this Job exists (a reconciliation that lost the race to
+    # create it, e.g. another deployment sharing the profile, must not replace it).
     nonce = seal.new_nonce()
-    await ctx.kube.patch("speculationprofiles", namespace, need.name,
-                         {"metadata": {"annotations": {seal.NONCE_ANNOTATION: nonce}}})
     job = benchmark_job(profile_name=need.name, namespace=namespace, profile_spec=need.spec, spec=spec, pool=pool,
                         bench_image=ctx.config.benchmark_image, owner=owner, sdep_name=sdep_name,
                         tenancy=ctx.config.tenancy,
                         result_token=seal.job_token(ctx.result_key, namespace, need.name, nonce))
+    job["metadata"].setdefault("annotations", {})[seal.NONCE_ANNOTATION] = nonce
     try:
         created = await ctx.kube.create(job)
     except Conflict:
-        return  # the previous measurement's Job is still being deleted
+        return  # created already (its nonce is recorded by whoever created it), or the last one is going away
     ctx.metrics.profiling_jobs.labels(namespace, "created").inc()
     await ctx.kube.patch("speculationprofiles", namespace, need.name, {"metadata": {"annotations": {
-        JOB_UID_ANNOTATION: (created or {}).get("metadata", {}).get("uid", "")}}})
+        JOB_UID_ANNOTATION: (created or {}).get("metadata", {}).get("uid", ""), seal.NONCE_ANNOTATION: nonce}}})
     # The phase is left as it is (Pending since the profile was created or restarted): the Job may already
     # have written Running or its result, and this patch must not undo that.
     await ctx.kube.patch("speculationprofiles", namespace, need.name,
                          {"status": {"jobName": job["metadata"]["name"], "reason": "JobCreated"}},
                          subresource="status")
+
+
+async def _sync_nonce(ctx: Context, namespace: str, name: str, profile: dict, job: dict) -> dict:
+    """The profile records its current Job's result nonce (the Job carries it in an annotation): after an
+    operator that stopped between creating the Job and recording it, the next reconciliation catches up."""
+    job_nonce = (((job.get("metadata") or {}).get("annotations")) or {}).get(seal.NONCE_ANNOTATION)
+    meta = profile.get("metadata") or {}
+    recorded = ((meta.get("annotations") or {}).get(seal.NONCE_ANNOTATION) or "").split()
+    if not job_nonce or job_nonce in recorded:
+        return profile
+    await ctx.kube.patch("speculationprofiles", namespace, name,
+                         {"metadata": {"annotations": {seal.NONCE_ANNOTATION: job_nonce}}})
+    return {**profile, "metadata": {**meta, "annotations": {**(meta.get("annotations") or {}),
+                                                             seal.NONCE_ANNOTATION: job_nonce}}}
 
 
 def _result_refusal(ctx: Context, namespace: str, profile: dict) -> tuple[str, str] | None:
@@ -217,7 +234,8 @@ def _result_refusal(ctx: Context, namespace: str, profile: dict) -> tuple[str, s
     and every deployment needing the profile would act on it), or no GPU can produce it. Checked once per
     resourceVersion."""
     meta = profile.get("metadata") or {}
-    key = f"{namespace}/{meta.get('name')}@{meta.get('resourceVersion', '')}"
+    nonces = (meta.get("annotations") or {}).get(seal.NONCE_ANNOTATION, "")
+    key = f"{namespace}/{meta.get('name')}@{meta.get('resourceVersion', '')}/{nonces}"
     if key not in ctx.verified:
         unsealed = seal.seal_problem(ctx.result_key, namespace, profile)
         implausible = "; ".join(checked_result_problems(profile, ctx.catalog)) if unsealed is None else ""
@@ -289,9 +307,6 @@ async def start_refinement(ctx: Context, spec: SpeculativeDeploymentSpec, namesp
                 names.LABEL_PROFILE) == label and job_state(other) == "Active":
             return
     nonce = seal.new_nonce()
-    sealing = seal.sealing_nonce(ctx.result_key, namespace, profile)
-    await ctx.kube.patch("speculationprofiles", namespace, need.name, {"metadata": {"annotations": {
-        seal.NONCE_ANNOTATION: f"{sealing} {nonce}" if sealing else nonce}}})
     owner = {"apiVersion": "specpilot.io/v1alpha1", "kind": "SpeculationProfile", "name": need.name,
              "uid": (profile.get("metadata") or {}).get("uid", "")}
     body = benchmark_job(profile_name=need.name, namespace=namespace, profile_spec=need.spec, spec=spec, pool=pool,
@@ -299,8 +314,12 @@ async def start_refinement(ctx: Context, spec: SpeculativeDeploymentSpec, namesp
                          tenancy=ctx.config.tenancy, refine_round=round_index, refine_part=job.part,
                          levels=job.levels, ks=job.ks, repeat=job.repeat, append=True,
                          result_token=seal.job_token(ctx.result_key, namespace, need.name, nonce))
+    body["metadata"].setdefault("annotations", {})[seal.NONCE_ANNOTATION] = nonce
     try:
         await ctx.kube.create(body)
     except Conflict:
-        return  # created by an earlier reconciliation (or another deployment's)
+        return  # created by an earlier reconciliation (or another deployment's), which recorded its nonce
     ctx.metrics.profiling_jobs.labels(namespace, "created").inc()
+    sealing = seal.sealing_nonce(ctx.result_key, namespace, profile)
+    await ctx.kube.patch("speculationprofiles", namespace, need.name, {"metadata": {"annotations": {
+        seal.NONCE_ANNOTATION: f"{sealing} {nonce}" if sealing else nonce}}})
