@@ -319,3 +319,16 @@ def test_a_budget_spent_with_a_crossover_still_uncertain_is_said_in_the_decision
         profiles = _appended(profiles, status.refinement.jobs)
     assert status.refinement.state == "BudgetSpent"
     assert "still uncertain after the refinement budget" in status.decision.reason
+
+
+def test_profiles_as_stored_give_the_same_plan_and_are_validated_only_to_decide(profiles):
+    spec = _spec()
+    stored = PoolProfiles(bodies={"baseline": profiles.baseline.dump(), "eagle3": profiles.methods["eagle3"].dump()},
+                          ready=2, total=2)
+    typed = plan_pool(_inputs(spec, profiles, PoolStatus(name="h100"), _observation(30, 1, NOW), replicas=1))
+    raw = plan_pool(_inputs(spec, stored, PoolStatus(name="h100"), _observation(30, 1, NOW), replicas=1))
+    assert raw.status.decision == typed.status.decision and raw.serve == typed.serve
+    # The next reconciliation keeps the decision: nothing is validated.
+    again = PoolProfiles(bodies=stored.bodies, ready=2, total=2)
+    kept = plan_pool(_inputs(spec, again, _reread(raw.status), None, replicas=1, now=NOW + timedelta(seconds=15)))
+    assert kept.status.decision == raw.status.decision and "_typed" not in again.__dict__

@@ -95,7 +95,8 @@ class Context:
     def users_of_profiles(self, namespace: str) -> dict[str, set[str]]:
         """Profile name -> uids of the deployments in `namespace` whose status lists it."""
         users: dict[str, set[str]] = {}
-        for uid, names in self.profile_users.items():
+        # A snapshot: the index handler that keeps this runs in a worker thread.
+        for uid, names in list(self.profile_users.items()):
             if self.namespaces.get(uid, namespace) == namespace:
                 for name in names:
                     users.setdefault(name, set()).add(uid)

@@ -12,6 +12,7 @@ import logging
 import random
 import time
 import traceback
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -126,9 +127,8 @@ def register(registry: kopf.OperatorRegistry, ctx: Context, *, peering: bool) ->
                 result = await reconcile(
                     ctx, view,
                     nodes=[v for values in nodes_index.values() for v in values],
-                    profiles={k.split("/", 1)[1]: next(iter(vs)) for k, vs in profiles_index.items()
-                              if k.startswith(f"{namespace}/")},
-                    jobs={k: next(iter(vs)) for k, vs in jobs_index.items()},
+                    profiles=IndexView(profiles_index, prefix=f"{namespace}/"),
+                    jobs=IndexView(jobs_index),
                     observe=observe, profile_users=ctx.users_of_profiles(namespace))
             except Exception as exc:
                 ctx.metrics.reconcile_errors.labels(namespace, type(exc).__name__).inc()
@@ -148,8 +148,12 @@ def register(registry: kopf.OperatorRegistry, ctx: Context, *, peering: bool) ->
                 # a refused patch (422 for NaN, 413 for size) escapes the timer task, whose runner then marks the
                 # timer `forever_stopped` for that object until the operator restarts. Here a refusal is a
                 # handler error: reported, and retried with back-off like any other.
-                await ctx.kube.patch(SDEP[2], namespace, body.metadata.name,
-                                     {"status": _nulls_for_removed(old, status)}, subresource="status")
+                # Only what changed: an unchanged status is not written (no request, no watch event that
+                # every watcher of the object then processes).
+                changes = {k: v for k, v in _nulls_for_removed(old, status).items() if old.get(k) != v}
+                if changes:
+                    await ctx.kube.patch(SDEP[2], namespace, body.metadata.name, {"status": changes},
+                                         subresource="status")
             except Exception as exc:
                 ctx.written.pop(uid, None)
                 ctx.metrics.reconcile_errors.labels(namespace, type(exc).__name__).inc()
@@ -222,6 +226,31 @@ def register(registry: kopf.OperatorRegistry, ctx: Context, *, peering: bool) ->
         if not stopped.is_set() and seen is not None and seen != profiles_fingerprint(ctx, ctx.latest(dict(body))):
             await run(body, patch, logger, nodes_index, profiles_index, jobs_index, observe=False, memo=memo,
                       stopped=stopped)
+
+
+class IndexView(Mapping):
+    """A kopf index read as a mapping of one object per key, looked up on demand: a reconciliation reads the
+    few profiles and Jobs it needs instead of copying every entry of the cluster's indexes (O(1) per lookup;
+    iterating, which nothing on the hot path does, walks the index). `prefix` scopes it (and is left out of
+    its keys): "namespace/" for the namespace's profiles by name."""
+
+    def __init__(self, index: kopf.Index, prefix: str = "") -> None:
+        self._index, self._prefix = index, prefix
+
+    def __getitem__(self, key: str) -> dict:
+        try:
+            values = self._index[self._prefix + key]
+        except KeyError:
+            raise KeyError(key) from None
+        for value in values:
+            return value
+        raise KeyError(key)
+
+    def __iter__(self):
+        return (k[len(self._prefix):] for k in list(self._index) if k.startswith(self._prefix))
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
 
 
 def _profile_moved(ctx: Context, namespace: str, profile_label: str) -> None:

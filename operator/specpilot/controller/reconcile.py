@@ -10,6 +10,7 @@ returns, and assembles the deployment's conditions.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -24,7 +25,6 @@ from ..api.deployment import (
     SpeculativeDeploymentSpec,
     SpeculativeDeploymentStatus,
 )
-from ..api.profile import SpeculationProfile
 from ..api.tenancy import TenancyViolation, refuse, spec_problems
 from ..manifests import names
 from ..manifests.serving import pod_monitor, service, serving_deployment
@@ -206,27 +206,20 @@ def _conditions(ctx: Context, status: SpeculativeDeploymentStatus, old: Speculat
 
 
 def _pool_profiles(needed: list[desired.NeededProfile], view: desired.PoolView, states: dict[str, str],
-                   profiles: dict[str, dict], users: dict[str, set[str]], uid: str) -> PoolProfiles:
-    """The planner's view of the pool's profiles: the Succeeded ones on its GPU type, validated here once."""
+                   profiles: Mapping[str, dict], users: dict[str, set[str]], uid: str) -> PoolProfiles:
+    """The planner's view of the pool's profiles: the Succeeded ones on its GPU type, as stored (the planner
+    validates them only when it decides from them)."""
     pool_needed = [n for n in needed if n.pool == view.pool.name]
-    baseline, methods, shared = None, {}, set()
+    bodies, shared = {}, set()
     for need in pool_needed:
         body = profiles.get(need.name)
         if need.sku != view.primary_sku or states.get(need.name) != "Succeeded" or body is None:
             continue
-        try:
-            profile = SpeculationProfile.model_validate(body)
-        except ValidationError as exc:  # written by someone else than the bench: not used, said in the log
-            log.warning("profile %s is not valid, not used: %s", need.name, format_validation_error(exc))
-            continue
-        if need.candidate is None:
-            baseline = profile
-        else:
-            methods[need.key] = profile
-            if users.get(need.name, set()) - {uid}:
-                shared.add(need.key)
+        bodies[need.key] = body
+        if need.candidate is not None and users.get(need.name, set()) - {uid}:
+            shared.add(need.key)
     return PoolProfiles(
-        baseline=baseline, methods=methods, shared=frozenset(shared),
+        bodies=bodies, shared=frozenset(shared),
         ready=sum(1 for n in pool_needed if states.get(n.name) == "Succeeded"), total=len(pool_needed),
         failed=sum(1 for n in pool_needed if states.get(n.name) == "Failed"),
         names=tuple(sorted({n.name for n in pool_needed})))

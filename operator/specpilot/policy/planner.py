@@ -30,6 +30,8 @@ import hashlib
 import math
 from datetime import datetime
 
+from pydantic import ValidationError
+
 from ..api.deployment import (
     MAX_TPOT_POINTS,
     Autoscaling,
@@ -76,6 +78,8 @@ __all__ = [
 LIVE_RESCHEDULE_DRIFT = 0.10
 """Relative change of first-position acceptance, live against the profile, that recomputes the schedule."""
 
+ProfileLike = SpeculationProfile | dict
+"""A profile typed, or as stored (camelCase)."""
 LiveAcceptance = dict[str, tuple[list[float], float]]
 """Method key -> (per-position acceptance, drafts per step) the decision uses instead of the profile's."""
 
@@ -95,6 +99,34 @@ class PoolProfiles:
     shared: frozenset[str] = frozenset()
     """Method keys whose profile other deployments use too: live evidence from this deployment's pods
     re-decides this deployment only and never re-measures those."""
+    bodies: dict[str, dict] | None = None
+    """Instead of `baseline` and `methods`: the profiles as stored ("baseline" and method keys -> object),
+    validated only when a decision is made from them (most reconciliations keep the decision: what it
+    rests on is read from the stored form, and validating every profile each time would cost more than
+    the rest of the reconciliation)."""
+
+    def light(self) -> tuple[ProfileLike | None, dict[str, ProfileLike]]:
+        """(baseline, method key -> profile), stored or typed: enough for the basis and live acceptance."""
+        if self.bodies is None:
+            return self.baseline, dict(self.methods)
+        return self.bodies.get("baseline"), {k: v for k, v in self.bodies.items() if k != "baseline"}
+
+    def typed(self) -> tuple[SpeculationProfile | None, dict[str, SpeculationProfile]]:
+        """(baseline, method key -> profile), validated once per PoolProfiles; a stored profile that does not
+        validate is left out (it is then as if not measured)."""
+        if self.bodies is None:
+            return self.baseline, dict(self.methods)
+        cached = self.__dict__.get("_typed")
+        if cached is None:
+            valid = {}
+            for key, body in self.bodies.items():
+                try:
+                    valid[key] = SpeculationProfile.model_validate(body)
+                except ValidationError:
+                    continue
+            cached = (valid.pop("baseline", None), valid)
+            object.__setattr__(self, "_typed", cached)
+        return cached
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,8 +193,15 @@ class PoolOutcome:
     """Refinement Jobs to create (the current round's that do not exist yet)."""
 
 
-def profiled_acceptance(profile: SpeculationProfile | None) -> tuple[list[float], float] | None:
+def profiled_acceptance(profile: ProfileLike | None) -> tuple[list[float], float] | None:
     """(per-position acceptance, drafts per step) of the profile's largest-K run, or None."""
+    if isinstance(profile, dict):
+        runs = [r for r in ((profile.get("status") or {}).get("runs") or [])
+                if r.get("numSpeculativeTokens") and ((r.get("acceptance") or {}).get("perPosition"))]
+        if not runs:
+            return None
+        top = max(runs, key=lambda r: r["numSpeculativeTokens"])["acceptance"]
+        return [float(p) for p in top["perPosition"]], float(top.get("draftsPerStep") or 1.0)
     runs = [r for r in ((profile.status.runs if profile and profile.status else None) or [])
             if r.num_speculative_tokens and r.acceptance and r.acceptance.per_position]
     if not runs:
@@ -171,7 +210,29 @@ def profiled_acceptance(profile: SpeculationProfile | None) -> tuple[list[float]
     return list(top.acceptance.per_position), float(top.acceptance.drafts_per_step or 1.0)
 
 
-def acceptance_drift(pool: PoolStatus, methods: dict[str, SpeculationProfile]) -> float | None:
+def _fingerprint(profile: ProfileLike) -> str:
+    """name@completion#points of a profile, the same for its typed and stored forms."""
+    if isinstance(profile, dict):
+        status = profile.get("status") or {}
+        completed = status.get("completedAt")
+        try:
+            completed = datetime.fromisoformat(str(completed).replace("Z", "+00:00")).isoformat() if completed \
+                else ""
+        except ValueError:
+            completed = str(completed)
+        points = sum(len(run.get("points") or []) for run in status.get("runs") or [])
+        return f"{(profile.get('metadata') or {}).get('name', '')}@{completed}#{points}"
+    completed = profile.status.completed_at if profile.status else None
+    points = sum(len(run.points) for run in (profile.status.runs if profile.status else []))
+    return f"{profile.metadata.get('name', '')}@{completed.isoformat() if completed else ''}#{points}"
+
+
+def _name(profile: ProfileLike, default: str) -> str:
+    meta = profile.get("metadata") if isinstance(profile, dict) else profile.metadata
+    return (meta or {}).get("name") or default
+
+
+def acceptance_drift(pool: PoolStatus, methods: dict[str, ProfileLike]) -> float | None:
     """|live - profiled| / profiled acceptance at the first draft position of the served method, or None.
 
     Only position 0 compares like with like: under a schedule the engine drafts fewer tokens at higher
@@ -185,7 +246,7 @@ def acceptance_drift(pool: PoolStatus, methods: dict[str, SpeculationProfile]) -
     return abs(observed.acceptance_per_position[0] - profiled[0][0]) / max(profiled[0][0], 1e-9)
 
 
-def live_acceptance(pool: PoolStatus, methods: dict[str, SpeculationProfile]) -> LiveAcceptance | None:
+def live_acceptance(pool: PoolStatus, methods: dict[str, ProfileLike]) -> LiveAcceptance | None:
     """The acceptance the decision should use instead of the profile's, with hysteresis so that noise and
     the decision's own effect (speculation off: nothing observed) never flip it back and forth:
     - live first-position acceptance more than 10% off the profile, and more than 10% off what the current
@@ -214,17 +275,15 @@ def live_acceptance(pool: PoolStatus, methods: dict[str, SpeculationProfile]) ->
     return {decision.method: ([min(1.0, p * scale) for p in per_position], drafts_per_step)}
 
 
-def basis(generation: int | None, baseline: SpeculationProfile | None, methods: dict[str, SpeculationProfile],
+def basis(generation: int | None, baseline: ProfileLike | None, methods: dict[str, ProfileLike],
           live: LiveAcceptance | None) -> str:
     """A short hash of what a decision rests on: the spec generation, each profile's name, completion time
     and measured points (a refinement round appends some), and the live acceptance (rounded, so noise does
     not change it)."""
     parts = [f"g{generation}"]
-    for key, profile in sorted([("baseline", baseline)] if baseline else []) + sorted(methods.items()):
-        completed = profile.status.completed_at if profile.status else None
-        points = sum(len(run.points) for run in (profile.status.runs if profile.status else []))
-        parts.append(f"{key}:{profile.metadata.get('name', '')}@{completed.isoformat() if completed else ''}"
-                     f"#{points}")
+    for key, profile in [("baseline", baseline)] * (baseline is not None) + sorted(methods.items(),
+                                                                                     key=lambda kv: kv[0]):
+        parts.append(f"{key}:{_fingerprint(profile)}")
     for key, (per_position, drafts_per_step) in sorted((live or {}).items()):
         length = 1 + drafts_per_step * sum(per_position)
         parts.append(f"live:{key}:{round(length * 10) / 10:.1f}")
@@ -263,7 +322,7 @@ def plan_pool(inputs: PoolInputs) -> PoolOutcome:
     if inputs.observation is not None:
         status.observed = observed_load(inputs.observation)
 
-    methods = dict(profiles.methods)
+    _, methods = profiles.light()
     drift = acceptance_drift(status, methods)
     if drift is not None and drift > inputs.spec.profiling.reprofile.acceptance_drift:
         served = status.decision.method
@@ -278,7 +337,7 @@ def plan_pool(inputs: PoolInputs) -> PoolOutcome:
             methods.pop(served, None)  # measured again: the decision does without it meanwhile
             outcome.events.append(PlannedEvent(
                 "Warning", "AcceptanceDrift", f"pool {status.name}: live acceptance of {served} is {drift:.0%} "
-                f"off its profile: re-profiling {profiles.methods[served].metadata.get('name', served)}"))
+                f"off its profile: re-profiling {_name(profiles.light()[1][served], served)}"))
 
     decision, capacity, pool_plan = _decide(inputs, status, methods)
     status.decision = decision
@@ -301,23 +360,26 @@ def plan_pool(inputs: PoolInputs) -> PoolOutcome:
 
 
 def _decide(inputs: PoolInputs, old: PoolStatus,
-            methods: dict[str, SpeculationProfile]) -> tuple[Decision, float | None, PoolPlan | None]:
+            methods: dict[str, ProfileLike]) -> tuple[Decision, float | None, PoolPlan | None]:
     """Recompute the pool's decision only when what it rests on changed: the spec, the profiles, live
     acceptance that drifted from the profile, or the observed load (first seen, or moved a factor of 2 after
     the cooldown). A change of method or schedule means a rollout."""
     spec, profiles, now = inputs.spec, inputs.profiles, inputs.now
     live = live_acceptance(old, methods)
-    key = basis(inputs.generation, profiles.baseline, methods, live)
+    baseline = profiles.light()[0]
+    key = basis(inputs.generation, baseline, methods, live)
     histogram = inputs.observation.concurrency_histogram if inputs.observation else None
     if old.decision is not None and old.decision.basis == key and not revisit_for_load(
             old.decision, histogram, now, spec.policy.hysteresis.cooldown_seconds):
         return old.decision, None, None
-    if profiles.baseline is None or not methods:
+    typed_baseline, typed_methods = profiles.typed()
+    typed_methods = {k: v for k, v in typed_methods.items() if k in methods}
+    if baseline is None or typed_baseline is None or not typed_methods:
         decision = _waiting_decision(spec, profiles.ready, profiles.total, now)
         decision.basis = key
         return decision, None, None
     plan = decide_pool(
-        policy=spec.policy, candidates=list(spec.methods), baseline=profiles.baseline, profiles=methods,
+        policy=spec.policy, candidates=list(spec.methods), baseline=typed_baseline, profiles=typed_methods,
         price_per_gpu_hour=inputs.price_per_gpu_hour,
         gpus_per_replica=spec.model.tensor_parallel_size * spec.model.data_parallel_size,
         concurrency_histogram=histogram, live_acceptance=live,
@@ -333,7 +395,7 @@ def _decide(inputs: PoolInputs, old: PoolStatus,
     return plan.decision.model_copy(update=update), plan.capacity_concurrency_per_replica, plan
 
 
-def _refine(inputs: PoolInputs, status: PoolStatus, plan: PoolPlan | None, methods: dict[str, SpeculationProfile],
+def _refine(inputs: PoolInputs, status: PoolStatus, plan: PoolPlan | None, methods: dict[str, ProfileLike],
             outcome: PoolOutcome) -> None:
     """Adaptive refinement (policy.refine): after a decision from profiles, re-measure the levels around its
     uncertain changes of k, a round of Jobs at a time, and decide again, until none is uncertain beyond the
@@ -342,7 +404,7 @@ def _refine(inputs: PoolInputs, status: PoolStatus, plan: PoolPlan | None, metho
     spec, old = inputs.spec, inputs.previous.refinement
     percent = spec.profiling.refine_budget_percent
     if percent == 0 or status.decision is None or status.decision.source in ("none", "prior") \
-            or inputs.profiles.baseline is None:
+            or inputs.profiles.light()[0] is None:
         status.refinement = None
         return
     status.refinement = old
@@ -363,9 +425,10 @@ def _refine(inputs: PoolInputs, status: PoolStatus, plan: PoolPlan | None, metho
             return
     if plan is None:
         return  # the decision stands on the same profiles: so does what refinement found
-    group = [inputs.profiles.baseline, *methods.values()]
-    budget = math.ceil(percent / 100 * initial_levels(group))
-    found = refine_pool_plan(plan, spec.policy, inputs.profiles.baseline, methods, budget_levels=budget)
+    typed_baseline, typed_methods = inputs.profiles.typed()
+    typed_methods = {k: v for k, v in typed_methods.items() if k in methods}
+    budget = math.ceil(percent / 100 * initial_levels([typed_baseline, *typed_methods.values()]))
+    found = refine_pool_plan(plan, spec.policy, typed_baseline, typed_methods, budget_levels=budget)
     rounds = old.round if old is not None else 0
     if found.done:
         state = RefinementState.BUDGET_SPENT if found.uncertain else RefinementState.SETTLED
