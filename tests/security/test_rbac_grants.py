@@ -59,6 +59,9 @@ EXCEPTIONS: dict[Grant, str] = {
     ("rbac.authorization.k8s.io", "clusterroles", "bind"):
         "admission (RBAC escalation check): the benchmark RoleBinding refers to the chart's bench ClusterRole; "
         "granted on that one resourceName only",
+    ("specpilot.io", "speculationprofiles", "get"):
+        "a create race: when two deployments that share a profile create it at once, the one that loses reads "
+        "the winner's object (Kube.ensure); the scenarios have no such race",
     ("kopf.dev", "clusterkopfpeerings", "list"): "kopf's cluster-wide peering (all-namespaces mode); the "
         "namespaced twin kopfpeerings is recorded below",
     ("kopf.dev", "clusterkopfpeerings", "watch"): "as above",

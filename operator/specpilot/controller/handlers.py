@@ -95,7 +95,7 @@ def register(registry: kopf.OperatorRegistry, ctx: Context, *, peering: bool) ->
     @kopf.index(*SPROF, id="profiles_index", registry=registry)
     def profiles_index(body: kopf.Body, namespace: str, name: str, **_: Any) -> dict[str, dict]:
         _profile_moved(ctx, namespace, label_value(name))
-        return {f"{namespace}/{name}": {"metadata": dict(body.metadata), "spec": dict(body.spec),
+        return {f"{namespace}/{name}": {"metadata": _kept_metadata(body), "spec": dict(body.spec),
                                         "status": dict(body.get("status") or {})}}
 
     @kopf.index("batch", "v1", "jobs", labels={"app.kubernetes.io/managed-by": "specpilot"},
@@ -104,7 +104,9 @@ def register(registry: kopf.OperatorRegistry, ctx: Context, *, peering: bool) ->
         profile = body.metadata.labels.get(LABEL_PROFILE)
         if profile:
             _profile_moved(ctx, namespace, profile)
-        return {f"{namespace}/{name}": {"metadata": dict(body.metadata), "status": dict(body.get("status") or {})}}
+        status = body.get("status") or {}
+        return {f"{namespace}/{name}": {"metadata": _kept_metadata(body),
+                                        "status": {k: status[k] for k in JOB_STATUS_KEPT if k in status}}}
 
     reported: dict[str, str] = {}
     """Per object: the failure message last posted as an Event (one Event per distinct failure, not per retry;
@@ -226,6 +228,23 @@ def register(registry: kopf.OperatorRegistry, ctx: Context, *, peering: bool) ->
         if not stopped.is_set() and seen is not None and seen != profiles_fingerprint(ctx, ctx.latest(dict(body))):
             await run(body, patch, logger, nodes_index, profiles_index, jobs_index, observe=False, memo=memo,
                       stopped=stopped)
+
+
+METADATA_KEPT = ("name", "namespace", "uid", "resourceVersion", "generation", "creationTimestamp", "labels",
+                 "annotations", "ownerReferences")
+"""What the indexes keep of an object's metadata (not managedFields, finalizers or kopf's own annotations'
+history: at a few hundred profiles and Jobs those made up much of the operator's memory)."""
+JOB_STATUS_KEPT = ("conditions", "failed", "succeeded", "active", "startTime", "completionTime")
+"""What the Jobs index keeps of a Job's status."""
+
+
+def _kept_metadata(body: Any) -> dict:
+    meta = body.get("metadata") or {}
+    kept = {k: meta[k] for k in METADATA_KEPT if k in meta}
+    if "annotations" in kept:  # kopf's last-handled copy and progress records are not the operator's to read
+        kept["annotations"] = {k: v for k, v in kept["annotations"].items() if not k.startswith("kopf.")
+                               and "last-handled-configuration" not in k}
+    return kept
 
 
 class IndexView(Mapping):

@@ -95,6 +95,7 @@ async def reconcile_profiles(ctx: Context, spec: SpeculativeDeploymentSpec, name
     max_age = spec.profiling.reprofile.max_age_hours if "max_age_hours" in spec.profiling.reprofile.model_fields_set \
         else ctx.config.profiling_defaults.max_age_hours
     states: dict[str, str] = {}
+    current: dict[str, dict] = {}
     waiting: dict[str, list[desired.NeededProfile]] = {}
     running: dict[str, int] = {}
     for need in needed:
@@ -102,6 +103,7 @@ async def reconcile_profiles(ctx: Context, spec: SpeculativeDeploymentSpec, name
             continue
         profile = await _current_profile(ctx, namespace, need, profiles.get(need.name), reprofile, max_age, now,
                                          events)
+        current[need.name] = profile
         phase = (profile.get("status") or {}).get("phase") or "Pending"
         job = _current_job(jobs.get(f"{namespace}/{names.bench_job_name(need.name)}"), profile)
         if job is not None and phase in ("Pending", "Running"):
@@ -127,7 +129,7 @@ async def reconcile_profiles(ctx: Context, spec: SpeculativeDeploymentSpec, name
     for pool, queue in waiting.items():
         view_pool = next(p for p in spec.gpu_pools if p.name == pool)
         for need in desired.jobs_allowed(queue, running.get(pool, 0), max_parallel):
-            await _start_job(ctx, spec, namespace, sdep_name, view_pool, need, profiles.get(need.name) or {})
+            await _start_job(ctx, spec, namespace, sdep_name, view_pool, need, current[need.name])
     return states
 
 
