@@ -14,8 +14,8 @@ from aiohttp import web
 
 from specpilot.observe.exporter import VllmMetricsState, render_metrics
 from tests.faults.conftest import finite, reconciled
-from tests.operator.scenario import (H100, NAMESPACE, LoopbackServer, condition, create_serving_pod, deployment,
-                                     events, node, play_deployment_controller, publish_results, sdep, status)
+from tests.operator.scenario import (NAMESPACE, LoopbackServer, condition, create_serving_pod, deployment, events,
+                                     publish_results, scraped_deployment, sdep, status)
 
 pytestmark = pytest.mark.operator
 
@@ -60,12 +60,7 @@ async def test_hostile_numbers_from_pods_and_prometheus_never_reach_the_status(s
 
     async with LoopbackServer(prometheus) as prom, LoopbackServer(pod, port, host=ip):
         operators({"prometheusUrl": prom.url})
-        stop = asyncio.Event()
-        controller = asyncio.create_task(play_deployment_controller(sandbox, stop))
-        try:
-            await sandbox.create(node("gpu-a", H100, "h100"))
-            await sandbox.create(sdep(serving={"minReplicas": 1, "maxReplicas": 2, "port": port},
-                                      metrics={"source": "pods", "intervalSeconds": 5, "windowSeconds": 30}))
+        async with scraped_deployment(sandbox, port):
             # Profiles of its own (another model): the two deployments' profiling does not interleave.
             viaprom = sdep(metrics={"source": "prometheus", "intervalSeconds": 5, "windowSeconds": 30},
                            model={"id": "meta-llama/Llama-3.1-8B", "servedName": "llama"})
@@ -117,6 +112,3 @@ async def test_hostile_numbers_from_pods_and_prometheus_never_reach_the_status(s
             warnings = [e for e in events(sandbox) if e["involvedObject"]["name"] == "viaprom"
                         and e["type"] == "Warning"]
             assert warnings and all(SECRET not in e["message"] for e in warnings)
-        finally:
-            stop.set()
-            await controller

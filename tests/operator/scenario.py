@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
 
 from aiohttp import web
@@ -171,6 +172,22 @@ async def play_deployment_controller(api: SandboxApiServer, stop: asyncio.Event)
             if {k: (dep.get("status") or {}).get(k) for k in wanted} != wanted:
                 await api.patch("deployments", NAMESPACE, meta["name"], {"status": wanted}, subresource="status")
         await asyncio.sleep(0.2)
+
+
+@contextlib.asynccontextmanager
+async def scraped_deployment(api: SandboxApiServer, port: int) -> AsyncIterator[None]:
+    """An H100 node and the deployment "llama" whose pods' /metrics (on `port`) the operator scrapes, with the
+    Deployment controller played while the block runs."""
+    stop = asyncio.Event()
+    controller = asyncio.create_task(play_deployment_controller(api, stop))
+    try:
+        await api.create(node("gpu-a", H100, "h100"))
+        await api.create(sdep(serving={"minReplicas": 1, "maxReplicas": 2, "port": port},
+                              metrics={"source": "pods", "intervalSeconds": 5, "windowSeconds": 30}))
+        yield
+    finally:
+        stop.set()
+        await controller
 
 
 def serving_pod(deployment_obj: dict, name: str, ip: str, replicaset: dict | None = None) -> dict:

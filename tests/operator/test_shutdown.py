@@ -14,15 +14,7 @@ import pytest
 from aiohttp import web
 
 from specpilot.observe.exporter import VllmMetricsState, render_metrics
-from tests.operator.scenario import (
-    H100,
-    LoopbackServer,
-    create_serving_pod,
-    deployment,
-    node,
-    play_deployment_controller,
-    sdep,
-)
+from tests.operator.scenario import LoopbackServer, create_serving_pod, deployment, scraped_deployment
 
 pytestmark = pytest.mark.operator
 
@@ -40,12 +32,7 @@ async def test_sigterm_mid_scrape_exits_without_orphans_or_open_sessions(sandbox
     ip = f"127.0.{random.randint(1, 250)}.{random.randint(2, 250)}"
     async with LoopbackServer(slow_metrics, 30000 + random.randint(0, 999), host=ip) as server:
         port = server.port
-        stop = asyncio.Event()
-        controller = asyncio.create_task(play_deployment_controller(sandbox, stop))
-        try:
-            await sandbox.create(node("gpu-a", H100, "h100"))
-            await sandbox.create(sdep(serving={"minReplicas": 1, "maxReplicas": 2, "port": port},
-                                      metrics={"source": "pods", "intervalSeconds": 5, "windowSeconds": 30}))
+        async with scraped_deployment(sandbox, port):
             serving = await sandbox.wait_for(lambda: deployment(sandbox, "h100"), what="the serving Deployment")
             await create_serving_pod(sandbox, serving, "llama-h100-6b7c8-d9e0f", ip)
             await asyncio.wait_for(scraping.wait(), timeout=60)
@@ -56,6 +43,3 @@ async def test_sigterm_mid_scrape_exits_without_orphans_or_open_sessions(sandbox
             assert "Signal SIGTERM is received" in log
             assert "did not exit in time" not in log and "Leaving it orphaned" not in log
             assert "Unclosed connector" not in log and "Unclosed client session" not in log
-        finally:
-            stop.set()
-            await controller

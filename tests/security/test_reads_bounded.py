@@ -19,15 +19,13 @@ from aiohttp import web
 from specpilot.observe.exporter import VllmMetricsState, render_metrics
 from specpilot.sandbox.apiserver import SandboxApiServer
 from tests.operator.scenario import (
-    H100,
     NAMESPACE,
     condition,
     create_serving_pod,
     deployment,
     events,
-    node,
-    play_deployment_controller,
     sdep,
+    scraped_deployment,
 )
 from tests.operator.scenario import LoopbackServer
 
@@ -112,12 +110,7 @@ async def test_hostile_metrics_endpoints_are_read_within_bounds(sandbox: Sandbox
     servers = [LoopbackServer(handler, port, host=ip) for ip, handler in pods.values()]
     async with LoopbackServer(huge_prometheus) as prometheus, servers[0], servers[1], servers[2]:
         op = operators({"prometheusUrl": prometheus.url, "metricsReadLimits": {"scrapeTimeoutSeconds": 2}})
-        stop = asyncio.Event()
-        controller = asyncio.create_task(play_deployment_controller(sandbox, stop))
-        try:
-            await sandbox.create(node("gpu-a", H100, "h100"))
-            await sandbox.create(sdep(serving={"minReplicas": 1, "maxReplicas": 2, "port": port},
-                                      metrics={"source": "pods", "intervalSeconds": 5, "windowSeconds": 30}))
+        async with scraped_deployment(sandbox, port):
             prom = sdep(metrics={"source": "prometheus", "intervalSeconds": 5, "windowSeconds": 30})
             prom["metadata"]["name"] = "viaprom"
             await sandbox.create(prom)
@@ -156,6 +149,3 @@ async def test_hostile_metrics_endpoints_are_read_within_bounds(sandbox: Sandbox
                 assert SECRET not in str(status)
             await sandbox.wait_for(lambda: events(sandbox, "MetricsTruncated"), what="a MetricsTruncated Event")
             assert all(SECRET not in (e.get("message") or "") for e in events(sandbox))
-        finally:
-            stop.set()
-            await controller

@@ -446,7 +446,7 @@ def test_profiling_pod_overrides_merge_but_keep_the_bench_identity():
     doc["profiling"]["podOverrides"] = {
         "priorityClassName": "batch-low",
         "volumes": [{"name": "weights", "persistentVolumeClaim": {"claimName": "llama-70b-weights"}}],
-        "containers": [{"name": "bench", "env": [{"name": "SPECPILOT_LOG", "value": "debug"}],
+        "containers": [{"name": "bench", "env": [{"name": "BENCH_LOG_LEVEL", "value": "debug"}],
                         "volumeMounts": [{"name": "weights", "mountPath": "/models"}]}],
     }
     spec = SpeculativeDeploymentSpec.model_validate(doc)
@@ -459,7 +459,7 @@ def test_profiling_pod_overrides_merge_but_keep_the_bench_identity():
     bench = bench_of(pod_spec)
     assert "/models" in [m["mountPath"] for m in bench["volumeMounts"]]
     assert bench["image"] == BENCH_IMAGE
-    assert {"name": "SPECPILOT_LOG", "value": "debug"} in bench["env"]
+    assert {"name": "BENCH_LOG_LEVEL", "value": "debug"} in bench["env"]
 
 
 def test_bench_args_are_the_jobs_arguments():
