@@ -69,12 +69,7 @@ async def test_a_hostile_spec_gets_a_condition_and_an_event_and_reaches_no_pod(s
 
 
 async def test_a_physically_impossible_result_fails_its_profile(sandbox, operator):  # noqa: F811
-    await sandbox.create(node("gpu-1", H100, "h100"))
-    await sandbox.create(sdep(methods=[{"method": "eagle3", "model": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B",
-                                        "numSpeculativeTokens": 4}]))
-    await sandbox.wait_for(lambda: len(jobs(sandbox)) == 2 and all(
-        (p.get("status") or {}).get("jobName") for p in profiles(sandbox)), what="2 Jobs, recorded")
-    target = next(p for p in profiles(sandbox) if (p["spec"].get("method") or {}).get("method") == "eagle3")
+    target = await _eagle3_profile_measuring(sandbox)
     poisoned = measured_status("H100-SXM", "eagle3", 4)
     poisoned["runs"][0]["points"][0]["outputThroughput"] = 1e308
     # Sealed by the profile's own Job (its engine misbehaved): the seal holds, the bounds refuse it.
@@ -84,6 +79,16 @@ async def test_a_physically_impossible_result_fails_its_profile(sandbox, operato
 
     failed = await _refused(sandbox, target["metadata"]["name"], "ImplausibleResult")
     assert "outputThroughput is 1e+308 tokens/s" in failed["message"] and "physical bound" in failed["message"]
+
+
+async def _eagle3_profile_measuring(sandbox) -> dict:  # noqa: F811  (sandbox is the fixture's value)
+    """A deployment with one candidate (EAGLE-3) whose two benchmark Jobs are running; its EAGLE-3 profile."""
+    await sandbox.create(node("gpu-1", H100, "h100"))
+    await sandbox.create(sdep(methods=[{"method": "eagle3", "model": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B",
+                                        "numSpeculativeTokens": 4}]))
+    await sandbox.wait_for(lambda: len(jobs(sandbox)) == 2 and all(
+        (p.get("status") or {}).get("jobName") for p in profiles(sandbox)), what="2 Jobs, recorded")
+    return next(p for p in profiles(sandbox) if (p["spec"].get("method") or {}).get("method") == "eagle3")
 
 
 async def _refused(sandbox, name: str, reason: str) -> dict:  # noqa: F811  (sandbox is the fixture's value)
@@ -101,12 +106,7 @@ async def _refused(sandbox, name: str, reason: str) -> dict:  # noqa: F811  (san
 
 @pytest.mark.parametrize("writer", ["another profile's Job", "a pod with the bench ServiceAccount"])
 async def test_a_result_not_written_by_the_profiles_own_job_is_refused(sandbox, operator, writer):  # noqa: F811
-    await sandbox.create(node("gpu-1", H100, "h100"))
-    await sandbox.create(sdep(methods=[{"method": "eagle3", "model": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B",
-                                        "numSpeculativeTokens": 4}]))
-    await sandbox.wait_for(lambda: len(jobs(sandbox)) == 2 and all(
-        (p.get("status") or {}).get("jobName") for p in profiles(sandbox)), what="2 Jobs, recorded")
-    target = next(p for p in profiles(sandbox) if (p["spec"].get("method") or {}).get("method") == "eagle3")
+    target = await _eagle3_profile_measuring(sandbox)
     other = next(p for p in profiles(sandbox) if p is not target)
     other_job = next(j for j in jobs(sandbox) if j["metadata"]["name"] == other["status"]["jobName"])
     forged = measured_status("H100-SXM", "eagle3", 4)  # looks real, passes every physical bound
