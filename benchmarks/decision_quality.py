@@ -604,7 +604,7 @@ def main() -> int:
         text, met = restated(nf_refined, refined_scores, costs)
         print(f"  with refinement (at most {args.refine_rounds} rounds, budget {args.refine_budget:g} x the first "
               f"sweep's levels): {text}")
-        print(f"  rounds run per scenario-draw: "
+        print("  rounds run per scenario-draw: "
               + ", ".join(f"{r}: {n}" for r, n in sorted(rounds_run.items())))
         print(f"  with refinement, the old targets: {summary(refined_scores)}")
         print(f"  ({time.perf_counter() - started:.0f} s)")

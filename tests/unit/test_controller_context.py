@@ -61,3 +61,14 @@ def test_process_wide_memories_are_bounded():
     remembered["k7"] = 0  # a refreshed key is kept longest
     remembered["k10"] = 10
     assert list(remembered) == ["k9", "k7", "k10"]
+
+
+def test_profile_users_are_per_namespace_and_forgotten_with_the_deployment():
+    ctx = _ctx()
+    ctx.use_profiles("team-a", "u1", frozenset({"p", "q"}))
+    ctx.use_profiles("team-a", "u2", frozenset({"p"}))
+    ctx.use_profiles("team-b", "u3", frozenset({"p"}))  # same name, another namespace: another profile
+    assert ctx.users_of_profiles("team-a") == {"p": {"u1", "u2"}, "q": {"u1"}}
+    ctx.forget("u2")
+    assert ctx.users_of_profiles("team-a") == {"p": {"u1"}, "q": {"u1"}}
+    assert ctx.users_of_profiles("team-b") == {"p": {"u3"}} and ctx.users_of_profiles("none") == {}

@@ -81,25 +81,28 @@ class Context:
     bench_identity_checked: Bounded = field(default_factory=Bounded)
     """Namespace -> when its benchmark identity was last ensured (monotonic seconds)."""
     verified: Bounded = field(default_factory=Bounded)
-    """"namespace/profile@resourceVersion" -> why its result is refused ("" when its seal and bounds hold)."""
+    """"namespace/profile@resourceVersion/nonces" -> (reason, why) its result is refused, or None when its seal
+    and physical bounds hold."""
     counted_jobs: Bounded = field(default_factory=Bounded)
     """Uids of benchmark Jobs already counted as succeeded in the metrics."""
     profile_events: Bounded = field(default_factory=lambda: Bounded(10 * MAX_REMEMBERED))
     """"namespace/profile" -> watch events of the profile and its benchmark Jobs seen by the index handlers."""
 
-    profile_users: dict[str, frozenset[str]] = field(default_factory=dict)
-    """Deployment uid -> the profiles its status lists (kept by an index handler; released on delete)."""
-    namespaces: dict[str, str] = field(default_factory=dict)
-    """Deployment uid -> its namespace (profiles are shared within a namespace)."""
+    profile_users: dict[str, dict[str, frozenset[str]]] = field(default_factory=dict)
+    """Namespace -> deployment uid -> the profiles its status lists (kept by an index handler, which runs in a
+    worker thread; released on delete). Profiles are shared within a namespace."""
+    closing: set[asyncio.Task] = field(default_factory=set)
+    """Closes of evicted Prometheus clients still running (held so they are not collected half-way)."""
+
+    def use_profiles(self, namespace: str, uid: str, names: frozenset[str]) -> None:
+        self.profile_users.setdefault(namespace, {})[uid] = names
 
     def users_of_profiles(self, namespace: str) -> dict[str, set[str]]:
         """Profile name -> uids of the deployments in `namespace` whose status lists it."""
         users: dict[str, set[str]] = {}
-        # A snapshot: the index handler that keeps this runs in a worker thread.
-        for uid, names in list(self.profile_users.items()):
-            if self.namespaces.get(uid, namespace) == namespace:
-                for name in names:
-                    users.setdefault(name, set()).add(uid)
+        for uid, names in list(self.profile_users.get(namespace, {}).items()):  # a snapshot: see profile_users
+            for name in names:
+                users.setdefault(name, set()).add(uid)
         return users
 
     def cache(self, uid: str) -> ObjectCache:
@@ -122,7 +125,9 @@ class Context:
             source = self.prometheus_sources[key] = make()
             while len(self.prometheus_sources) > MAX_PROMETHEUS_SOURCES:
                 _, evicted = self.prometheus_sources.popitem(last=False)
-                asyncio.get_running_loop().create_task(evicted.close())
+                task = asyncio.get_running_loop().create_task(evicted.close())
+                self.closing.add(task)
+                task.add_done_callback(self.closing.discard)
         self.prometheus_sources.move_to_end(key)
         return source
 
@@ -137,6 +142,6 @@ class Context:
         """Drop everything kept for an object once it is deleted."""
         self.objects.pop(uid, None)
         self.written.pop(uid, None)
-        self.profile_users.pop(uid, None)
-        self.namespaces.pop(uid, None)
+        for users in list(self.profile_users.values()):
+            users.pop(uid, None)
 

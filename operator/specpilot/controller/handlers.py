@@ -90,7 +90,7 @@ def register(registry: kopf.OperatorRegistry, ctx: Context, *, peering: bool) ->
     def sdep_profiles_index(body: kopf.Body, uid: str, namespace: str, **_: Any) -> None:
         # Which deployments use which profiles (their status lists them), before any handler runs: live
         # evidence from one deployment never re-measures a profile another one shares.
-        ctx.profile_users[uid], ctx.namespaces[uid] = profile_names(body), namespace
+        ctx.use_profiles(namespace, uid, profile_names(body))
 
     @kopf.index(*SPROF, id="profiles_index", registry=registry)
     def profiles_index(body: kopf.Body, namespace: str, name: str, **_: Any) -> dict[str, dict]:

@@ -188,31 +188,15 @@ async def _follow_job(ctx: Context, namespace: str, need: desired.NeededProfile,
 async def _start_job(ctx: Context, spec: SpeculativeDeploymentSpec, namespace: str, sdep_name: str, pool: GpuPool,
                      need: desired.NeededProfile, profile: dict) -> None:
     """Create the profile's benchmark Job, with a fresh result nonce (api.seal), and record it."""
-    owner = {"apiVersion": "specpilot.io/v1alpha1", "kind": "SpeculationProfile", "name": need.name,
-             "uid": (profile.get("metadata") or {}).get("uid", "")}
-    if not owner["uid"]:
-        fetched = await ctx.kube.get("speculationprofiles", namespace, need.name)
-        owner["uid"] = fetched["metadata"].get("uid", "")
-    # A fresh nonce per Job: a token of an earlier Job (or another profile's) seals nothing here. The Job
-    # carries it; the profile records it only once this Job exists (a reconciliation that lost the race to
-    # create it, e.g. another deployment sharing the profile, must not replace it).
-    nonce = seal.new_nonce()
-    job = benchmark_job(profile_name=need.name, namespace=namespace, profile_spec=need.spec, spec=spec, pool=pool,
-                        bench_image=ctx.config.benchmark_image, owner=owner, sdep_name=sdep_name,
-                        tenancy=ctx.config.tenancy,
-                        result_token=seal.job_token(ctx.result_key, namespace, need.name, nonce))
-    job["metadata"].setdefault("annotations", {})[seal.NONCE_ANNOTATION] = nonce
-    try:
-        created = await ctx.kube.create(job)
-    except Conflict:
+    created, nonce = await _create_sealed_job(ctx, spec, namespace, sdep_name, pool, need, profile)
+    if created is None:
         return  # created already (its nonce is recorded by whoever created it), or the last one is going away
-    ctx.metrics.profiling_jobs.labels(namespace, "created").inc()
     await ctx.kube.patch("speculationprofiles", namespace, need.name, {"metadata": {"annotations": {
-        JOB_UID_ANNOTATION: (created or {}).get("metadata", {}).get("uid", ""), seal.NONCE_ANNOTATION: nonce}}})
+        JOB_UID_ANNOTATION: created.get("metadata", {}).get("uid", ""), seal.NONCE_ANNOTATION: nonce}}})
     # The phase is left as it is (Pending since the profile was created or restarted): the Job may already
     # have written Running or its result, and this patch must not undo that.
     await ctx.kube.patch("speculationprofiles", namespace, need.name,
-                         {"status": {"jobName": job["metadata"]["name"], "reason": "JobCreated"}},
+                         {"status": {"jobName": created["metadata"]["name"], "reason": "JobCreated"}},
                          subresource="status")
 
 
@@ -308,20 +292,39 @@ async def start_refinement(ctx: Context, spec: SpeculativeDeploymentSpec, namesp
         if meta.get("namespace", namespace) == namespace and (meta.get("labels") or {}).get(
                 names.LABEL_PROFILE) == label and job_state(other) == "Active":
             return
-    nonce = seal.new_nonce()
-    owner = {"apiVersion": "specpilot.io/v1alpha1", "kind": "SpeculationProfile", "name": need.name,
-             "uid": (profile.get("metadata") or {}).get("uid", "")}
-    body = benchmark_job(profile_name=need.name, namespace=namespace, profile_spec=need.spec, spec=spec, pool=pool,
-                         bench_image=ctx.config.benchmark_image, owner=owner, sdep_name=sdep_name,
-                         tenancy=ctx.config.tenancy, refine_round=round_index, refine_part=job.part,
-                         levels=job.levels, ks=job.ks, repeat=job.repeat, append=True,
-                         result_token=seal.job_token(ctx.result_key, namespace, need.name, nonce))
-    body["metadata"].setdefault("annotations", {})[seal.NONCE_ANNOTATION] = nonce
-    try:
-        await ctx.kube.create(body)
-    except Conflict:
+    created, nonce = await _create_sealed_job(ctx, spec, namespace, sdep_name, pool, need, profile,
+                                              refine_round=round_index, refine_part=job.part, levels=job.levels,
+                                              ks=job.ks, repeat=job.repeat, append=True)
+    if created is None:
         return  # created by an earlier reconciliation (or another deployment's), which recorded its nonce
-    ctx.metrics.profiling_jobs.labels(namespace, "created").inc()
     sealing = seal.sealing_nonce(ctx.result_key, namespace, profile)
     await ctx.kube.patch("speculationprofiles", namespace, need.name, {"metadata": {"annotations": {
         seal.NONCE_ANNOTATION: f"{sealing} {nonce}" if sealing else nonce}}})
+
+
+async def _create_sealed_job(ctx: Context, spec: SpeculativeDeploymentSpec, namespace: str, sdep_name: str,
+                             pool: GpuPool, need: desired.NeededProfile, profile: dict,
+                             **refinement) -> tuple[dict | None, str]:
+    """Create a benchmark Job of the profile (`refinement`: benchmark_job's refinement parameters) owned by
+    it, with a fresh result nonce (api.seal) in its annotation and its token in the bench container: a token
+    of an earlier Job, or another profile's, seals nothing here. Returns (the created Job, or None when one
+    of that name exists; the nonce); the caller records the nonce in the profile only once the Job exists,
+    so a reconciliation that lost the race to create it (another deployment sharing the profile) replaces
+    nothing."""
+    owner = {"apiVersion": "specpilot.io/v1alpha1", "kind": "SpeculationProfile", "name": need.name,
+             "uid": (profile.get("metadata") or {}).get("uid", "")}
+    if not owner["uid"]:
+        fetched = await ctx.kube.get("speculationprofiles", namespace, need.name)
+        owner["uid"] = fetched["metadata"].get("uid", "")
+    nonce = seal.new_nonce()
+    job = benchmark_job(profile_name=need.name, namespace=namespace, profile_spec=need.spec, spec=spec, pool=pool,
+                        bench_image=ctx.config.benchmark_image, owner=owner, sdep_name=sdep_name,
+                        tenancy=ctx.config.tenancy,
+                        result_token=seal.job_token(ctx.result_key, namespace, need.name, nonce), **refinement)
+    job["metadata"].setdefault("annotations", {})[seal.NONCE_ANNOTATION] = nonce
+    try:
+        created = await ctx.kube.create(job)
+    except Conflict:
+        return None, nonce
+    ctx.metrics.profiling_jobs.labels(namespace, "created").inc()
+    return created or job, nonce
