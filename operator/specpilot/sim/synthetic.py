@@ -79,7 +79,8 @@ def _point(twin: Twin, scenario: Scenario, concurrency: int, k: int, rng: np.ran
     m = twin.benchmark_point(concurrency, k, scenario.prompt_tokens, scenario.output_len, rng=rng, noise=noise,
                              num_requests=requests)
     running = min(concurrency, max(1, twin.max_concurrency(scenario.prompt_tokens + scenario.output_len)))
-    context = scenario.prompt_tokens + scenario.output_len / 2.0
+    # peak usage: the running requests near their full length (what holds admission back when requests wait)
+    peak_context = scenario.prompt_tokens + scenario.output_len
     spec = {}
     if k > 0:
         spec = {"num_drafts": m["num_drafts"], "num_draft_tokens": m["num_draft_tokens"],
@@ -96,7 +97,7 @@ def _point(twin: Twin, scenario: Scenario, concurrency: int, k: int, rng: np.ran
         generation_tokens=requests * scenario.output_len,
         mean_running=float(running),
         mean_waiting=float(concurrency - running),
-        kv_cache_usage=min(1.0, running * context / twin.kv_capacity_tokens()),
+        kv_cache_usage=min(1.0, running * peak_context / twin.kv_capacity_tokens()),
         **spec,
     )
 
