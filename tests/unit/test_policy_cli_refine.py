@@ -22,9 +22,9 @@ def test_json_carries_the_refinement_of_each_group(tmp_path, capsys):
     assert main(["plan", "--profile", write_profiles(tmp_path, 0.05), "-o", "json"]) == 0
     (group,) = json.loads(capsys.readouterr().out)
     refine = group["refine"]
-    assert refine["done"] is False and refine["budgetLevels"] == 54 and refine["spentLevels"] == 0
+    assert refine["done"] is False and refine["budgetLevels"] == 72 and refine["spentLevels"] == 0
     assert refine["uncertain"] and refine["requests"] and refine["jobs"]
-    assert sum(j["measuredLevels"] for j in refine["jobs"]) == refine["requestedLevels"] <= 54
+    assert sum(j["measuredLevels"] for j in refine["jobs"]) == refine["requestedLevels"] <= 72
     assert {r["profile"] for r in refine["requests"]} <= {"baseline", "eagle3"}
 
 

@@ -109,7 +109,7 @@ def test_the_budget_counts_what_the_profiles_already_repeated():
     baseline, method = profiles()
     first = initial_levels([baseline, method])
     assert first == 36 and spent_levels([baseline, method]) == 0
-    assert refine_plan(baseline, method).budget_levels == 54  # DEFAULT_BUDGET_SHARE of the first sweep
+    assert refine_plan(baseline, method).budget_levels == 72  # DEFAULT_BUDGET_SHARE of the first sweep
     run = method.status.run(1)
     run.points.extend(p.model_copy() for p in run.points[-3:])
     assert spent_levels([baseline, method]) == 3

@@ -48,7 +48,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--strategy", choices=("auto", "dynamic", "restart"), default="auto")
     p.add_argument("--max-batch-size", type=int, default=256, help="largest batch size of the schedule (vLLM max_num_seqs)")
     p.add_argument("--refine-budget", type=int, default=None, metavar="LEVELS",
-                   help="refinement budget in measured levels (default: 1.5 times the levels the group's profiles "
+                   help="refinement budget in measured levels (default: 2 times the levels the group's profiles "
                         "measured in their first sweep); what the profiles already repeated counts as spent")
     p.add_argument("-o", "--output", choices=("table", "json"), default="table")
     p.set_defaults(func=cmd_plan)

@@ -72,10 +72,11 @@ __all__ = [
     "spent_levels",
 ]
 
-DEFAULT_BUDGET_SHARE = 1.5
+DEFAULT_BUDGET_SHARE = 2.0
 """Refinement budget, in measured levels, as a share of the levels the group's first sweep measured. On the
-twin (benchmarks/decision_quality.py, 5% noise per level) one round at 1.5 costs about +37% profiling time
-on average, engine starts included: within the +50% that issue 14 allows."""
+twin (benchmarks/decision_quality.py, 5% noise per level) one round at 2.0 costs about +49% profiling time
+on average, engine starts included (the levels it repeats are the cheaper, higher ones): within the +50%
+that issue 14 allows. 1.5 costs about +37% and settles fewer draws (docs/decisions.md)."""
 MAX_REPEAT = 8
 """Most repeats asked for one level of one run in one round."""
 CONFIDENCE_Z = 2.0
