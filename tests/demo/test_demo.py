@@ -90,8 +90,10 @@ def test_speculation_follows_the_schedule_at_each_load(demo_run):
             if ks == {0}:
                 # Off, but not quite silent: while the load ramps up, and in the steps whose batch dips below
                 # the crossover as finished requests wait for their clients' next ones, the schedule drafts (a
-                # few drafts per hundred tokens at the fast scenario's short peak, against ~0.58 when on).
-                assert seen.drafts_per_generated_token < 0.05, (phase.phase.name, pool, workdir)
+                # few drafts per hundred tokens at the fast scenario's short peak, against ~0.58 when on). The
+                # ramp's share of a peak of a few seconds grows on a slower or busier host (6 per hundred with
+                # the host oversubscribed four times over), so the bar is a sixth of "on", not a fixed few.
+                assert seen.drafts_per_generated_token < 0.1, (phase.phase.name, pool, workdir)
                 checked_off += 1
             elif 0 not in ks:
                 assert seen.drafts_per_generated_token > 0.2, (phase.phase.name, pool, workdir)
