@@ -85,6 +85,10 @@ class Context:
     and physical bounds hold."""
     counted_jobs: Bounded = field(default_factory=Bounded)
     """Uids of benchmark Jobs already counted as succeeded in the metrics."""
+    failed_at: Bounded = field(default_factory=Bounded)
+    """"namespace/profile" -> the resourceVersion of the view this operator failed it from: until the index
+    shows the write, a reconciliation that still sees that version sees the profile Failed (and does not fail
+    it, post ProfilingFailed and count it again)."""
     profile_events: Bounded = field(default_factory=lambda: Bounded(10 * MAX_REMEMBERED))
     """"namespace/profile" -> watch events of the profile and its benchmark Jobs seen by the index handlers."""
 

@@ -101,8 +101,8 @@ async def reconcile_profiles(ctx: Context, spec: SpeculativeDeploymentSpec, name
     for need in needed:
         if need.name in states:
             continue
-        profile = await _current_profile(ctx, namespace, need, profiles.get(need.name), reprofile, max_age, now,
-                                         events)
+        profile = await _current_profile(ctx, namespace, need, _as_failed_here(ctx, namespace, profiles.get(need.name)),
+                                         reprofile, max_age, now, events)
         current[need.name] = profile
         phase = (profile.get("status") or {}).get("phase") or "Pending"
         job = _current_job(jobs.get(f"{namespace}/{names.bench_job_name(need.name)}"), profile)
@@ -116,7 +116,7 @@ async def reconcile_profiles(ctx: Context, spec: SpeculativeDeploymentSpec, name
                                                               and job_state(job) == "Active")
         elif phase == "Succeeded" and (refused := _result_refusal(ctx, namespace, profile)):
             reason, shown = refused
-            phase = await _fail_profile(ctx, namespace, need, events,
+            phase = await _fail_profile(ctx, namespace, need, profile, events,
                                         {"reason": reason, "message": f"result refused: {shown}; {RETRY_HINT}"},
                                         f"{reason}: {shown}")
         elif phase == "Succeeded":
@@ -162,7 +162,7 @@ async def _follow_job(ctx: Context, namespace: str, need: desired.NeededProfile,
     if state == "Failed":
         reason, message = _job_failure(job)
         attempts = int((job.get("status") or {}).get("failed") or 0)
-        return await _fail_profile(ctx, namespace, need, events,
+        return await _fail_profile(ctx, namespace, need, profile, events,
                                    {"reason": reason, "attempts": attempts,
                                     "message": f"{message} after {attempts} attempt(s); {RETRY_HINT}"},
                                    f"{reason}: {message} ({attempts} attempts)")
@@ -174,7 +174,7 @@ async def _follow_job(ctx: Context, namespace: str, need: desired.NeededProfile,
         job_name = job["metadata"]["name"]
         message = (f"the benchmark Job {job_name} completed but no result reached the profile within "
                    f"{RESULT_GRACE_S} s; see `kubectl logs job/{job_name}`, then {RETRY_HINT}")
-        return await _fail_profile(ctx, namespace, need, events, {"reason": "NoResult", "message": message},
+        return await _fail_profile(ctx, namespace, need, profile, events, {"reason": "NoResult", "message": message},
                                    f"NoResult: {message}")
     failures = int((job.get("status") or {}).get("failed") or 0)
     if failures and (profile.get("status") or {}).get("attempts", 0) != failures:
@@ -230,12 +230,27 @@ def _result_refusal(ctx: Context, namespace: str, profile: dict) -> tuple[str, s
     return ctx.verified[key]
 
 
-async def _fail_profile(ctx: Context, namespace: str, need: desired.NeededProfile, events: list[Event],
-                        status: dict, event_message: str) -> str:
+def _as_failed_here(ctx: Context, namespace: str, profile: dict | None) -> dict | None:
+    """The profile as this operator last left it: Failed when the view is still the version it was failed
+    from (the index lags the write), else the view itself."""
+    if profile is None:
+        return None
+    meta = profile.get("metadata") or {}
+    version = meta.get("resourceVersion")
+    if not version or ctx.failed_at.get(f"{namespace}/{meta.get('name')}") != version:
+        return profile
+    return {**profile, "status": {**(profile.get("status") or {}), "phase": "Failed"}}
+
+
+async def _fail_profile(ctx: Context, namespace: str, need: desired.NeededProfile, profile: dict,
+                        events: list[Event], status: dict, event_message: str) -> str:
     """Mark a profile Failed for good (with `status`'s reason and message), say so in a ProfilingFailed
-    Warning Event and count it; returns the new phase."""
+    Warning Event and count it; returns the new phase. Remembers the version it failed (_as_failed_here)."""
     await ctx.kube.patch("speculationprofiles", namespace, need.name, {"status": {"phase": "Failed", **status}},
                          subresource="status")
+    version = (profile.get("metadata") or {}).get("resourceVersion")
+    if version:
+        ctx.failed_at[f"{namespace}/{need.name}"] = version
     events.append(Event("Warning", "ProfilingFailed", f"{need.key} on {need.sku}: {event_message}"))
     ctx.metrics.profiling_jobs.labels(namespace, "failed").inc()
     return "Failed"

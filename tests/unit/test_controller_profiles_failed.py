@@ -1,0 +1,85 @@
+"""A profile this operator failed stays failed while the index still shows the version before the write
+(controller.profiles): one patch, one ProfilingFailed Event, one count - not one per stale reconciliation."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime
+from types import SimpleNamespace
+
+from specpilot.api.deployment import SpeculativeDeploymentSpec
+from specpilot.config import OperatorConfig
+from specpilot.controller import desired
+from specpilot.controller.context import Context
+from specpilot.controller.profiles import reconcile_profiles
+from specpilot.sim.synthetic import Scenario, synthetic_profiles
+
+NOW = datetime(2026, 12, 1, tzinfo=UTC)
+
+
+class FakeKube:
+    def __init__(self) -> None:
+        self.patches: list[tuple[str, dict]] = []
+
+    async def patch(self, kind, namespace, name, body, subresource=None):
+        self.patches.append((name, body))
+        return body
+
+
+class Counter:
+    def __init__(self) -> None:
+        self.counts: dict[tuple, int] = {}
+
+    def labels(self, *values):
+        counter = self
+
+        class _Inc:
+            def inc(self_inner, amount=1):
+                counter.counts[values] = counter.counts.get(values, 0) + amount
+        return _Inc()
+
+
+def _forged_view(version: str) -> tuple[desired.NeededProfile, dict]:
+    """A Succeeded profile whose result nobody's Job sealed (a tenant patched it), as the index shows it."""
+    _, profile = synthetic_profiles(Scenario("H100-SXM", "meta-llama/Llama-3.1-8B-Instruct", "eagle3"), noise=0.0)
+    need = desired.NeededProfile(pool="h100", sku="H100-SXM", candidate=profile.spec.method, spec=profile.spec)
+    body = profile.dump()
+    body["metadata"] = {"name": need.name, "namespace": "team", "resourceVersion": version,
+                        "annotations": {"specpilot.io/result-nonce": "n1"}}
+    body["status"]["completedAt"] = NOW.isoformat()
+    return need, body
+
+
+def test_a_stale_view_of_a_profile_failed_here_is_not_failed_again():
+    kube = FakeKube()
+    jobs = Counter()
+    ctx = Context(kube=kube, config=OperatorConfig(), metrics=SimpleNamespace(profiling_jobs=jobs),
+                  connection=SimpleNamespace())
+    spec = SpeculativeDeploymentSpec.model_validate({
+        "model": {"id": "meta-llama/Llama-3.1-8B-Instruct"},
+        "gpuPools": [{"name": "h100", "nodeSelector": {"gpu": "h100"}}],
+        "methods": [{"method": "eagle3", "model": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"}]})
+    need, view = _forged_view("7")
+
+    def reconcile(profile: dict) -> tuple[dict[str, str], list]:
+        events: list = []
+        states = asyncio.run(reconcile_profiles(ctx, spec, "team", "llama", [need], {need.name: profile}, {},
+                                                None, NOW, events))
+        return states, events
+
+    states, events = reconcile(view)
+    assert states == {need.name: "Failed"}
+    assert [e.reason for e in events] == ["ProfilingFailed"]
+    assert len(kube.patches) == 1 and kube.patches[0][1]["status"]["reason"] == "UnsealedResult"
+
+    for _ in range(3):  # the index has not caught up: the same version, still Succeeded
+        states, events = reconcile(view)
+        assert states == {need.name: "Failed"}
+        assert events == []
+    assert len(kube.patches) == 1
+    assert jobs.counts == {("team", "failed"): 1}
+
+    # A later version (re-measured, then forged again) is judged afresh.
+    states, events = reconcile(_forged_view("9")[1])
+    assert states == {need.name: "Failed"} and [e.reason for e in events] == ["ProfilingFailed"]
+    assert len(kube.patches) == 2
