@@ -311,3 +311,26 @@ def test_the_operator_config_file_carries_the_tenancy_policy(tmp_path):
         load_config(path)
     message = str(exc.value)
     assert "config.tenancy.allowedBenchmarkImages" in message and "config.tenancy.podSecurity.runAsUser" in message
+
+
+# ----- how much of a shared pool's GPUs one deployment's profiling may hold -----
+
+@pytest.mark.parametrize("path,value,expected", [
+    ("spec.profiling.maxParallelJobsPerPool", 32,
+     "spec.profiling.maxParallelJobsPerPool 32 is more benchmark Jobs at once than the operator's config allows "
+     "per pool (4, tenancy.maxParallelJobsPerPool): set it to at most 4"),
+    ("spec.profiling.jobDeadlineSeconds", 10**9,
+     "spec.profiling.jobDeadlineSeconds 1000000000 is longer than the operator's config lets a benchmark Job hold "
+     "its GPUs (21600 s, tenancy.maxJobDeadlineSeconds): set it to at most 21600"),
+], ids=["parallel-jobs", "job-deadline"])
+def test_profiling_that_would_hold_a_shared_pools_gpus_is_refused(path, value, expected):
+    doc = _at(_doc(), path, value)
+    assert expected in judge(copy.deepcopy(doc)).model
+    spec = SpeculativeDeploymentSpec.model_validate(doc["spec"])
+    profile = profile_spec(spec, "H100-SXM", spec.methods[0], OperatorConfig())
+    with pytest.raises(TenancyViolation, match=path.split(".")[-1]):
+        benchmark_job(profile_name=profile.object_name(), namespace="team", profile_spec=profile, spec=spec,
+                      pool=spec.gpu_pools[0], bench_image=BENCH_IMAGE, owner=OWNER, tenancy=TenancyPolicy())
+    # the cluster admin can allow more
+    policy = TenancyPolicy(max_parallel_jobs_per_pool=32, max_job_deadline_seconds=10**9)
+    assert judge(doc, policy).model is None

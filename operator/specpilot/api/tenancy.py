@@ -118,6 +118,12 @@ class TenancyPolicy(ApiModel):
     """The non-root identity of every pod the operator creates."""
     max_spec_bytes: int = Field(default=MAX_SPEC_BYTES, ge=1024, le=262144)
     """Largest spec (as JSON) the operator acts on."""
+    max_parallel_jobs_per_pool: int = Field(default=4, ge=1, le=32)
+    """Most benchmark Jobs at once per pool a SpeculativeDeployment may ask for (profiling.maxParallelJobsPerPool;
+    each holds tensorParallelSize GPUs of a pool other tenants share)."""
+    max_job_deadline_seconds: int = Field(default=21600, ge=60)
+    """Longest activeDeadlineSeconds a SpeculativeDeployment may give its benchmark Jobs
+    (profiling.jobDeadlineSeconds): how long a Job that hangs can hold its GPUs."""
 
     @field_validator("allowed_benchmark_images", "allowed_engine_images")
     @classmethod
@@ -339,8 +345,8 @@ def serving_problems(spec: SpeculativeDeploymentSpec, policy: TenancyPolicy, roo
 
 def profiling_problems(spec: SpeculativeDeploymentSpec, policy: TenancyPolicy, *, benchmark_image: str,
                        root: str = "spec") -> list[str]:
-    """What in `spec` may not reach a benchmark pod beyond `serving_problems`: profiling.image and
-    profiling.podOverrides."""
+    """What in `spec` may not reach a benchmark pod beyond `serving_problems`: profiling.image,
+    profiling.podOverrides, and how many Jobs at once and for how long (the caps on a shared pool's GPUs)."""
     problems: list[str] = []
     image = spec.profiling.image
     if image is not None and image != benchmark_image and not image_allowed(image, policy.allowed_benchmark_images):
@@ -350,6 +356,16 @@ def profiling_problems(spec: SpeculativeDeploymentSpec, policy: TenancyPolicy, *
                         f"tenancy.allowedBenchmarkImages")
     problems += pod_override_problems(spec.profiling.pod_overrides, f"{root}.profiling.podOverrides", policy,
                                       containers=(BENCH_CONTAINER,), init_containers=(ENGINE_CONTAINER,))
+    parallel = spec.profiling.max_parallel_jobs_per_pool
+    if parallel > policy.max_parallel_jobs_per_pool:
+        problems.append(f"{root}.profiling.maxParallelJobsPerPool {parallel} is more benchmark Jobs at once than the "
+                        f"operator's config allows per pool ({policy.max_parallel_jobs_per_pool}, "
+                        f"tenancy.maxParallelJobsPerPool): set it to at most {policy.max_parallel_jobs_per_pool}")
+    deadline = spec.profiling.job_deadline_seconds
+    if deadline > policy.max_job_deadline_seconds:
+        problems.append(f"{root}.profiling.jobDeadlineSeconds {deadline} is longer than the operator's config lets a "
+                        f"benchmark Job hold its GPUs ({policy.max_job_deadline_seconds} s, "
+                        f"tenancy.maxJobDeadlineSeconds): set it to at most {policy.max_job_deadline_seconds}")
     return problems
 
 
