@@ -160,6 +160,8 @@ HOSTILE = [
      "spec.model.env[0].name 'SPECPILOT_RESULT_TOKEN' is not allowed"),
     ("env-vllm-dev-endpoints", "spec.model.env", [{"name": "VLLM_SERVER_DEV_MODE", "value": "1"}],
      "spec.model.env[0].name 'VLLM_SERVER_DEV_MODE' is not allowed"),
+    ("huge-job-deadline", "spec.profiling.jobDeadlineSeconds", 10**12,
+     "spec.profiling.jobDeadlineSeconds: Input should be less than or equal to 604800"),
     ("attacker-bench-image", "spec.profiling.image", ATTACKER_IMAGE,
      "spec.profiling.image 'evil.example.com/miner:latest' is not a benchmark image the operator's config allows"),
 ]
@@ -176,7 +178,8 @@ def test_hostile_input_is_refused_naming_the_field(crds, case_id, path, value, e
 
 
 SCHEMA_REFUSED = {"model-id-flag", "model-id-newline", "model-id-space", "served-name-flag", "revision-control",
-                  "drafter-flag", "engine-image-space", "huge-extra-args", "huge-levels", "huge-string"}
+                  "drafter-flag", "engine-image-space", "huge-extra-args", "huge-levels", "huge-string",
+                  "huge-job-deadline"}
 """The hostile inputs the API server itself refuses (the rest depend on the operator's config)."""
 
 
@@ -319,8 +322,8 @@ def test_the_operator_config_file_carries_the_tenancy_policy(tmp_path):
     ("spec.profiling.maxParallelJobsPerPool", 32,
      "spec.profiling.maxParallelJobsPerPool 32 is more benchmark Jobs at once than the operator's config allows "
      "per pool (4, tenancy.maxParallelJobsPerPool): set it to at most 4"),
-    ("spec.profiling.jobDeadlineSeconds", 10**9,
-     "spec.profiling.jobDeadlineSeconds 1000000000 is longer than the operator's config lets a benchmark Job hold "
+    ("spec.profiling.jobDeadlineSeconds", 86400,
+     "spec.profiling.jobDeadlineSeconds 86400 is longer than the operator's config lets a benchmark Job hold "
      "its GPUs (21600 s, tenancy.maxJobDeadlineSeconds): set it to at most 21600"),
 ], ids=["parallel-jobs", "job-deadline"])
 def test_profiling_that_would_hold_a_shared_pools_gpus_is_refused(path, value, expected):
@@ -332,5 +335,5 @@ def test_profiling_that_would_hold_a_shared_pools_gpus_is_refused(path, value, e
         benchmark_job(profile_name=profile.object_name(), namespace="team", profile_spec=profile, spec=spec,
                       pool=spec.gpu_pools[0], bench_image=BENCH_IMAGE, owner=OWNER, tenancy=TenancyPolicy())
     # the cluster admin can allow more
-    policy = TenancyPolicy(max_parallel_jobs_per_pool=32, max_job_deadline_seconds=10**9)
+    policy = TenancyPolicy(max_parallel_jobs_per_pool=32, max_job_deadline_seconds=604800)
     assert judge(doc, policy).model is None

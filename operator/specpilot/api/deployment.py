@@ -324,8 +324,9 @@ class Profiling(ApiModel):
     pool is decided again. This bounds what refinement may re-measure, in measured levels, as a percent of
     the levels the first sweep measured (200: twice as many; on the twin with 5% noise one round costs about
     +49% profiling time on average, engine starts counted). 0 turns refinement off."""
-    job_deadline_seconds: int = Field(default=3600, ge=60)
-    """activeDeadlineSeconds of each benchmark Job."""
+    job_deadline_seconds: int = Field(default=3600, ge=60, le=604800)
+    """activeDeadlineSeconds of each benchmark Job (at most a week; the operator's tenancy.maxJobDeadlineSeconds,
+    6 h by default, may hold it lower)."""
     backoff_limit: int = Field(default=2, ge=0, le=10)
     """Retries of a failed benchmark Job before the profile is reported Failed."""
     image: ImageRef | None = None

@@ -121,7 +121,7 @@ class TenancyPolicy(ApiModel):
     max_parallel_jobs_per_pool: int = Field(default=4, ge=1, le=32)
     """Most benchmark Jobs at once per pool a SpeculativeDeployment may ask for (profiling.maxParallelJobsPerPool;
     each holds tensorParallelSize GPUs of a pool other tenants share)."""
-    max_job_deadline_seconds: int = Field(default=21600, ge=60)
+    max_job_deadline_seconds: int = Field(default=21600, ge=60, le=604800)
     """Longest activeDeadlineSeconds a SpeculativeDeployment may give its benchmark Jobs
     (profiling.jobDeadlineSeconds): how long a Job that hangs can hold its GPUs."""
 
