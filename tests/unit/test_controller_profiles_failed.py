@@ -11,6 +11,7 @@ from specpilot.api.deployment import SpeculativeDeploymentSpec
 from specpilot.config import OperatorConfig
 from specpilot.controller import desired
 from specpilot.controller.context import Context
+from specpilot.controller.metrics import OperatorMetrics
 from specpilot.controller.profiles import reconcile_profiles
 from specpilot.sim.synthetic import Scenario, synthetic_profiles
 
@@ -26,19 +27,6 @@ class FakeKube:
         return body
 
 
-class Counter:
-    def __init__(self) -> None:
-        self.counts: dict[tuple, int] = {}
-
-    def labels(self, *values):
-        counter = self
-
-        class _Inc:
-            def inc(self_inner, amount=1):
-                counter.counts[values] = counter.counts.get(values, 0) + amount
-        return _Inc()
-
-
 def _forged_view(version: str) -> tuple[desired.NeededProfile, dict]:
     """A Succeeded profile whose result nobody's Job sealed (a tenant patched it), as the index shows it."""
     _, profile = synthetic_profiles(Scenario("H100-SXM", "meta-llama/Llama-3.1-8B-Instruct", "eagle3"), noise=0.0)
@@ -52,9 +40,8 @@ def _forged_view(version: str) -> tuple[desired.NeededProfile, dict]:
 
 def test_a_stale_view_of_a_profile_failed_here_is_not_failed_again():
     kube = FakeKube()
-    jobs = Counter()
-    ctx = Context(kube=kube, config=OperatorConfig(), metrics=SimpleNamespace(profiling_jobs=jobs),
-                  connection=SimpleNamespace())
+    metrics = OperatorMetrics()
+    ctx = Context(kube=kube, config=OperatorConfig(), metrics=metrics, connection=SimpleNamespace())
     spec = SpeculativeDeploymentSpec.model_validate({
         "model": {"id": "meta-llama/Llama-3.1-8B-Instruct"},
         "gpuPools": [{"name": "h100", "nodeSelector": {"gpu": "h100"}}],
@@ -77,7 +64,8 @@ def test_a_stale_view_of_a_profile_failed_here_is_not_failed_again():
         assert states == {need.name: "Failed"}
         assert events == []
     assert len(kube.patches) == 1
-    assert jobs.counts == {("team", "failed"): 1}
+    assert metrics.registry.get_sample_value("specpilot_profiling_jobs_total",
+                                             {"namespace": "team", "outcome": "failed"}) == 1
 
     # A later version (re-measured, then forged again) is judged afresh.
     states, events = reconcile(_forged_view("9")[1])
