@@ -85,10 +85,11 @@ class Context:
     and physical bounds hold."""
     counted_jobs: Bounded = field(default_factory=Bounded)
     """Uids of benchmark Jobs already counted as succeeded in the metrics."""
-    failed_at: Bounded = field(default_factory=Bounded)
-    """"namespace/profile" -> the resourceVersion of the view this operator failed it from: until the index
-    shows the write, a reconciliation that still sees that version sees the profile Failed (and does not fail
-    it, post ProfilingFailed and count it again)."""
+    left_at: Bounded = field(default_factory=Bounded)
+    """"namespace/profile" -> ("Failed" or "Restarted", the resourceVersions this operator wrote over): until
+    the index shows the write, a reconciliation that still sees one of those versions sees the profile as the
+    write left it (and does not fail it again, posting ProfilingFailed and counting it twice, nor restart it
+    again, deleting the Job it has just created and posting a second Reprofiling)."""
     profile_events: Bounded = field(default_factory=lambda: Bounded(10 * MAX_REMEMBERED))
     """"namespace/profile" -> watch events of the profile and its benchmark Jobs seen by the index handlers."""
 

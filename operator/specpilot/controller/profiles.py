@@ -101,7 +101,7 @@ async def reconcile_profiles(ctx: Context, spec: SpeculativeDeploymentSpec, name
     for need in needed:
         if need.name in states:
             continue
-        profile = await _current_profile(ctx, namespace, need, _as_failed_here(ctx, namespace, profiles.get(need.name)),
+        profile = await _current_profile(ctx, namespace, need, _as_left_here(ctx, namespace, profiles.get(need.name)),
                                          reprofile, max_age, now, events)
         current[need.name] = profile
         phase = (profile.get("status") or {}).get("phase") or "Pending"
@@ -230,27 +230,32 @@ def _result_refusal(ctx: Context, namespace: str, profile: dict) -> tuple[str, s
     return ctx.verified[key]
 
 
-def _as_failed_here(ctx: Context, namespace: str, profile: dict | None) -> dict | None:
-    """The profile as this operator last left it: Failed when the view is still the version it was failed
-    from (the index lags the write), else the view itself."""
+def _as_left_here(ctx: Context, namespace: str, profile: dict | None) -> dict | None:
+    """The profile as this operator last left it. While the view is still a version it wrote over (the index
+    lags the write), it reads as that write left it: Failed when it failed the profile from there, Pending
+    with no current Job when it restarted it (`restart_profile`'s two patches: the view before them or the
+    one between). Otherwise the view itself."""
     if profile is None:
         return None
     meta = profile.get("metadata") or {}
     version = meta.get("resourceVersion")
-    if not version or ctx.failed_at.get(f"{namespace}/{meta.get('name')}") != version:
+    left = ctx.left_at.get(f"{namespace}/{meta.get('name')}")
+    if not version or left is None or version not in left[1]:
         return profile
-    return {**profile, "status": {**(profile.get("status") or {}), "phase": "Failed"}}
+    if left[0] == "Failed":
+        return {**profile, "status": {**(profile.get("status") or {}), "phase": "Failed"}}
+    return _restarted(profile)
 
 
 async def _fail_profile(ctx: Context, namespace: str, need: desired.NeededProfile, profile: dict,
                         events: list[Event], status: dict, event_message: str) -> str:
     """Mark a profile Failed for good (with `status`'s reason and message), say so in a ProfilingFailed
-    Warning Event and count it; returns the new phase. Remembers the version it failed (_as_failed_here)."""
+    Warning Event and count it; returns the new phase. Remembers the version it failed (_as_left_here)."""
     await ctx.kube.patch("speculationprofiles", namespace, need.name, {"status": {"phase": "Failed", **status}},
                          subresource="status")
     version = (profile.get("metadata") or {}).get("resourceVersion")
     if version:
-        ctx.failed_at[f"{namespace}/{need.name}"] = version
+        ctx.left_at[f"{namespace}/{need.name}"] = ("Failed", (version,))
     events.append(Event("Warning", "ProfilingFailed", f"{need.key} on {need.sku}: {event_message}"))
     ctx.metrics.profiling_jobs.labels(namespace, "failed").inc()
     return "Failed"
@@ -281,12 +286,18 @@ def _restarted(profile: dict) -> dict:
 
 
 async def restart_profile(ctx: Context, namespace: str, name: str, profile: dict, reprofile: str | None) -> None:
-    """Measure again: drop the old Job and reset the status (the identity, hence the name, is unchanged)."""
+    """Measure again: drop the old Job and reset the status (the identity, hence the name, is unchanged).
+    Remembers the versions it wrote over (_as_left_here): a reconciliation that still sees the profile as it
+    was, or as the first patch left it, does not restart it again (deleting the Job just created)."""
     await ctx.kube.delete("jobs", namespace, names.bench_job_name(name))
     annotations: dict[str, str | None] = {JOB_UID_ANNOTATION: None, seal.NONCE_ANNOTATION: None}
     if reprofile:
         annotations[REPROFILE_ANNOTATION] = reprofile
-    await ctx.kube.patch("speculationprofiles", namespace, name, {"metadata": {"annotations": annotations}})
+    between = await ctx.kube.patch("speculationprofiles", namespace, name, {"metadata": {"annotations": annotations}})
+    versions = tuple(v for v in ((profile.get("metadata") or {}).get("resourceVersion"),
+                                 ((between or {}).get("metadata") or {}).get("resourceVersion")) if v)
+    if versions:
+        ctx.left_at[f"{namespace}/{name}"] = ("Restarted", versions)
     await ctx.kube.patch("speculationprofiles", namespace, name, {"status": {
         "phase": "Pending", "reason": "Reprofiling", "message": None, "attempts": 0, "runs": None,
         "completedAt": None, "seal": None}}, subresource="status")
