@@ -113,7 +113,12 @@ def test_the_budget_counts_what_the_profiles_already_repeated():
     run = method.status.run(1)
     run.points.extend(p.model_copy() for p in run.points[-3:])
     assert spent_levels([baseline, method]) == 3
-    assert refine_plan(baseline, method).spent_levels == 3
+    again = refine_plan(baseline, method)
+    assert again.spent_levels == 3
+    # refinement is one round: profiles that carry repeats are done, and say what is still uncertain
+    assert again.done and not again.requests and again.uncertain
+    assert again.reason.startswith("refined once (3 levels measured again); refinement is one round, and "
+                                   "still uncertain: eagle3")
 
 
 def test_a_tight_budget_goes_to_the_best_worth_first():

@@ -23,20 +23,26 @@ refined: the chosen candidate's, or, when no speculation is chosen, the best can
 then what decides on/off). The budget counts measured levels (one level of one run measured once); a
 refinement Job per profile measures its levels once per k, each k on its own engine start (`jobs()`).
 
+Refinement is one round. Once the profiles carry repeated points (`spent_levels` > 0) the plan is done, and
+says what is still uncertain. On the twin, more rounds cost more than they buy: each starts its engines
+again for what the first round left of the budget (a budget of twice the first sweep's levels spent over up
+to four rounds costs +67% profiling time for 96.2% of draws within 3% of the best k, against +48% for 95.4%
+in one round; 1.5 times over rounds until done, +54% for 93.6%; docs/decisions.md).
+
 For the controller (the operator's side of issue 14):
 
     plan = plan_refinement(policy, candidates, baseline, profiles, price_per_gpu_hour=...,
                            gpus_per_replica=..., concurrency_histogram=..., budget_levels=None)
     if not plan.done:
-        for job in plan.jobs():       # one refinement Job per entry, round r = 1, 2, ...
+        for job in plan.jobs():       # one refinement Job per entry (refine_round=1)
             benchmark_job(profile_name=job.profile_name, ..., refine_round=r, **job.job_parameters())
             # (job_parameters() carries refine_part when a profile has several Jobs in the round)
-    # when the Jobs succeed (their points are appended to the profiles), decide again and call
-    # plan_refinement again; stop when plan.done (plan.reason says why).
+    # when the Jobs succeed (their points are appended to the profiles), decide again; plan_refinement
+    # then says done (plan.reason says why, and what is still uncertain).
 
 `budget_levels` defaults to DEFAULT_BUDGET_SHARE of the levels the group's profiles measured in their first
 sweep (`initial_levels`), and what is spent is read off the profiles themselves (`spent_levels`: points
-beyond the first measurement of each level), so the plan needs no state of its own across rounds.
+beyond the first measurement of each level), so the plan needs no state of its own.
 `refinement_done(plan)` is `plan.done`. `RefinePlan.to_dict()` is what `specpilot plan -o json` shows as
 `refine` (docs/profiles.md).
 """
@@ -74,7 +80,7 @@ __all__ = [
 
 DEFAULT_BUDGET_SHARE = 2.0
 """Refinement budget, in measured levels, as a share of the levels the group's first sweep measured. On the
-twin (benchmarks/decision_quality.py, 5% noise per level) one round at 2.0 costs about +49% profiling time
+twin (benchmarks/decision_quality.py, 5% noise per level) its one round at 2.0 costs about +48% profiling time
 on average, engine starts included (the levels it repeats are the cheaper, higher ones): within the +50%
 that issue 14 allows. 1.5 costs about +37% and settles fewer draws (docs/decisions.md)."""
 MAX_REPEAT = 8
@@ -318,8 +324,8 @@ class RefinePlan:
 
 
 def refinement_done(plan: RefinePlan) -> bool:
-    """Whether refinement stops: no boundary is uncertain beyond the threshold, or the budget is spent (or
-    what is left buys nothing)."""
+    """Whether refinement stops: no boundary is uncertain beyond the threshold, the profiles were refined
+    once already, or the budget is spent (or what is left buys nothing)."""
     return plan.done
 
 
@@ -505,6 +511,10 @@ def _plan(found: Sequence[Boundary], budget: int, spent: int) -> RefinePlan:
         reason = ("no uncertain boundary: every change of k is known within the minimum gain" if found
                   else "no boundary: the schedule keeps one k at every batch size")
         return RefinePlan((), tuple(found), budget, spent, True, reason)
+    if spent > 0:
+        return RefinePlan((), tuple(found), budget, spent, True,
+                          f"refined once ({spent} levels measured again); refinement is one round, and "
+                          f"still uncertain: " + "; ".join(b.describe() for b in uncertain))
     left = budget - spent
     if left <= 0:
         return RefinePlan((), tuple(found), budget, spent, True,
