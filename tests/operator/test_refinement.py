@@ -89,11 +89,11 @@ async def test_uncertain_crossovers_are_measured_again_and_decided_again(sandbox
 
     def taken_in() -> dict | None:
         refinement = status(sandbox)["pools"][0].get("refinement") or {}
-        moved_on = refinement.get("round", 0) > 1 or refinement.get("state") in ("Settled", "BudgetSpent")
-        return refinement if moved_on else None
+        return refinement if refinement.get("state") in ("Settled", "BudgetSpent") else None
 
     after = await sandbox.wait_for(taken_in, what="round 1 taken into the decision")
-    assert after["spentLevels"] > 0
+    assert after["spentLevels"] > 0 and after["round"] == 1  # refinement is one round
+    assert not _refine_jobs(sandbox, 2)
     assert status(sandbox)["pools"][0]["decision"]["basis"] != first_basis
     # The appended results passed the seal check: no profile failed.
     assert all((p.get("status") or {}).get("phase") == "Succeeded" for p in profiles(sandbox))
