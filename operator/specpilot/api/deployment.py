@@ -320,10 +320,10 @@ class Profiling(ApiModel):
     """Benchmark Jobs running at once per pool (each takes tensorParallelSize GPUs)."""
     refine_budget_percent: int = Field(default=200, ge=0, le=400)
     """Adaptive refinement: after the first sweep, the levels around each uncertain change of k (where the
-    crossover's uncertainty exceeds policy.minGainPercent) are measured again by refinement Jobs, and the
-    pool is decided again. This bounds what refinement may re-measure, in measured levels, as a percent of
-    the levels the first sweep measured (200: twice as many; on the twin with 5% noise one round costs about
-    +49% profiling time on average, engine starts counted). 0 turns refinement off."""
+    crossover's uncertainty exceeds policy.minGainPercent) are measured again by refinement Jobs, in one
+    round, and the pool is decided again. This bounds what the round may re-measure, in measured levels, as
+    a percent of the levels the first sweep measured (200: twice as many; on the twin with 5% noise it costs
+    about +48% profiling time on average, engine starts counted). 0 turns refinement off."""
     job_deadline_seconds: int = Field(default=3600, ge=60, le=604800)
     """activeDeadlineSeconds of each benchmark Job (at most a week; the operator's tenancy.maxJobDeadlineSeconds,
     6 h by default, may hold it lower)."""
@@ -660,7 +660,7 @@ class Refinement(StatusModel):
     """Adaptive refinement of the pool's profiles near the decision's uncertain changes of k."""
 
     round: int = Field(default=0, ge=0)
-    """Rounds started so far."""
+    """Rounds started so far: one per first sweep of the profiles (refinement is one round)."""
     state: RefinementState = RefinementState.SETTLED
     """Measuring (a round's Jobs run), Settled (no change of k is uncertain beyond policy.minGainPercent),
     BudgetSpent (some still are, and profiling.refineBudgetPercent is spent), or Failed (a Job failed; the
