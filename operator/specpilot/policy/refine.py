@@ -35,7 +35,7 @@ For the controller (the operator's side of issue 14):
                            gpus_per_replica=..., concurrency_histogram=..., budget_levels=None)
     if not plan.done:
         for job in plan.jobs():       # one refinement Job per entry (refine_round=1)
-            benchmark_job(profile_name=job.profile_name, ..., refine_round=r, **job.job_parameters())
+            benchmark_job(profile_name=job.profile_name, ..., refine_round=1, **job.job_parameters())
             # (job_parameters() carries refine_part when a profile has several Jobs in the round)
     # when the Jobs succeed (their points are appended to the profiles), decide again; plan_refinement
     # then says done (plan.reason says why, and what is still uncertain).
