@@ -305,7 +305,7 @@ def test_a_failed_refinement_job_keeps_the_decision_and_says_so():
 
 def test_a_budget_spent_with_a_crossover_still_uncertain_is_said_in_the_decision():
     spec = SpeculativeDeploymentSpec.model_validate({**_spec().model_dump(by_alias=True, exclude_none=True),
-                                                    "profiling": {"refineBudgetPercent": 1}})
+                                                    "profiling": {"refineBudgetPercent": 10}})
     profiles = _noisy()
     status, rounds = PoolStatus(name="h100"), 0
     for _ in range(6):
