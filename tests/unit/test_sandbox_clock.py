@@ -57,6 +57,45 @@ def test_a_reader_before_any_engine_reads_the_wall_clock_and_follows_the_next_en
     assert read() == pytest.approx(second.now())
 
 
+def _mid_write(path) -> int:
+    """Leave the clock file as a writer descheduled in the middle of a write leaves it (the sequence odd)."""
+    import mmap
+    import struct
+
+    with open(path, "r+b") as f, mmap.mmap(f.fileno(), 8) as view:
+        seq = struct.unpack_from("<Q", view, 0)[0]
+        struct.pack_into("<Q", view, 0, seq + 1)
+    return seq
+
+
+def test_a_reader_waits_for_a_writer_descheduled_mid_write(tmp_path):
+    """On a busy host the engine can lose the CPU in the middle of a write for a scheduler slice or more; the
+    reader (the benchmark's load generator) waits for it instead of failing the benchmark Job."""
+    import threading
+
+    path = tmp_path / "clock"
+    clock = VirtualClock(path)
+    clock.step(1.0, time.monotonic() + 0.001)
+    end = clock.step_end()
+    read = read_clock(path)
+    assert read() == pytest.approx(end)
+    _mid_write(path)
+    finisher = threading.Timer(0.2, clock.hold)  # the write completes 200 ms later (a new, even sequence)
+    finisher.start()
+    try:
+        assert read() == pytest.approx(end)
+    finally:
+        finisher.join()
+
+
+def test_a_reader_gives_up_on_a_writer_that_died_mid_write(tmp_path):
+    path = tmp_path / "clock"
+    VirtualClock(path).hold()
+    _mid_write(path)
+    with pytest.raises(RuntimeError, match="has been mid-write for 0.05 s: its engine died while writing it"):
+        read_clock(path, writer_wait_s=0.05)()
+
+
 def test_the_wall_clock_is_wall_time():
     clock = WallClock()
     assert not clock.virtual

@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["CLOCK_FILE_ENV", "VirtualClock", "WallClock", "read_clock"]
+__all__ = ["CLOCK_FILE_ENV", "WRITER_WAIT_S", "VirtualClock", "WallClock", "read_clock"]
 
 CLOCK_FILE_ENV = "SPECPILOT_SIM_CLOCK_FILE"
 """Environment variable naming the file a virtual clock is published in (and read from)."""
@@ -131,11 +131,21 @@ def _open_map(path: Path, *, create: bool) -> mmap.mmap:
         os.close(fd)
 
 
-def read_clock(path: str | Path) -> Callable[[], float]:
+WRITER_WAIT_S = 5.0
+"""How long a reader waits for a write in progress to finish. A write takes microseconds, but on a busy host
+the engine can be descheduled in the middle of one for a scheduler slice or more (a reader that gave up
+after a thousand spins, about a millisecond, failed a benchmark Job on a host with one core kept busy); past
+this the writer is taken to have died mid-write."""
+_SPINS = 200
+"""Reads retried back to back before the reader starts yielding the CPU to the writer."""
+
+
+def read_clock(path: str | Path, writer_wait_s: float = WRITER_WAIT_S) -> Callable[[], float]:
     """A `time.perf_counter`-like function that reads the virtual clock an engine publishes at `path`.
 
     Before an engine has published anything (the file is new) it reads the wall clock, which is where a
-    virtual clock starts.
+    virtual clock starts. While a write is in progress it retries: first back to back, then sleeping (so a
+    writer descheduled mid-write gets the CPU back), for up to `writer_wait_s`.
     """
     path = Path(path)
     state: dict[str, mmap.mmap] = {}
@@ -146,13 +156,21 @@ def read_clock(path: str | Path) -> Callable[[], float]:
             if not path.exists():
                 return time.monotonic()
             view = state["map"] = _open_map(path, create=False)
-        for _ in range(1000):
+        attempt, deadline = 0, None
+        while True:
             seq, anchor_wall, anchor_v, rate, cap = _LAYOUT.unpack_from(view, 0)
             wall = time.monotonic()
             if seq == 0:
                 return wall
             if seq % 2 == 0 and struct.unpack_from("<Q", view, 0)[0] == seq:
                 return _value(anchor_wall, anchor_v, rate, cap, wall)
-        raise RuntimeError(f"the virtual clock at {path} is being written without pause")
+            attempt += 1
+            if attempt <= _SPINS:
+                continue
+            deadline = deadline if deadline is not None else wall + writer_wait_s
+            if wall > deadline:
+                raise RuntimeError(f"the virtual clock at {path} has been mid-write for {writer_wait_s:g} s: its "
+                                   f"engine died while writing it, or stopped")
+            time.sleep(min(0.0001 * 2 ** min(attempt - _SPINS, 7), 0.01))
 
     return now
