@@ -511,23 +511,21 @@ def _plan(found: Sequence[Boundary], budget: int, spent: int) -> RefinePlan:
         reason = ("no uncertain boundary: every change of k is known within the minimum gain" if found
                   else "no boundary: the schedule keeps one k at every batch size")
         return RefinePlan((), tuple(found), budget, spent, True, reason)
+    still = "; ".join(b.describe() for b in uncertain)
     if spent > 0:
         return RefinePlan((), tuple(found), budget, spent, True,
                           f"refined once ({spent} levels measured again); refinement is one round, and "
-                          f"still uncertain: " + "; ".join(b.describe() for b in uncertain))
-    left = budget - spent
-    if left <= 0:
+                          f"still uncertain: {still}")
+    # From here nothing is spent yet: the whole budget is left for the one round.
+    if budget <= 0:
         return RefinePlan((), tuple(found), budget, spent, True,
-                          f"budget spent ({spent} of {budget} levels); still uncertain: "
-                          + "; ".join(b.describe() for b in uncertain))
-    requests = allocate(uncertain, left)
+                          f"budget spent ({spent} of {budget} levels); still uncertain: {still}")
+    requests = allocate(uncertain, budget)
     if not requests:
         return RefinePlan((), tuple(found), budget, spent, True,
-                          f"the budget left ({left} levels) buys no measurement; still uncertain: "
-                          + "; ".join(b.describe() for b in uncertain))
+                          f"the budget left ({budget} levels) buys no measurement; still uncertain: {still}")
     return RefinePlan(tuple(requests), tuple(found), budget, spent, False,
-                      f"{len(uncertain)} uncertain boundar{'y' if len(uncertain) == 1 else 'ies'}: "
-                      + "; ".join(b.describe() for b in uncertain))
+                      f"{len(uncertain)} uncertain boundar{'y' if len(uncertain) == 1 else 'ies'}: {still}")
 
 
 def refine_schedule(plan: SchedulePlan, min_gain_percent: float, method_key: str, budget_levels: int,
