@@ -75,3 +75,23 @@ def test_the_restated_targets_read_the_scores():
     text, met = restated(expected, {(SCENARIO, 0): good},
                          {(SCENARIO, 0): (Cost(3, 36, 1000.0), Cost(4, 40, 600.0))})
     assert not met  # +60% profiling time
+
+
+def test_each_scenario_draws_its_own_noise():
+    """Draw n of every scenario used to share one noise sequence, so similar scenarios (the two 8B models)
+    missed or met the bars together and the printed standard error did not hold."""
+    from benchmarks.decision_quality import _profiles, draw_seed
+
+    llama = Scenario("H100-SXM", "meta-llama/Llama-3.1-8B-Instruct", "eagle3")
+
+    def noise(scenario, seed):
+        noisy, _ = _profiles(scenario, 0.05, seed, LEVELS)
+        clean, _ = _profiles(scenario, 0.0, seed, LEVELS)
+        return [a.request_throughput / b.request_throughput
+                for a, b in zip(noisy.status.run(0).points, clean.status.run(0).points, strict=True)]
+
+    assert draw_seed(SCENARIO, 0) == draw_seed(SCENARIO, 0)
+    assert draw_seed(SCENARIO, 0) != draw_seed(llama, 0) != draw_seed(llama, 1)
+    assert noise(SCENARIO, 0) == noise(SCENARIO, 0)  # reproducible
+    assert noise(SCENARIO, 0) != pytest.approx(noise(llama, 0), rel=1e-3)
+    assert noise(llama, 0) != pytest.approx(noise(llama, 1), rel=1e-3)
