@@ -15,6 +15,10 @@ KV capacity, as in the engine):
   draft model's prefill and KV memory cost more than any k gains, no schedule reaches it ("drafter" is
   the oracle over the plain engine).
 
+Each method's fit weighs in what the other two methods of its pool (same SKU, model and workload) measured
+of the knee and weight share, from their first sweeps, as decide_pool pools a pool's candidates
+(--no-shared-knee: each method on its own runs).
+
 Each scenario draws its own noise (draw_seed: the draw number and the scenario's name), so scenario-draws
 are independent and the binomial standard error printed next to a share holds.
 
@@ -85,6 +89,7 @@ from specpilot.api.profile import Run
 from specpilot.policy.choose import decide_pool
 from specpilot.policy.refine import DEFAULT_BUDGET_SHARE, initial_levels, refine_schedule, spent_levels
 from specpilot.policy.schedule import SMOOTHING_TOLERANCE, plan_from_runs
+from specpilot.policy.surface import NotEnoughDataError, build_surface, pool_roofline_priors
 from specpilot.sim import synthetic
 from specpilot.sim.synthetic import Scenario, TrueCurves, synthetic_profiles, true_curves
 
@@ -161,6 +166,30 @@ def draw_seed(scenario: Scenario, seed: int) -> int:
     return int(np.random.SeedSequence([seed, zlib.crc32(scenario.label().encode())]).generate_state(1)[0])
 
 
+SHARED_KNEE = True
+"""Each method's fit weighs in what the pool's other methods measured of the knee and weight share, as
+decide_pool does (--no-shared-knee: each method on its own, as before)."""
+
+
+@functools.lru_cache(maxsize=8192)
+def pool_prior(scenario: Scenario, noise: float, seed: int, levels: tuple[int, ...]):
+    """What the other methods of the scenario's pool (same SKU, model and workload) measured of the shared
+    knee and weight share, from their first sweeps: the draws they are scored on. None when SHARED_KNEE is off.
+    The operator's final decision weighs the others' refined profiles, which know more."""
+    if not SHARED_KNEE:
+        return None
+    evidence = {}
+    for method in (scenario.method, *(m for m in METHODS if m != scenario.method)):
+        other = dataclasses.replace(scenario, method=method)
+        baseline, profile = _profiles(other, noise, seed, levels)
+        try:
+            surface = build_surface(baseline.status.run(0), profile.status.runs, model_drafter=method != "ngram")
+        except NotEnoughDataError:
+            continue
+        evidence[method] = surface.roofline_evidence
+    return pool_roofline_priors(evidence).get(scenario.method)
+
+
 def _planned_ks(plan, truth: TrueCurves) -> list[int]:
     """The schedule's k at every concurrency 1..256 (the engine's batch is capped at the KV capacity)."""
     return [plan.k_at(min(c, truth.kv_max_concurrency)) for c in range(1, MAX_CONCURRENCY + 1)]
@@ -235,7 +264,7 @@ def score(scenario: Scenario, truth: TrueCurves, noise: float, seed: int, min_ga
                                  min_gain_percent), truth, min_gain_percent)
     plan = plan_from_runs(baseline.status.run(0), method.status.runs,
                           model_drafter=scenario.method != "ngram", min_gain_percent=min_gain_percent,
-                          max_batch_size=MAX_CONCURRENCY)
+                          max_batch_size=MAX_CONCURRENCY, shared_prior=pool_prior(scenario, noise, seed, levels))
     if not plan.ok:
         raise SystemExit(f"{scenario.label()}: planner returned no schedule: {plan.reason}")
     return score_ks(_planned_ks(plan, truth), truth, min_gain_percent, plan)
@@ -265,10 +294,10 @@ def profiling_cost(profiles) -> Cost:
     return Cost(starts, len(points), starts * ENGINE_START_S + sum(level_seconds(p) for p in points))
 
 
-def _plan(scenario: Scenario, baseline, method, min_gain_percent: float):
+def _plan(scenario: Scenario, baseline, method, min_gain_percent: float, shared_prior=None):
     plan = plan_from_runs(baseline.status.run(0), method.status.runs,
                           model_drafter=scenario.method != "ngram", min_gain_percent=min_gain_percent,
-                          max_batch_size=MAX_CONCURRENCY)
+                          max_batch_size=MAX_CONCURRENCY, shared_prior=shared_prior)
     if not plan.ok:
         raise SystemExit(f"{scenario.label()}: planner returned no schedule: {plan.reason}")
     return plan
@@ -292,7 +321,8 @@ def refined(scenario: Scenario, noise: float, seed: int, min_gain_percent: float
     twins = {"baseline": scenario.twin(speculative=False), scenario.method: scenario.twin()}
     rng = np.random.default_rng([draw_seed(scenario, seed), 7919])
     extra = Cost(0, 0, 0.0)
-    plan = _plan(scenario, baseline, method, min_gain_percent)
+    prior = pool_prior(scenario, noise, seed, levels)
+    plan = _plan(scenario, baseline, method, min_gain_percent, prior)
     done_rounds = 0
     for _ in range(rounds):
         request = refine_schedule(plan, min_gain_percent, scenario.method, budget,
@@ -311,7 +341,7 @@ def refined(scenario: Scenario, noise: float, seed: int, min_gain_percent: float
                     point.duration_s = level_seconds(point)
                 run.points.extend(new)
                 extra = extra + Cost(1, len(new), ENGINE_START_S + sum(level_seconds(p) for p in new))
-        plan = _plan(scenario, baseline, method, min_gain_percent)
+        plan = _plan(scenario, baseline, method, min_gain_percent, prior)
     return plan, first, extra, done_rounds
 
 
@@ -594,10 +624,15 @@ def main() -> int:
                         help="refinement budget in measured levels, as a share of the first sweep's "
                              f"(default {DEFAULT_BUDGET_SHARE:g}, the planner's)")
     parser.add_argument("--no-refine", action="store_true", help="skip the refinement comparison")
+    parser.add_argument("--no-shared-knee", action="store_true",
+                        help="fit each method on its own runs, not with what its pool's other methods measured of "
+                             "the knee and weight share (the planner before it pooled them)")
     parser.add_argument("--restated-min-gain", type=float, default=0.0,
                         help="minGain at which issue 14's restated targets are read (default 0: the issue's "
                              "reading; the policy default --min-gain is reported next to it)")
     args = parser.parse_args()
+    global SHARED_KNEE
+    SHARED_KNEE = not args.no_shared_knee
     if args.seeds < 1:
         parser.error(f"--seeds must be at least 1 (got {args.seeds})")
 

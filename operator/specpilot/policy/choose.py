@@ -33,7 +33,7 @@ from .surface import (
     MethodSurface,
     NotEnoughDataError,
     build_baseline,
-    build_surface,
+    pool_surfaces,
     with_live_acceptance,
 )
 
@@ -193,9 +193,16 @@ def decide_pool(policy: Policy, candidates: list[CandidateMethod], baseline: Spe
         capacity_concurrency=_capacity(base_surface.tpot_ms, policy.tpot_slo_ms, base_limit),
         tpot_ms_at=base_surface.tpot_ms)]
     sources: dict[str, str] = {}
+    # every ready method's surface, fitted with what the pool's other methods measured of the shared knee;
+    # a method profile's own K=0 run when it has one (same engine build), else the pool's baseline
+    ready = [(c, profiles[c.key]) for c in candidates if _ready(profiles.get(c.key))]
+    surfaces = pool_surfaces({
+        c.key: (profile.status.run(0) or baseline_run, profile.status.runs,
+                SpeculativeMethod(c.method) not in MODEL_FREE_METHODS)
+        for c, profile in ready})
     for candidate in candidates:
-        row, source = _candidate_row(candidate, profiles.get(candidate.key), baseline_run, base_surface, policy,
-                                     distribution,
+        row, source = _candidate_row(candidate, profiles.get(candidate.key), surfaces.get(candidate.key),
+                                     base_surface, policy, distribution,
                                      price_per_gpu_hour, gpus_per_replica, live_acceptance or {},
                                      engine_supports_dynamic, max_batch_size)
         rows.append(row)
@@ -227,8 +234,8 @@ def _cost(price_per_gpu_hour: float, gpus_per_replica: int, goodput: float | Non
     return cost_per_million_tokens(price_per_gpu_hour, gpus_per_replica, goodput)
 
 
-def _candidate_row(candidate: CandidateMethod, profile: SpeculationProfile | None, pool_baseline: Run,
-                   base: BaselineSurface,
+def _candidate_row(candidate: CandidateMethod, profile: SpeculationProfile | None,
+                   built: MethodSurface | NotEnoughDataError | None, base: BaselineSurface,
                    policy: Policy, distribution, price: float, gpus: int,
                    live: dict[str, tuple[list[float], float]], engine_dynamic: bool,
                    max_batch_size: int) -> tuple[CandidatePlan, str]:
@@ -237,13 +244,9 @@ def _candidate_row(candidate: CandidateMethod, profile: SpeculationProfile | Non
         phase = profile.status.phase if profile and profile.status else "missing"
         return CandidatePlan(key=key, method=candidate.method, ready=False,
                              note=f"profile not ready ({phase})"), "none"
-    # the method profile's own K=0 run when it has one (same engine build), else the pool's baseline
-    baseline_run = profile.status.run(0) or pool_baseline
-    model_drafter = SpeculativeMethod(candidate.method) not in MODEL_FREE_METHODS
-    try:
-        surface = build_surface(baseline_run, profile.status.runs, model_drafter=model_drafter)
-    except NotEnoughDataError as exc:
-        return CandidatePlan(key=key, method=candidate.method, ready=False, note=f"not enough data: {exc}"), "none"
+    if not isinstance(built, MethodSurface):
+        return CandidatePlan(key=key, method=candidate.method, ready=False, note=f"not enough data: {built}"), "none"
+    surface = built
     source = "profile"
     if key in live and live[key][0]:
         per_position, drafts_per_step = live[key]

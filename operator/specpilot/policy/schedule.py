@@ -278,12 +278,15 @@ def _describe(dense: Sequence[int], crossover: int | None, unmet: Sequence[int],
 
 def plan_from_runs(baseline: Run | None, runs: Sequence[Run], model_drafter: bool = True,
                    tpot_slo_ms: float | None = None, min_gain_percent: float = 5.0,
-                   max_batch_size: int = 256) -> SchedulePlan:
-    """Build the surface and plan the schedule; a plan with ok=False names what data is missing."""
+                   max_batch_size: int = 256, shared_prior=None) -> SchedulePlan:
+    """Build the surface and plan the schedule; a plan with ok=False names what data is missing.
+
+    `shared_prior`: what the pool's other methods measured of the knee and weight share
+    (`surface.pool_roofline_priors`); `policy.choose.decide_pool` pools a pool's methods this way."""
     if baseline is None:
         return SchedulePlan(ok=False, reason="not enough data: no baseline run (K=0)")
     try:
-        surface = build_surface(baseline, runs, model_drafter=model_drafter)
+        surface = build_surface(baseline, runs, model_drafter=model_drafter, shared_prior=shared_prior)
     except NotEnoughDataError as exc:
         return SchedulePlan(ok=False, reason=f"not enough data: {exc}")
     return plan_schedule(surface, tpot_slo_ms=tpot_slo_ms, min_gain_percent=min_gain_percent,

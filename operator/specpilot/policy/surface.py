@@ -29,6 +29,10 @@ weighted by their likelihood (Gaussian relative errors with the best fit's varia
 factor of two apart the knee is rarely pinned down by the data, and averaging over the knees the data
 allows is steadier than committing to the best one.
 
+N and theta belong to the GPU and the target model, so a pool's methods share them: `pool_surfaces` fits
+each method with what the others measured of them (their log-likelihood over the (knee, theta) grid, the
+shared baseline's share taken out) as a prior, unless the method's own runs refuse it.
+
 The fit is used when it describes the data (RMS relative residual <= FIT_MAX_RMS); otherwise (too few
 levels, or hardware that does not follow the roofline) decode step times are interpolated linearly in c
 between levels, linearly in k between measured k >= 1, and extended beyond the last level along the last
@@ -57,6 +61,7 @@ from ..observe.spec_decode import drafts_per_request_step
 
 __all__ = [
     "FIT_MAX_RMS",
+    "ROOFLINE_GRID_SHAPE",
     "BaselineSurface",
     "MethodSurface",
     "NotEnoughDataError",
@@ -66,6 +71,8 @@ __all__ = [
     "build_baseline",
     "build_surface",
     "fit_roofline",
+    "pool_roofline_priors",
+    "pool_surfaces",
     "with_live_acceptance",
 ]
 
@@ -92,6 +99,17 @@ _TABLE_BATCH_SIZES = 512
 """Whole concurrencies at which step times and TPOT are tabulated per k (schedules cover 1..max_num_seqs)."""
 _MAX_CANDIDATES = 64
 """Most likely (knee, theta) candidates kept in the average; the rest carry negligible weight."""
+_THETAS = np.linspace(*_WEIGHT_SHARE, 6)
+"""Candidate thetas."""
+_ALL_KNEES = np.concatenate([_KNEE_GRID, [np.inf]])
+"""Every candidate knee a fit may weigh (inf: the target never turns compute-bound)."""
+ROOFLINE_GRID_SHAPE = (len(_ALL_KNEES), len(_THETAS))
+"""Shape of a roofline's log-likelihood over the (knee, theta) grid (`RooflineFit.grid_log_likelihood`)."""
+_UNLIKELY = -50.0
+"""Log-likelihood given to a grid point a fit did not weigh (a knee below its first level, negative costs)."""
+_SHARED_REJECT = 6.0
+"""Log-likelihood a method's own data may lose to the shared (knee, theta) of its pool before the sharing is
+refused for it (2 x 6 = 12 on a chi-square with the 2 shared parameters: about the 0.25% level)."""
 
 
 class NotEnoughDataError(ValueError):
@@ -295,6 +313,12 @@ class RooflineFit:
     """The batch sizes' scale in the design (the largest level)."""
     residual_sd: float = 0.0
     """Estimated relative noise of one measured step time (from the residuals, per degree of freedom)."""
+    grid_log_likelihood: np.ndarray | None = None
+    """ROOFLINE_GRID_SHAPE: the data's own log-likelihood of every (knee, theta), relative to the best (0),
+    before any shared prior; what this fit tells the other methods of its pool (`roofline_evidence`)."""
+    shared_prior: str = "none"
+    """"used" when the pool's shared (knee, theta) prior weighed in, "refused" when this run's data refused
+    it, "none" when there was none."""
 
     def _rows(self, k: int, batch: float) -> np.ndarray:
         """(candidates, params) the design row of d_k(batch): d_k = row . coefficients per candidate."""
@@ -374,11 +398,15 @@ def _per_sequence_tie(measured_k: Sequence[int]) -> np.ndarray:
 
 def fit_roofline(levels: Sequence[Sequence[float]], decode_s: Sequence[Sequence[float]],
                  measured_k: Sequence[int], verified_tokens: Sequence[float],
-                 counts: Sequence[Sequence[int]] | None = None) -> RooflineFit | None:
+                 counts: Sequence[Sequence[int]] | None = None,
+                 shared_prior: np.ndarray | None = None) -> RooflineFit | None:
     """Joint least-squares fit of the runs' decode step times (index 0 = the baseline); None when it cannot
     be fitted (a run with fewer than _FIT_MIN_LEVELS levels, or no physical solution).
 
-    `counts`: measurements averaged into each value (default 1); a mean of n weighs n times one measurement."""
+    `counts`: measurements averaged into each value (default 1); a mean of n weighs n times one measurement.
+    `shared_prior`: a log-likelihood over the (knee, theta) grid (ROOFLINE_GRID_SHAPE) from the other methods
+    measured on the same GPU and model (`pool_roofline_priors`), added to this data's own; refused when this
+    data finds the shared (knee, theta) unlikely (it loses more than _SHARED_REJECT)."""
     runs = len(measured_k)
     if any(len(set(lv)) < _FIT_MIN_LEVELS for lv in levels):
         return None
@@ -396,8 +424,9 @@ def fit_roofline(levels: Sequence[Sequence[float]], decode_s: Sequence[Sequence[
     base[np.arange(n), 2 * run_of + 1] = b / scale
     q = np.asarray([verified_tokens[k] for k in measured_k])[run_of] * b
     # every (knee, theta) candidate at once: the compute-bound term scales the baseline's fixed cost a_0
-    knees = np.concatenate([_KNEE_GRID[_KNEE_GRID > b.min()], [np.inf]])
-    thetas = np.linspace(*_WEIGHT_SHARE, 6)
+    on_grid = np.concatenate([_KNEE_GRID > b.min(), [True]])
+    knees = _ALL_KNEES[on_grid]
+    thetas = _THETAS
     excess = np.maximum(0.0, q[None, :] / knees[:, None] - 1.0)  # (knees, n)
     design = np.repeat(base[None, None], len(knees), axis=0).repeat(len(thetas), axis=1)
     design[:, :, :, 0] += thetas[None, :, None] * excess[:, None, :]
@@ -437,7 +466,19 @@ def fit_roofline(levels: Sequence[Sequence[float]], decode_s: Sequence[Sequence[
     best = float(sse.min())
     # likelihood of each candidate under Gaussian relative errors with the best fit's variance
     variance = max(best / max(n - reduced - 2, 1), 1e-12)
-    weights = np.exp(-(sse - best) / (2.0 * variance))
+    own = -(sse - best) / (2.0 * variance)
+    grid = np.full(ROOFLINE_GRID_SHAPE, _UNLIKELY)
+    grid[on_grid] = np.maximum(own.reshape(len(knees), len(thetas)), _UNLIKELY)
+    log_weights, used = own, "none"
+    if shared_prior is not None and np.shape(shared_prior) == ROOFLINE_GRID_SHAPE:
+        combined = own + np.asarray(shared_prior, dtype=float)[on_grid].ravel()
+        if np.isfinite(combined).any():
+            at = int(np.nanargmax(np.where(np.isfinite(combined), combined, -np.inf)))
+            if own[at] >= -_SHARED_REJECT:
+                log_weights, used = combined - combined[at], "used"
+            else:
+                used = "refused"
+    weights = np.exp(log_weights)
     keep = np.argsort(weights)[::-1][:_MAX_CANDIDATES]
     keep = keep[weights[keep] > 1e-3 * weights[keep[0]]]
     weights = weights[keep] / weights[keep].sum()
@@ -458,7 +499,47 @@ def fit_roofline(levels: Sequence[Sequence[float]], decode_s: Sequence[Sequence[
         covariance=covariance,
         batch_scale=scale,
         residual_sd=math.sqrt(variance),
+        grid_log_likelihood=grid,
+        shared_prior=used,
     )
+
+
+def pool_surfaces(methods: dict[str, tuple[Run, Sequence[Run], bool]]
+                  ) -> dict[str, MethodSurface | NotEnoughDataError]:
+    """The surfaces of a pool's methods, each fitted with what the others measured of the shared knee and
+    weight share (`pool_roofline_priors`). `methods`: key -> (baseline run, the method's runs, whether the
+    method has a drafter model); each value is the surface, or the error naming what data is missing."""
+    alone: dict[str, MethodSurface | NotEnoughDataError] = {}
+    for key, (baseline, runs, model_drafter) in methods.items():
+        try:
+            alone[key] = build_surface(baseline, runs, model_drafter=model_drafter)
+        except NotEnoughDataError as exc:
+            alone[key] = exc
+    priors = pool_roofline_priors({key: s.roofline_evidence if isinstance(s, MethodSurface) else None
+                                   for key, s in alone.items()})
+    pooled: dict[str, MethodSurface | NotEnoughDataError] = {}
+    for key, surface in alone.items():
+        prior = priors.get(key)
+        if isinstance(surface, MethodSurface) and surface.fit is not None and prior is not None:
+            baseline, runs, model_drafter = methods[key]
+            surface = build_surface(baseline, runs, model_drafter=model_drafter, shared_prior=prior)
+        pooled[key] = surface
+    return pooled
+
+
+def pool_roofline_priors(evidence: dict[str, np.ndarray | None]) -> dict[str, np.ndarray | None]:
+    """Each method's shared (knee, theta) prior from what the other methods of its pool measured.
+
+    The knee N (where the target's GEMMs turn compute-bound) and the weight-streaming share theta belong to
+    the GPU and the target model, not to the drafter: every method of a pool serves the same model on the
+    same GPU. Each method's runs say something of them (the K run turns compute-bound first, at N / q_K,
+    and q_K differs by method), so a method's fit weighs in the others' evidence (`roofline_evidence`):
+    the sum of their log-likelihoods over the (knee, theta) grid. None where no other method has any."""
+    priors: dict[str, np.ndarray | None] = {}
+    for key in evidence:
+        others = [e for other, e in evidence.items() if other != key and e is not None]
+        priors[key] = np.sum(others, axis=0) if others else None
+    return priors
 
 
 class _StepCurve:
@@ -534,6 +615,9 @@ class MethodSurface:
     """Levels `prefill_s` is the median of (0: no prefill figure)."""
     notes: tuple[str, ...] = ()
     """What the surface had to assume (missing runs, interpolation instead of the fit), in words."""
+    roofline_evidence: np.ndarray | None = None
+    """What the method's own runs say of the pool's (knee, theta), the baseline's share taken out (the pool's
+    methods share one baseline): log-likelihood over ROOFLINE_GRID_SHAPE; None without the fit."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_decode_curves",
@@ -686,8 +770,12 @@ class MethodSurface:
             raise ValueError(f"concurrency must be >= 1 (got {c})")
 
 
-def build_surface(baseline: Run, runs: Sequence[Run], model_drafter: bool = True) -> MethodSurface:
+def build_surface(baseline: Run, runs: Sequence[Run], model_drafter: bool = True,
+                  shared_prior: np.ndarray | None = None) -> MethodSurface:
     """The surface from a baseline run (K=0) and a method's runs (K=1 and K=max at least; others refine k).
+
+    `shared_prior`: what the pool's other methods say of the knee and weight share (`pool_roofline_priors`
+    over their surfaces' `roofline_evidence`); the fit weighs it in unless this method's runs refuse it.
 
     Raises NotEnoughDataError naming what is missing: no valid baseline levels, no valid speculative run,
     no acceptance figures in the largest run.
@@ -743,14 +831,22 @@ def build_surface(baseline: Run, runs: Sequence[Run], model_drafter: bool = True
     else:
         prefill_samples = sum(c.prefill_samples for c in curves[1:] if c.prefill_s is not None)
     verified = tuple(1.0 + drafts_per_step * k for k in range(max_k + 1))
-    fit = fit_roofline([c.levels for c in curves], decode, measured, verified,
-                       [c.counts or (1,) * len(c.levels) for c in curves])
+    counts = [c.counts or (1,) * len(c.levels) for c in curves]
+    fit = fit_roofline([c.levels for c in curves], decode, measured, verified, counts,
+                       shared_prior=shared_prior)
+    evidence = None
     if fit is None:
         notes.append("too few levels for the roofline fit: step times interpolated between measured levels")
     elif fit.rms_relative_residual > FIT_MAX_RMS:
         notes.append(f"the roofline fit misses the measurements by {fit.rms_relative_residual:.0%} RMS: step "
                      f"times interpolated between measured levels")
         fit = None
+    else:
+        alone = fit_roofline([base.levels], [decode[0]], (0,), verified, [counts[0]])
+        evidence = fit.grid_log_likelihood - (alone.grid_log_likelihood if alone is not None else 0.0)
+        if fit.shared_prior == "refused":
+            notes.append("the knee and weight share the pool's other methods measured do not fit this "
+                         "method's runs: fitted on its own runs alone")
     return MethodSurface(
         max_k=max_k,
         per_position=tuple(per_position),
@@ -766,6 +862,7 @@ def build_surface(baseline: Run, runs: Sequence[Run], model_drafter: bool = True
         output_tokens=output_tokens,
         prefill_samples=prefill_samples,
         notes=tuple(notes),
+        roofline_evidence=evidence,
     )
 
 
