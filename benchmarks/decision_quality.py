@@ -16,8 +16,9 @@ KV capacity, as in the engine):
   the oracle over the plain engine).
 
 Each method's fit weighs in what the other two methods of its pool (same SKU, model and workload) measured
-of the knee and weight share, from their first sweeps, as decide_pool pools a pool's candidates
-(--no-shared-knee: each method on its own runs).
+of the knee and weight share, as decide_pool pools a pool's candidates (--no-shared-knee: each method on its
+own runs): from their first sweeps without refinement; with it, the pool is refined together and planned
+again on what all of its methods measured, as the operator refines a pool.
 
 Each scenario draws its own noise (draw_seed: the draw number and the scenario's name), so scenario-draws
 are independent and the binomial standard error printed next to a share holds.
@@ -303,46 +304,102 @@ def _plan(scenario: Scenario, baseline, method, min_gain_percent: float, shared_
     return plan
 
 
-@functools.lru_cache(maxsize=4096)
 def refined(scenario: Scenario, noise: float, seed: int, min_gain_percent: float, levels: tuple[int, ...],
             rounds: int, budget_share: float):
     """(plan, first-sweep cost, refinement cost, rounds run) of a scenario-draw refined as the operator
     refines it: each round the planner's requests (policy.refine) are measured like a refinement Job measures
     them (one engine start per profile and k; each requested level re-drawn from the twin with fresh noise,
-    `repeat` times, appended to its run), then planned again."""
+    `repeat` times, appended to its run), then planned again. The scenario is refined with its pool (the
+    other METHODS on the same SKU, model and workload), whose fits share the knee and weight share."""
+    anchor = dataclasses.replace(scenario, method=METHODS[0]) if scenario.method in METHODS else scenario
+    return _refined_pool(anchor, noise, seed, min_gain_percent, levels, rounds, budget_share)[scenario.method]
+
+
+@dataclasses.dataclass
+class _Member:
+    """One method of a pool being refined: its profiles (copies it appends to) and what they cost."""
+
+    scenario: Scenario
+    baseline: object
+    method: object
+    first: Cost
+    budget: int
+    twins: dict
+    rng: np.random.Generator
+    extra: Cost = Cost(0, 0, 0.0)
+    rounds: int = 0
+    finished: bool = False
+
+
+def _member(scenario: Scenario, noise: float, seed: int, levels: tuple[int, ...], budget_share: float) -> _Member:
     first_baseline, first_method = _profiles(scenario, noise, seed, levels)
     baseline, method = first_baseline.model_copy(deep=True), first_method.model_copy(deep=True)
     for profile in (baseline, method):  # the durations the benchmark Job would see (its requests per level)
         for run in profile.status.runs:
             for point in run.points:
                 point.duration_s = level_seconds(point)
-    first = profiling_cost([baseline, method])
-    budget = math.ceil(budget_share * initial_levels([baseline, method]))
-    twins = {"baseline": scenario.twin(speculative=False), scenario.method: scenario.twin()}
-    rng = np.random.default_rng([draw_seed(scenario, seed), 7919])
-    extra = Cost(0, 0, 0.0)
-    prior = pool_prior(scenario, noise, seed, levels)
-    plan = _plan(scenario, baseline, method, min_gain_percent, prior)
-    done_rounds = 0
+    return _Member(scenario, baseline, method, profiling_cost([baseline, method]),
+                   math.ceil(budget_share * initial_levels([baseline, method])),
+                   {"baseline": scenario.twin(speculative=False), scenario.method: scenario.twin()},
+                   np.random.default_rng([draw_seed(scenario, seed), 7919]))
+
+
+def _pool_priors(members: list[_Member]) -> dict[str, object]:
+    """Each member's shared (knee, theta) prior from the others' profiles as they stand (None: on its own)."""
+    if not SHARED_KNEE:
+        return {m.scenario.method: None for m in members}
+    evidence = {}
+    for m in members:
+        try:
+            evidence[m.scenario.method] = build_surface(m.baseline.status.run(0), m.method.status.runs,
+                                                        model_drafter=m.scenario.method != "ngram").roofline_evidence
+        except NotEnoughDataError:
+            evidence[m.scenario.method] = None
+    return pool_roofline_priors(evidence)
+
+
+@functools.lru_cache(maxsize=2048)
+def _refined_pool(anchor: Scenario, noise: float, seed: int, min_gain_percent: float, levels: tuple[int, ...],
+                  rounds: int, budget_share: float) -> dict[str, tuple]:
+    """refined() for every method of the anchor's pool at once, as the operator refines a pool: every
+    method's requests come from plans that weigh the others' first sweeps, the round measures them all, and
+    the pool is planned again on everything measured (a method settled once is not refined again)."""
+    methods = METHODS if anchor.method == METHODS[0] else (anchor.method,)
+    members = [_member(dataclasses.replace(anchor, method=m), noise, seed, levels, budget_share) for m in methods]
+
+    def plan_all() -> dict[str, object]:
+        priors = _pool_priors(members)
+        return {m.scenario.method: _plan(m.scenario, m.baseline, m.method, min_gain_percent,
+                                         priors[m.scenario.method]) for m in members}
+
+    plans = plan_all()
     for _ in range(rounds):
-        request = refine_schedule(plan, min_gain_percent, scenario.method, budget,
-                                  spent_levels([baseline, method]),
-                                  profiles={"baseline": baseline, scenario.method: method})
-        if request.done:
+        measured = False
+        for m in members:
+            if m.finished:
+                continue
+            request = refine_schedule(plans[m.scenario.method], min_gain_percent, m.scenario.method, m.budget,
+                                      spent_levels([m.baseline, m.method]),
+                                      profiles={"baseline": m.baseline, m.scenario.method: m.method})
+            if request.done:
+                m.finished = True
+                continue
+            m.rounds += 1
+            measured = True
+            for job in request.jobs():
+                profile = m.baseline if job.profile_key == "baseline" else m.method
+                for k in job.ks:
+                    run = profile.status.run(k)
+                    new = [synthetic._point(m.twins[job.profile_key], m.scenario, c, k, m.rng, noise, 64)
+                           for _ in range(job.repeat) for c in job.levels]
+                    for point in new:
+                        point.duration_s = level_seconds(point)
+                    run.points.extend(new)
+                    m.extra = m.extra + Cost(1, len(new), ENGINE_START_S + sum(level_seconds(p) for p in new))
+        if not measured:
             break
-        done_rounds += 1
-        for job in request.jobs():
-            profile = baseline if job.profile_key == "baseline" else method
-            for k in job.ks:
-                run = profile.status.run(k)
-                new = [synthetic._point(twins[job.profile_key], scenario, c, k, rng, noise, 64)
-                       for _ in range(job.repeat) for c in job.levels]
-                for point in new:
-                    point.duration_s = level_seconds(point)
-                run.points.extend(new)
-                extra = extra + Cost(1, len(new), ENGINE_START_S + sum(level_seconds(p) for p in new))
-        plan = _plan(scenario, baseline, method, min_gain_percent, prior)
-    return plan, first, extra, done_rounds
+        plans = plan_all()
+    return {m.scenario.method: (plans[m.scenario.method], m.first, m.extra, m.rounds) for m in members}
 
 
 def score_refined(scenario: Scenario, truth: TrueCurves, noise: float, seed: int, min_gain_percent: float,

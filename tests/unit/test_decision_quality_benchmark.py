@@ -3,6 +3,8 @@ closing notes, so the ideal planner and the expectation over draws are checked h
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from benchmarks.decision_quality import in_expectation, score, score_ks
@@ -95,3 +97,23 @@ def test_each_scenario_draws_its_own_noise():
     assert noise(SCENARIO, 0) == noise(SCENARIO, 0)  # reproducible
     assert noise(SCENARIO, 0) != pytest.approx(noise(llama, 0), rel=1e-3)
     assert noise(llama, 0) != pytest.approx(noise(llama, 1), rel=1e-3)
+
+
+def test_a_scenario_is_refined_with_its_pool_whose_fits_share_the_knee(monkeypatch):
+    """As the operator refines a pool: every method of the scenario's pool is refined in the same round and
+    planned again on what all of them measured, each fit weighing the others' evidence of the knee."""
+    import benchmarks.decision_quality as dq
+
+    pool = dq._refined_pool(SCENARIO, 0.05, 5, 0.0, LEVELS, 1, 2.0)
+    assert set(pool) == set(dq.METHODS)
+    for method, (plan, first, extra, rounds) in pool.items():
+        assert plan.surface.fit.shared_prior in ("used", "refused")
+        assert dq.refined(dataclasses.replace(SCENARIO, method=method), 0.05, 5, 0.0, LEVELS, 1, 2.0) == \
+            (plan, first, extra, rounds)
+    refined_somewhere = [m for m, (_, _, extra, _) in pool.items() if extra.levels > 0]
+    assert refined_somewhere
+    # on its own (--no-shared-knee), nothing is pooled: the same draws, fits without the others' evidence
+    monkeypatch.setattr(dq, "SHARED_KNEE", False)
+    alone = dq._refined_pool.__wrapped__(SCENARIO, 0.05, 5, 0.0, LEVELS, 1, 2.0)
+    assert all(plan.surface.fit.shared_prior == "none" for plan, *_ in alone.values())
+    assert {m: first for m, (_, first, _, _) in alone.items()} == {m: first for m, (_, first, _, _) in pool.items()}
