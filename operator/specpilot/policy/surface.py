@@ -407,6 +407,14 @@ def fit_roofline(levels: Sequence[Sequence[float]], decode_s: Sequence[Sequence[
     `shared_prior`: a log-likelihood over the (knee, theta) grid (ROOFLINE_GRID_SHAPE) from the other methods
     measured on the same GPU and model (`pool_roofline_priors`), added to this data's own; refused when this
     data finds the shared (knee, theta) unlikely (it loses more than _SHARED_REJECT)."""
+    candidates = _solve_roofline(levels, decode_s, measured_k, verified_tokens, counts)
+    return None if candidates is None else candidates.fit(shared_prior)
+
+
+def _solve_roofline(levels: Sequence[Sequence[float]], decode_s: Sequence[Sequence[float]],
+                    measured_k: Sequence[int], verified_tokens: Sequence[float],
+                    counts: Sequence[Sequence[int]] | None = None) -> _Candidates | None:
+    """All (knee, theta) candidates of fit_roofline, solved, before they are weighed."""
     runs = len(measured_k)
     if any(len(set(lv)) < _FIT_MIN_LEVELS for lv in levels):
         return None
@@ -469,39 +477,64 @@ def fit_roofline(levels: Sequence[Sequence[float]], decode_s: Sequence[Sequence[
     own = -(sse - best) / (2.0 * variance)
     grid = np.full(ROOFLINE_GRID_SHAPE, _UNLIKELY)
     grid[on_grid] = np.maximum(own.reshape(len(knees), len(thetas)), _UNLIKELY)
-    log_weights, used = own, "none"
-    if shared_prior is not None and np.shape(shared_prior) == ROOFLINE_GRID_SHAPE:
-        combined = own + np.asarray(shared_prior, dtype=float)[on_grid].ravel()
-        if np.isfinite(combined).any():
-            at = int(np.nanargmax(np.where(np.isfinite(combined), combined, -np.inf)))
-            if own[at] >= -_SHARED_REJECT:
-                log_weights, used = combined - combined[at], "used"
-            else:
-                used = "refused"
-    weights = np.exp(log_weights)
-    keep = np.argsort(weights)[::-1][:_MAX_CANDIDATES]
-    keep = keep[weights[keep] > 1e-3 * weights[keep[0]]]
-    weights = weights[keep] / weights[keep].sum()
-    flat = coef.reshape(-1, params)[keep]
-    covariance = variance * (tie @ np.linalg.inv(gram.reshape(-1, reduced, reduced)[keep]) @ tie.T)
-    knee_of = np.repeat(knees, len(thetas))[keep]
-    theta_of = np.tile(thetas, len(knees))[keep]
-    return RooflineFit(
-        measured_k=tuple(measured_k),
-        verified_tokens=tuple(verified_tokens),
-        weights=weights,
-        fixed_s=flat[:, 0::2],
-        per_sequence_s=flat[:, 1::2] / scale,
-        knee_tokens=knee_of,
-        weight_share=theta_of,
-        rms_relative_residual=math.sqrt(roofline_sse / n),
-        coefficients=flat,
-        covariance=covariance,
-        batch_scale=scale,
-        residual_sd=math.sqrt(variance),
-        grid_log_likelihood=grid,
-        shared_prior=used,
-    )
+    return _Candidates(tuple(measured_k), tuple(verified_tokens), coef.reshape(-1, params), own,
+                       gram.reshape(-1, reduced, reduced), tie, variance, np.repeat(knees, len(thetas)),
+                       np.tile(thetas, len(knees)), on_grid, scale, math.sqrt(roofline_sse / n), grid)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class _Candidates:
+    """Every (knee, theta) candidate of a roofline fit, solved: what weighing them (with or without a pool's
+    shared prior) needs. Transient: a fit keeps only the most likely _MAX_CANDIDATES."""
+
+    measured_k: tuple[int, ...]
+    verified_tokens: tuple[float, ...]
+    coef: np.ndarray
+    own: np.ndarray
+    """Each candidate's log-likelihood relative to the best (-inf: infeasible)."""
+    gram: np.ndarray
+    tie: np.ndarray
+    variance: float
+    knees: np.ndarray
+    thetas: np.ndarray
+    on_grid: np.ndarray
+    scale: float
+    rms: float
+    grid: np.ndarray
+
+    def fit(self, shared_prior: np.ndarray | None = None) -> RooflineFit:
+        own = self.own
+        log_weights, used = own, "none"
+        if shared_prior is not None and np.shape(shared_prior) == ROOFLINE_GRID_SHAPE:
+            combined = own + np.asarray(shared_prior, dtype=float)[self.on_grid].ravel()
+            if np.isfinite(combined).any():
+                at = int(np.nanargmax(np.where(np.isfinite(combined), combined, -np.inf)))
+                if own[at] >= -_SHARED_REJECT:
+                    log_weights, used = combined - combined[at], "used"
+                else:
+                    used = "refused"
+        weights = np.exp(log_weights)
+        keep = np.argsort(weights)[::-1][:_MAX_CANDIDATES]
+        keep = keep[weights[keep] > 1e-3 * weights[keep[0]]]
+        weights = weights[keep] / weights[keep].sum()
+        flat = self.coef[keep]
+        covariance = self.variance * (self.tie @ np.linalg.inv(self.gram[keep]) @ self.tie.T)
+        return RooflineFit(
+            measured_k=self.measured_k,
+            verified_tokens=self.verified_tokens,
+            weights=weights,
+            fixed_s=flat[:, 0::2],
+            per_sequence_s=flat[:, 1::2] / self.scale,
+            knee_tokens=self.knees[keep],
+            weight_share=self.thetas[keep],
+            rms_relative_residual=self.rms,
+            coefficients=flat,
+            covariance=covariance,
+            batch_scale=self.scale,
+            residual_sd=math.sqrt(self.variance),
+            grid_log_likelihood=self.grid,
+            shared_prior=used,
+        )
 
 
 def pool_surfaces(methods: dict[str, tuple[Run, Sequence[Run], bool]]
@@ -509,22 +542,16 @@ def pool_surfaces(methods: dict[str, tuple[Run, Sequence[Run], bool]]
     """The surfaces of a pool's methods, each fitted with what the others measured of the shared knee and
     weight share (`pool_roofline_priors`). `methods`: key -> (baseline run, the method's runs, whether the
     method has a drafter model); each value is the surface, or the error naming what data is missing."""
-    alone: dict[str, MethodSurface | NotEnoughDataError] = {}
+    alone: dict[str, tuple[MethodSurface, _Candidates | None] | NotEnoughDataError] = {}
     for key, (baseline, runs, model_drafter) in methods.items():
         try:
-            alone[key] = build_surface(baseline, runs, model_drafter=model_drafter)
+            alone[key] = _build_surface(baseline, runs, model_drafter)
         except NotEnoughDataError as exc:
             alone[key] = exc
-    priors = pool_roofline_priors({key: s.roofline_evidence if isinstance(s, MethodSurface) else None
-                                   for key, s in alone.items()})
-    pooled: dict[str, MethodSurface | NotEnoughDataError] = {}
-    for key, surface in alone.items():
-        prior = priors.get(key)
-        if isinstance(surface, MethodSurface) and surface.fit is not None and prior is not None:
-            baseline, runs, model_drafter = methods[key]
-            surface = build_surface(baseline, runs, model_drafter=model_drafter, shared_prior=prior)
-        pooled[key] = surface
-    return pooled
+    priors = pool_roofline_priors({key: built[0].roofline_evidence if isinstance(built, tuple) else None
+                                   for key, built in alone.items()})
+    return {key: _with_shared_prior(*built, priors.get(key)) if isinstance(built, tuple) else built
+            for key, built in alone.items()}
 
 
 def pool_roofline_priors(evidence: dict[str, np.ndarray | None]) -> dict[str, np.ndarray | None]:
@@ -772,6 +799,25 @@ class MethodSurface:
 
 def build_surface(baseline: Run, runs: Sequence[Run], model_drafter: bool = True,
                   shared_prior: np.ndarray | None = None) -> MethodSurface:
+    surface, candidates = _build_surface(baseline, runs, model_drafter)
+    return _with_shared_prior(surface, candidates, shared_prior)
+
+
+def _with_shared_prior(surface: MethodSurface, candidates: _Candidates | None,
+                       shared_prior: np.ndarray | None) -> MethodSurface:
+    """The surface with its fit's candidates weighed with the pool's shared prior as well (none: as it is)."""
+    if shared_prior is None or candidates is None or surface.fit is None:
+        return surface
+    fit = candidates.fit(shared_prior)
+    notes = surface.notes
+    if fit.shared_prior == "refused":
+        notes = (*notes, "the knee and weight share the pool's other methods measured do not fit this "
+                         "method's runs: fitted on its own runs alone")
+    return dataclasses.replace(surface, fit=fit, notes=notes)
+
+
+def _build_surface(baseline: Run, runs: Sequence[Run], model_drafter: bool
+                   ) -> tuple[MethodSurface, _Candidates | None]:
     """The surface from a baseline run (K=0) and a method's runs (K=1 and K=max at least; others refine k).
 
     `shared_prior`: what the pool's other methods say of the knee and weight share (`pool_roofline_priors`
@@ -832,8 +878,8 @@ def build_surface(baseline: Run, runs: Sequence[Run], model_drafter: bool = True
         prefill_samples = sum(c.prefill_samples for c in curves[1:] if c.prefill_s is not None)
     verified = tuple(1.0 + drafts_per_step * k for k in range(max_k + 1))
     counts = [c.counts or (1,) * len(c.levels) for c in curves]
-    fit = fit_roofline([c.levels for c in curves], decode, measured, verified, counts,
-                       shared_prior=shared_prior)
+    candidates = _solve_roofline([c.levels for c in curves], decode, measured, verified, counts)
+    fit = candidates.fit() if candidates is not None else None
     evidence = None
     if fit is None:
         notes.append("too few levels for the roofline fit: step times interpolated between measured levels")
@@ -842,11 +888,8 @@ def build_surface(baseline: Run, runs: Sequence[Run], model_drafter: bool = True
                      f"times interpolated between measured levels")
         fit = None
     else:
-        alone = fit_roofline([base.levels], [decode[0]], (0,), verified, [counts[0]])
-        evidence = fit.grid_log_likelihood - (alone.grid_log_likelihood if alone is not None else 0.0)
-        if fit.shared_prior == "refused":
-            notes.append("the knee and weight share the pool's other methods measured do not fit this "
-                         "method's runs: fitted on its own runs alone")
+        alone = _solve_roofline([base.levels], [decode[0]], (0,), verified, [counts[0]])
+        evidence = fit.grid_log_likelihood - (alone.grid if alone is not None else 0.0)
     return MethodSurface(
         max_k=max_k,
         per_position=tuple(per_position),
@@ -863,7 +906,7 @@ def build_surface(baseline: Run, runs: Sequence[Run], model_drafter: bool = True
         prefill_samples=prefill_samples,
         notes=tuple(notes),
         roofline_evidence=evidence,
-    )
+    ), (candidates if fit is not None else None)
 
 
 def _decode_steps(curve: RunCurve, tokens_per_step: float, output_tokens: float, prefill_s: float) -> list[float]:
