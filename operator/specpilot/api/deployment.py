@@ -323,9 +323,9 @@ class Profiling(ApiModel):
     crossover's uncertainty exceeds policy.minGainPercent) are measured again by refinement Jobs, in one
     round, and the pool is decided again. This bounds what the round may re-measure, in measured levels, as
     a percent of the levels the first sweep measured (200: twice as many; on the twin with 5% noise, a pool
-    of three methods, it costs about +49% profiling time on average, engine starts counted, and leaves 96% of
-    schedules within 3% of the best k at every batch size; 260: +59% for 97%; 300 with concurrencyLevels
-    without 1: +32% over the default sweep for 96.6%). 0 turns refinement off."""
+    of three methods, it costs about +49% profiling time on average, engine starts counted, and leaves 96-97%
+    of schedules within 3% of the best k at every batch size; 260: +59% for 98%; 300 with concurrencyLevels
+    without 1: +32% over the default sweep for 97%). 0 turns refinement off."""
     job_deadline_seconds: int = Field(default=3600, ge=60, le=604800)
     """activeDeadlineSeconds of each benchmark Job (at most a week; the operator's tenancy.maxJobDeadlineSeconds,
     6 h by default, may hold it lower)."""
