@@ -503,6 +503,8 @@ class _Candidates:
     grid: np.ndarray
 
     def fit(self, shared_prior: np.ndarray | None = None) -> RooflineFit:
+        """The fit: the most likely candidates, weighed by this data's likelihood times the shared prior's,
+        or by this data's alone when there is none or this data refuses it."""
         own = self.own
         log_weights, used = own, "none"
         if shared_prior is not None and np.shape(shared_prior) == ROOFLINE_GRID_SHAPE:
@@ -799,6 +801,14 @@ class MethodSurface:
 
 def build_surface(baseline: Run, runs: Sequence[Run], model_drafter: bool = True,
                   shared_prior: np.ndarray | None = None) -> MethodSurface:
+    """The surface from a baseline run (K=0) and a method's runs (K=1 and K=max at least; others refine k).
+
+    `shared_prior`: what the pool's other methods say of the knee and weight share (`pool_roofline_priors`
+    over their surfaces' `roofline_evidence`); the fit weighs it in unless this method's runs refuse it.
+
+    Raises NotEnoughDataError naming what is missing: no valid baseline levels, no valid speculative run,
+    no acceptance figures in the largest run.
+    """
     surface, candidates = _build_surface(baseline, runs, model_drafter)
     return _with_shared_prior(surface, candidates, shared_prior)
 
@@ -818,14 +828,8 @@ def _with_shared_prior(surface: MethodSurface, candidates: _Candidates | None,
 
 def _build_surface(baseline: Run, runs: Sequence[Run], model_drafter: bool
                    ) -> tuple[MethodSurface, _Candidates | None]:
-    """The surface from a baseline run (K=0) and a method's runs (K=1 and K=max at least; others refine k).
-
-    `shared_prior`: what the pool's other methods say of the knee and weight share (`pool_roofline_priors`
-    over their surfaces' `roofline_evidence`); the fit weighs it in unless this method's runs refuse it.
-
-    Raises NotEnoughDataError naming what is missing: no valid baseline levels, no valid speculative run,
-    no acceptance figures in the largest run.
-    """
+    """build_surface without a shared prior, and the fit's solved candidates (None without the fit), which
+    a pool's prior re-weighs without solving again."""
     base = RunCurve.from_run(baseline)
     if base is None:
         raise NotEnoughDataError("the baseline run (K=0) has no level with a positive output throughput")
