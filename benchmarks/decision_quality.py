@@ -172,23 +172,36 @@ SHARED_KNEE = True
 decide_pool does (--no-shared-knee: each method on its own, as before)."""
 
 
-@functools.lru_cache(maxsize=8192)
+def _evidence(method: str, baseline, profile):
+    """What a method's profiles say of its pool's knee and weight share (None without the roofline fit)."""
+    try:
+        return build_surface(baseline.status.run(0), profile.status.runs,
+                             model_drafter=method != "ngram").roofline_evidence
+    except NotEnoughDataError:
+        return None
+
+
+@functools.lru_cache(maxsize=1024)
+def _first_sweep_priors(anchor: Scenario, noise: float, seed: int, levels: tuple[int, ...]) -> dict:
+    """Each method of the anchor's pool (METHODS on its SKU, model and workload; the anchor alone when its
+    method is not one of them): its prior from the other methods' first sweeps, the draws they are scored on."""
+    methods = METHODS if anchor.method in METHODS else (anchor.method,)
+    return pool_roofline_priors({
+        m: _evidence(m, *_profiles(dataclasses.replace(anchor, method=m), noise, seed, levels)) for m in methods})
+
+
+def _anchor(scenario: Scenario) -> Scenario:
+    """The scenario that stands for its pool (caches are per pool)."""
+    return dataclasses.replace(scenario, method=METHODS[0]) if scenario.method in METHODS else scenario
+
+
 def pool_prior(scenario: Scenario, noise: float, seed: int, levels: tuple[int, ...]):
     """What the other methods of the scenario's pool (same SKU, model and workload) measured of the shared
-    knee and weight share, from their first sweeps: the draws they are scored on. None when SHARED_KNEE is off.
-    The operator's final decision weighs the others' refined profiles, which know more."""
+    knee and weight share, from their first sweeps. None when SHARED_KNEE is off. With refinement the pool is
+    refined together and planned on everything its methods measured (refined())."""
     if not SHARED_KNEE:
         return None
-    evidence = {}
-    for method in (scenario.method, *(m for m in METHODS if m != scenario.method)):
-        other = dataclasses.replace(scenario, method=method)
-        baseline, profile = _profiles(other, noise, seed, levels)
-        try:
-            surface = build_surface(baseline.status.run(0), profile.status.runs, model_drafter=method != "ngram")
-        except NotEnoughDataError:
-            continue
-        evidence[method] = surface.roofline_evidence
-    return pool_roofline_priors(evidence).get(scenario.method)
+    return _first_sweep_priors(_anchor(scenario), noise, seed, levels)[scenario.method]
 
 
 def _planned_ks(plan, truth: TrueCurves) -> list[int]:
@@ -311,8 +324,8 @@ def refined(scenario: Scenario, noise: float, seed: int, min_gain_percent: float
     them (one engine start per profile and k; each requested level re-drawn from the twin with fresh noise,
     `repeat` times, appended to its run), then planned again. The scenario is refined with its pool (the
     other METHODS on the same SKU, model and workload), whose fits share the knee and weight share."""
-    anchor = dataclasses.replace(scenario, method=METHODS[0]) if scenario.method in METHODS else scenario
-    return _refined_pool(anchor, noise, seed, min_gain_percent, levels, rounds, budget_share)[scenario.method]
+    return _refined_pool(_anchor(scenario), noise, seed, min_gain_percent, levels, rounds,
+                         budget_share)[scenario.method]
 
 
 @dataclasses.dataclass
@@ -348,14 +361,8 @@ def _pool_priors(members: list[_Member]) -> dict[str, object]:
     """Each member's shared (knee, theta) prior from the others' profiles as they stand (None: on its own)."""
     if not SHARED_KNEE:
         return {m.scenario.method: None for m in members}
-    evidence = {}
-    for m in members:
-        try:
-            evidence[m.scenario.method] = build_surface(m.baseline.status.run(0), m.method.status.runs,
-                                                        model_drafter=m.scenario.method != "ngram").roofline_evidence
-        except NotEnoughDataError:
-            evidence[m.scenario.method] = None
-    return pool_roofline_priors(evidence)
+    return pool_roofline_priors({m.scenario.method: _evidence(m.scenario.method, m.baseline, m.method)
+                                 for m in members})
 
 
 @functools.lru_cache(maxsize=2048)

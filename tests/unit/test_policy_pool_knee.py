@@ -121,3 +121,13 @@ def test_decide_pool_plans_each_candidate_on_the_pooled_fit():
         alone = plan_schedule(build_surface(baseline, runs, model_drafter=drafter), None, 0, 256)
         differs = differs or decided != [alone.k_at(c) for c in range(1, 257)]
     assert differs
+
+
+def test_a_method_alone_in_its_pool_is_fitted_as_before():
+    methods = _pool(3)
+    baseline, runs, drafter = methods["eagle3"]
+    pooled = pool_surfaces({"eagle3": (baseline, runs, drafter)})["eagle3"]
+    alone = build_surface(baseline, runs, model_drafter=drafter)
+    assert pooled.fit.shared_prior == "none" and pooled.roofline_evidence is None
+    assert np.allclose(pooled.fit.weights, alone.fit.weights)
+    assert [pooled.speedup(1, c) for c in (8, 64, 256)] == [alone.speedup(1, c) for c in (8, 64, 256)]

@@ -546,8 +546,8 @@ def pool_surfaces(methods: dict[str, tuple[Run, Sequence[Run], bool]]
     method has a drafter model); each value is the surface, or the error naming what data is missing."""
     alone: dict[str, tuple[MethodSurface, _Candidates | None] | NotEnoughDataError] = {}
     for key, (baseline, runs, model_drafter) in methods.items():
-        try:
-            alone[key] = _build_surface(baseline, runs, model_drafter)
+        try:  # a method alone in its pool has no one to tell: no evidence to compute
+            alone[key] = _build_surface(baseline, runs, model_drafter, evidence=len(methods) > 1)
         except NotEnoughDataError as exc:
             alone[key] = exc
     priors = pool_roofline_priors({key: built[0].roofline_evidence if isinstance(built, tuple) else None
@@ -826,10 +826,11 @@ def _with_shared_prior(surface: MethodSurface, candidates: _Candidates | None,
     return dataclasses.replace(surface, fit=fit, notes=notes)
 
 
-def _build_surface(baseline: Run, runs: Sequence[Run], model_drafter: bool
+def _build_surface(baseline: Run, runs: Sequence[Run], model_drafter: bool, evidence: bool = True
                    ) -> tuple[MethodSurface, _Candidates | None]:
     """build_surface without a shared prior, and the fit's solved candidates (None without the fit), which
-    a pool's prior re-weighs without solving again."""
+    a pool's prior re-weighs without solving again. `evidence`: whether to say what the runs tell the pool's
+    other methods (`roofline_evidence`; it costs a fit of the baseline alone)."""
     base = RunCurve.from_run(baseline)
     if base is None:
         raise NotEnoughDataError("the baseline run (K=0) has no level with a positive output throughput")
@@ -884,16 +885,16 @@ def _build_surface(baseline: Run, runs: Sequence[Run], model_drafter: bool
     counts = [c.counts or (1,) * len(c.levels) for c in curves]
     candidates = _solve_roofline([c.levels for c in curves], decode, measured, verified, counts)
     fit = candidates.fit() if candidates is not None else None
-    evidence = None
+    told = None
     if fit is None:
         notes.append("too few levels for the roofline fit: step times interpolated between measured levels")
     elif fit.rms_relative_residual > FIT_MAX_RMS:
         notes.append(f"the roofline fit misses the measurements by {fit.rms_relative_residual:.0%} RMS: step "
                      f"times interpolated between measured levels")
         fit = None
-    else:
+    elif evidence:
         alone = _solve_roofline([base.levels], [decode[0]], (0,), verified, [counts[0]])
-        evidence = fit.grid_log_likelihood - (alone.grid if alone is not None else 0.0)
+        told = fit.grid_log_likelihood - (alone.grid if alone is not None else 0.0)
     return MethodSurface(
         max_k=max_k,
         per_position=tuple(per_position),
@@ -909,7 +910,7 @@ def _build_surface(baseline: Run, runs: Sequence[Run], model_drafter: bool
         output_tokens=output_tokens,
         prefill_samples=prefill_samples,
         notes=tuple(notes),
-        roofline_evidence=evidence,
+        roofline_evidence=told,
     ), (candidates if fit is not None else None)
 
 
