@@ -17,8 +17,8 @@ KV capacity, as in the engine):
 
 Each method's fit weighs in what the other two methods of its pool (same SKU, model and workload) measured
 of the knee and weight share, as decide_pool pools a pool's candidates (--no-shared-knee: each method on its
-own runs): from their first sweeps without refinement; with it, the pool is refined together and planned
-again on what all of its methods measured, as the operator refines a pool.
+own runs): from their first sweeps without refinement (refined() with no rounds); with it, the pool is
+refined together and planned again on what all of its methods measured, as the operator refines a pool.
 
 Each scenario draws its own noise (draw_seed: the draw number and the scenario's name), so scenario-draws
 are independent and the binomial standard error printed next to a share holds.
@@ -181,27 +181,9 @@ def _evidence(method: str, baseline, profile):
         return None
 
 
-@functools.lru_cache(maxsize=1024)
-def _first_sweep_priors(anchor: Scenario, noise: float, seed: int, levels: tuple[int, ...]) -> dict:
-    """Each method of the anchor's pool (METHODS on its SKU, model and workload; the anchor alone when its
-    method is not one of them): its prior from the other methods' first sweeps, the draws they are scored on."""
-    methods = METHODS if anchor.method in METHODS else (anchor.method,)
-    return pool_roofline_priors({
-        m: _evidence(m, *_profiles(dataclasses.replace(anchor, method=m), noise, seed, levels)) for m in methods})
-
-
 def _anchor(scenario: Scenario) -> Scenario:
     """The scenario that stands for its pool (caches are per pool)."""
     return dataclasses.replace(scenario, method=METHODS[0]) if scenario.method in METHODS else scenario
-
-
-def pool_prior(scenario: Scenario, noise: float, seed: int, levels: tuple[int, ...]):
-    """What the other methods of the scenario's pool (same SKU, model and workload) measured of the shared
-    knee and weight share, from their first sweeps. None when SHARED_KNEE is off. With refinement the pool is
-    refined together and planned on everything its methods measured (refined())."""
-    if not SHARED_KNEE:
-        return None
-    return _first_sweep_priors(_anchor(scenario), noise, seed, levels)[scenario.method]
 
 
 def _planned_ks(plan, truth: TrueCurves) -> list[int]:
@@ -272,15 +254,11 @@ def score_ks(ks: Sequence[int], truth: TrueCurves, min_gain_percent: float, plan
 
 def score(scenario: Scenario, truth: TrueCurves, noise: float, seed: int, min_gain_percent: float,
           levels: tuple[int, ...], ideal: bool = False) -> Score:
-    baseline, method = _profiles(scenario, noise, seed, levels)
     if ideal:
+        baseline, method = _profiles(scenario, noise, seed, levels)
         return score_ks(ideal_ks(truth, baseline.status.run(0), list(method.status.runs),
                                  min_gain_percent), truth, min_gain_percent)
-    plan = plan_from_runs(baseline.status.run(0), method.status.runs,
-                          model_drafter=scenario.method != "ngram", min_gain_percent=min_gain_percent,
-                          max_batch_size=MAX_CONCURRENCY, shared_prior=pool_prior(scenario, noise, seed, levels))
-    if not plan.ok:
-        raise SystemExit(f"{scenario.label()}: planner returned no schedule: {plan.reason}")
+    plan, _, _, _ = refined(scenario, noise, seed, min_gain_percent, levels, 0, 0.0)  # the first sweep, pooled
     return score_ks(_planned_ks(plan, truth), truth, min_gain_percent, plan)
 
 
@@ -371,7 +349,7 @@ def _refined_pool(anchor: Scenario, noise: float, seed: int, min_gain_percent: f
     """refined() for every method of the anchor's pool at once, as the operator refines a pool: every
     method's requests come from plans that weigh the others' first sweeps, the round measures them all, and
     the pool is planned again on everything measured (a method settled once is not refined again)."""
-    methods = METHODS if anchor.method == METHODS[0] else (anchor.method,)
+    methods = METHODS if anchor.method in METHODS else (anchor.method,)
     members = [_member(dataclasses.replace(anchor, method=m), noise, seed, levels, budget_share) for m in methods]
 
     def plan_all() -> dict[str, object]:
