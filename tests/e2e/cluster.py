@@ -168,7 +168,8 @@ class Cluster:
 
         method = profile["spec"].get("method") or {}
         sku = profile["spec"]["sku"] if profile["spec"]["sku"] in DEFAULT_CATALOG else SYNTHETIC_SKU
-        status = measured_status(sku, method.get("method"), method.get("numSpeculativeTokens", 4))
+        status = measured_status(sku, method.get("method"), method.get("numSpeculativeTokens", 4),
+                                 levels=profile["spec"]["concurrencyLevels"])
         self.custom.patch_namespaced_custom_object_status(
             GROUP, VERSION, self.namespace, PROFILES, profile["metadata"]["name"], {"status": status})
 

@@ -118,8 +118,10 @@ async def test_a_result_written_as_soon_as_the_job_exists_is_kept(sandbox, opera
         response = await handle(emulator, request)
         if request.action == kmock.action.CREATE and getattr(request.resource, "plural", None) == "jobs":
             profile = request.data["metadata"]["ownerReferences"][0]["name"]
-            method = (sandbox.get("speculationprofiles", NAMESPACE, profile)["spec"].get("method") or {})
-            result = measured_status("H100-SXM", method.get("method"), method.get("numSpeculativeTokens", 4))
+            spec = sandbox.get("speculationprofiles", NAMESPACE, profile)["spec"]
+            method = spec.get("method") or {}
+            result = measured_status("H100-SXM", method.get("method"), method.get("numSpeculativeTokens", 4),
+                                     levels=spec["concurrencyLevels"])
             await sandbox.patch("speculationprofiles", NAMESPACE, profile,
                                 {"status": seal.sealed(result, request.data)}, subresource="status")
         return response

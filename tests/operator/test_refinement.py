@@ -16,6 +16,7 @@ from tests.operator.scenario import (
     complete_job,
     events,
     jobs,
+    measured_status,
     node,
     profiles,
     publish_results,
@@ -34,21 +35,27 @@ def _flag(args: list[str], name: str) -> str:
     return args[args.index(name) + 1]
 
 
-async def _play_refinement_job(api, job: dict) -> int:
-    """What `specpilot-bench --levels --ks --repeat --append` does: measure the levels again and append the
-    points to the profile's runs, sealed with the Job's token; then the Job controller marks it Complete.
-    Returns the points appended."""
+async def _play_refinement_job(api, job: dict, seed: int = 100) -> int:
+    """What `specpilot-bench --levels --ks --repeat --append` does: measure the levels (the boundaries' batch
+    sizes, between the first sweep's levels) `repeat` times, each with fresh noise from the twin, and append
+    the points to the profile's runs, sealed with the Job's token; then the Job controller marks it
+    Complete. Returns the points appended."""
     args = job["spec"]["template"]["spec"]["containers"][0]["args"]
-    levels = {int(c) for c in _flag(args, "--levels").split(",")}
+    levels = sorted({int(c) for c in _flag(args, "--levels").split(",")})
     ks = {int(k) for k in _flag(args, "--ks").split(",")}
     repeat = int(_flag(args, "--repeat")) if "--repeat" in args else 1
     assert "--append" in args
     name = job["metadata"]["ownerReferences"][0]["name"]
-    stored = api.get("speculationprofiles", NAMESPACE, name)["status"]
+    profile = api.get("speculationprofiles", NAMESPACE, name)
+    stored, method = profile["status"], profile["spec"].get("method") or {}
+    measured = [measured_status("H100-SXM", method.get("method"), method.get("numSpeculativeTokens", 4),
+                                seed=seed + i, noise=0.05, levels=levels) for i in range(repeat)]
     runs, appended = [dict(run) for run in stored["runs"]], 0
     for run in runs:
         if run["numSpeculativeTokens"] in ks:
-            again = [p for p in run["points"] if p["concurrency"] in levels] * repeat
+            again = [p for m in measured for r in m["runs"] if r["numSpeculativeTokens"] == run["numSpeculativeTokens"]
+                     for p in r["points"]]
+            assert {p["concurrency"] for p in again} == set(levels)
             run["points"] = run["points"] + again
             appended += len(again)
     result = {k: v for k, v in stored.items() if k not in ("seal",)} | {"runs": runs}
@@ -73,6 +80,9 @@ async def test_uncertain_crossovers_are_measured_again_and_decided_again(sandbox
     first_basis = status(sandbox)["pools"][0]["decision"]["basis"]
     assert any("Refining" == e["reason"] for e in events(sandbox))
     expected = {j["jobName"] for j in refinement["jobs"]}
+    sweep = set(profiles(sandbox)[0]["spec"]["concurrencyLevels"])
+    asked = {c for j in refinement["jobs"] for c in j["levels"]}
+    assert asked - sweep, f"measured where the changes lie, between the sweep's levels (asked {sorted(asked)})"
 
     # Play each Job as the operator starts it (a profile's parts run one after another).
     played: set[str] = set()

@@ -35,7 +35,7 @@ def refine_plan(baseline, method, min_gain: float = 2.0, budget: int | None = No
                            budget_levels=budget)
 
 
-def test_noisy_profiles_ask_for_the_levels_around_their_uncertain_boundaries():
+def test_noisy_profiles_ask_to_measure_their_uncertain_boundaries_where_they_lie():
     baseline, method = profiles()
     plan = refine_plan(baseline, method, budget=60)  # enough for every uncertain boundary
     assert not plan.done and not refinement_done(plan)
@@ -46,8 +46,7 @@ def test_noisy_profiles_ask_for_the_levels_around_their_uncertain_boundaries():
     assert [b.batch_size for b in plan.boundaries] == changes
     for b in plan.uncertain:
         assert CONFIDENCE_Z * b.uncertainty > b.threshold
-        lo, hi = b.levels
-        assert lo <= b.batch_size < hi or b.batch_size >= hi  # the measured levels around it
+        assert b.levels == (b.batch_size,)  # measured at the batch size where k changes, not around it
     names = {"baseline": baseline.metadata["name"], "eagle3": method.metadata["name"]}
     for r in plan.requests:
         assert r.profile_name == names[r.profile_key]
@@ -119,6 +118,17 @@ def test_the_budget_counts_what_the_profiles_already_repeated():
     assert again.done and not again.requests and again.uncertain
     assert again.reason.startswith("refined once (3 levels measured again); refinement is one round, and "
                                    "still uncertain: eagle3")
+
+
+def test_a_level_only_refinement_measured_counts_as_spent_not_as_first_sweep():
+    baseline, method = profiles()
+    sweep = set(method.spec.concurrency_levels)
+    probe = next(c for c in range(100, 200) if c not in sweep)  # a boundary's batch size between levels
+    run = baseline.status.run(0)
+    run.points.append(run.points[-1].model_copy(update={"concurrency": probe}))
+    assert initial_levels([baseline, method]) == 36  # the first sweep is the spec's levels
+    assert spent_levels([baseline, method]) == 1  # measured once, and still a refinement's point
+    assert refine_plan(baseline, method).done  # so the one round is over
 
 
 def test_a_tight_budget_goes_to_the_best_worth_first():

@@ -271,8 +271,8 @@ def _refine_text(refine: dict[str, Any]) -> str:
                  else f"k {b['fromK']} -> {b['toK']} at {b['batchSize']}")
         known = "unknown" if b["uncertaintyPercent"] is None else f"±{b['uncertaintyPercent']:.1f}%"
         lines.append(f"uncertain: {b['candidate']} {where}: the gain there is known to {known}, and the "
-                     f"{b['thresholdPercent']:g}% minimum gain needs ±{b['neededPercent']:.1f}% (levels "
-                     f"{', '.join(map(str, b['levels']))} place it)")
+                     f"{b['thresholdPercent']:g}% minimum gain needs ±{b['neededPercent']:.1f}% (measuring at "
+                     f"concurrency {', '.join(map(str, b['levels']))} settles it)")
     if refine["jobs"]:
         left = refine.get("unaddressed") or []
         tail = (f"; the budget does not reach the change{'s' if len(left) > 1 else ''} at "
@@ -282,7 +282,7 @@ def _refine_text(refine: dict[str, Any]) -> str:
         for job in refine["jobs"]:
             name = job["profileName"] or job["profile"]
             lines.append(f"  {job['profile']}: k={','.join(map(str, job['ks']))} at concurrency "
-                         f"{','.join(map(str, job['levels']))}, {job['repeat']} more time"
+                         f"{','.join(map(str, job['levels']))}, {job['repeat']} time"
                          f"{'s' if job['repeat'] != 1 else ''} each: specpilot-bench --profile-name {name} "
                          f"--levels {','.join(map(str, job['levels']))} --ks {','.join(map(str, job['ks']))} "
                          f"--repeat {job['repeat']} --append")

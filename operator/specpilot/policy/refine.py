@@ -1,4 +1,4 @@
-"""What the planner is unsure of: which measurements to repeat so that the schedule's k and its on/off are
+"""What the planner is unsure of: which measurements to take so that the schedule's k and its on/off are
 right near the crossovers (issue 14). Pure, like the rest of `policy`.
 
 A schedule changes k at a few batch sizes (its boundaries: 4 -> 3, ..., 1 -> 0, the crossover). At a boundary
@@ -7,23 +7,27 @@ standard error of their goodput ratio there (`MethodSurface.ratio_se`, calibrate
 decision's crossoverUncertaintyPercent is the same figure at the crossover). Where CONFIDENCE_Z times that
 error exceeds the policy's minimum gain (at least MIN_THRESHOLD_PERCENT), the k on either side of the
 boundary may be wrong by more than the gain the schedule insists on (a chance above about 5%), and measuring
-again is worth it. The levels that place a boundary
-are the measured levels around it, in the runs its two k are drawn from: k = 0 from the baseline run (the
-method profile's own K=0 run when it has one, else the baseline profile), a k > 0 from the method's run at
-that k or, for a k between measured runs, from both neighbours (k = 1 and K). Measuring those levels n more
-times shrinks the error roughly as sqrt(m / (m + n)) (m: the times they are measured now); n is the fewest
-repeats that bring CONFIDENCE_Z errors below the threshold, at most MAX_REPEAT.
+again is worth it. What settles a boundary is a measurement at its batch size itself, in the runs its two k
+are drawn from: k = 0 from the baseline run (the method profile's own K=0 run when it has one, else the
+baseline profile), a k > 0 from the method's run at that k or, for a k between measured runs, from both
+neighbours (k = 1 and K). The first sweep's levels lie a factor of 1.5-2 apart, and between them the tie
+rests on the fit's shape; a level at the boundary measures the tie where it is (repeating the levels
+around it instead reached 96.2% of draws within 3% of the best k on the twin, measuring at it 97.5%, for
+the same profiling time; docs/decisions.md). Its precision now is the fit's there, worth about as much as
+the levels around it measured m times; measuring it n times shrinks the error roughly as sqrt(m / (m + n)),
+and n is the fewest repeats that bring CONFIDENCE_Z errors below the threshold, at most MAX_REPEAT.
 
 Each boundary's worth is the drop in the chance that the estimated gain is off by more than the threshold,
-2 * Phi(-threshold / se), per second of measuring it costs (the points' durations; per measured level where
-they are unknown); boundaries are taken best first while the budget
+2 * Phi(-threshold / se), per second of measuring it costs (the mean duration of the levels around it; per
+measured level where the points carry no durations); boundaries are taken best first while the budget
 lasts (a boundary that does not fit whole gets the repeats that fit; a run's levels share its largest
 repeat, as its one refinement Job repeats them). Only the schedule to be served is
 refined: the chosen candidate's, or, when no speculation is chosen, the best candidate's (its crossover is
 then what decides on/off). The budget counts measured levels (one level of one run measured once); a
 refinement Job per profile measures its levels once per k, each k on its own engine start (`jobs()`).
 
-Refinement is one round. Once the profiles carry repeated points (`spent_levels` > 0) the plan is done, and
+Refinement is one round. Once the profiles carry points beyond their first sweep (`spent_levels` > 0: a
+level measured again, or one the spec does not list) the plan is done, and
 says what is still uncertain. On the twin, more rounds cost more than they buy: each starts its engines
 again for what the first round left of the budget (a budget of twice the first sweep's levels spent over up
 to four rounds costs +67% profiling time for 96.2% of draws within 3% of the best k, against +48% for 95.4%
@@ -127,11 +131,13 @@ class Boundary:
     runs: tuple[RunRef, ...]
     """The runs the two k are drawn from."""
     levels: tuple[int, ...]
-    """The measured levels around batch_size."""
+    """The levels to measure: (batch_size,), where the two k are tied."""
     measured: int
-    """Times those levels are measured now (the fewest among them)."""
+    """Times the measured levels around batch_size are measured now (the fewest among them): what the fit's
+    precision at batch_size is worth in measurements of it."""
     seconds: float | None = None
-    """How long measuring each of `levels` once in each of `runs` took (the points' durations), when known."""
+    """How long measuring `levels` once in each of `runs` takes (the mean duration of the measured levels
+    around batch_size, from their points), when known."""
 
     @property
     def uncertain(self) -> bool:
@@ -142,7 +148,7 @@ class Boundary:
         return self.k_to == 0
 
     def after(self, repeat: int) -> float | None:
-        """The uncertainty expected after measuring the levels `repeat` more times."""
+        """The uncertainty expected after measuring `levels` `repeat` times."""
         if self.uncertainty is None:
             return None
         return self.uncertainty * math.sqrt(self.measured / (self.measured + repeat))
@@ -191,7 +197,8 @@ class Boundary:
 
 @dataclasses.dataclass(frozen=True)
 class RefineRequest:
-    """Measure one level of one run `repeat` more times (appended to the profile's run)."""
+    """Measure one level of one run `repeat` times (appended to the profile's run; a level the run has, or a
+    boundary's batch size between its levels)."""
 
     profile_key: str
     """The candidate's key, or BASELINE_KEY for the baseline profile."""
@@ -382,15 +389,18 @@ def boundaries(plan: SchedulePlan, min_gain_percent: float, method_key: str, met
                 runs[ref] = index
         level_sets = [surface.curves[i].levels for i in runs.values()]
         common = sorted(set.intersection(*(set(lv) for lv in level_sets))) or sorted(set(level_sets[0]))
-        levels = _bracket(common, c)
+        around = _bracket(common, c)
         measured = []
         for i in runs.values():
             curve = surface.curves[i]
             counts = curve.counts or (1,) * len(curve.levels)
-            measured += [counts[curve.levels.index(x)] for x in levels if x in curve.levels]
+            measured += [counts[curve.levels.index(x)] for x in around if x in curve.levels]
+        seconds = _seconds(profiles, runs, around)
         out.append(Boundary(method_key, c, k_from, k_to, surface.ratio_se(k_from, k_to, float(c)), threshold,
-                            tuple(runs), levels, min(measured, default=1), _seconds(profiles, runs, levels)))
+                            tuple(runs), (c,), min(measured, default=1),
+                            None if seconds is None else seconds / len(around)))
     return out
+
 
 
 def _seconds(profiles: dict[str, SpeculationProfile | None] | None, runs: Iterable[RunRef],
@@ -460,16 +470,24 @@ def allocate(candidates: Iterable[Boundary], budget_left: int) -> list[RefineReq
     return sorted(requests, key=lambda r: (-r.worth, r.profile_key, r.num_speculative_tokens, r.concurrency))
 
 
+def _first_points(profile: SpeculationProfile, run) -> int:
+    """Levels of the first sweep a run measured: its distinct concurrencies that the profile's spec lists. A
+    level only refinement measured (a boundary's batch size) is not one of them."""
+    sweep = set(profile.spec.concurrency_levels)
+    return len({p.concurrency for p in run.points if p.concurrency in sweep})
+
+
 def initial_levels(profiles: Iterable[SpeculationProfile | None]) -> int:
-    """Levels the profiles' runs measured once (their first sweep): distinct concurrencies per run."""
-    return sum(len({p.concurrency for p in run.points})
+    """Levels the profiles' runs measured once (their first sweep): distinct spec levels per run."""
+    return sum(_first_points(profile, run)
                for profile in profiles if profile is not None and profile.status
                for run in profile.status.runs)
 
 
 def spent_levels(profiles: Iterable[SpeculationProfile | None]) -> int:
-    """Measurements beyond the first of each level, over the profiles' runs: what refinement has spent."""
-    return sum(len(run.points) - len({p.concurrency for p in run.points})
+    """Measurements beyond the first sweep's, over the profiles' runs: what refinement has spent (repeats of
+    a sweep level, and every measurement of a level only refinement asked for)."""
+    return sum(len(run.points) - _first_points(profile, run)
                for profile in profiles if profile is not None and profile.status
                for run in profile.status.runs)
 
