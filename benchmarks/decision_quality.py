@@ -40,9 +40,9 @@ many plain-engine misses the minimum gain forgoes by design. The other settings 
 powers of two to 128, 19 denser levels; minimum gain 1, 2 and 5%) are summarised in both readings.
 `specpilot plan` on 20 profiles is timed at the end (target < 1 s).
 
-Refinement (issue 14): after the first sweep, the planner's refinement requests (policy.refine: the levels
-around each uncertain change of k, repeated) are measured the way a refinement Job measures them - each
-requested level re-drawn from the twin with fresh noise and appended to its run - and the schedule is planned
+Refinement (issue 14): after the first sweep, the planner's refinement requests (policy.refine: each
+uncertain change of k measured at its batch size, repeated) are measured the way a refinement Job measures
+them - each requested level drawn from the twin with fresh noise and appended to its run - and the schedule is planned
 again, until the planner says it is done, as the operator does (it refines one round; --refine-rounds caps
 the loop). The issue's restated targets are reported without and with refinement:
 

@@ -25,6 +25,7 @@ from specpilot.api.validate import validate_custom_resource
 from specpilot.config import OperatorConfig
 from specpilot.controller.desired import profile_spec
 from specpilot.manifests.benchmark import BENCH_CONTAINER, benchmark_job
+from specpilot.policy.refine import initial_levels, spent_levels
 
 pytestmark = pytest.mark.vllm
 
@@ -149,8 +150,9 @@ async def test_eagle3_profile_measured_by_the_operators_job(api, tiny_models, cp
 async def test_a_refinement_round_appends_a_repeated_level_to_a_real_profile(api, tiny_models, engine_env,
                                                                             tmp_path, crds):
     # issue 14: a baseline profile measured by the real engine, then a refinement round of the same Job
-    # command (`--levels 2 --repeat 2 --append`) that re-measures level 2 twice on a fresh engine and appends
-    # both points to the stored run instead of replacing it.
+    # command (`--levels 2,3 --repeat 2 --append`) that measures level 2 again and level 3 (a batch size the
+    # sweep did not list, where a change of k would lie), twice each on a fresh engine, and appends the
+    # points to the stored run instead of replacing it.
     emulator, url = api
     name = "cpu-baseline-refined"
     emulator.objects[RESOURCE, NAMESPACE, name] = {
@@ -173,7 +175,7 @@ async def test_a_refinement_round_appends_a_repeated_level_to_a_real_profile(api
     assert [p["concurrency"] for p in before["runs"][0]["points"]] == [1, 2]
 
     second = await asyncio.to_thread(
-        subprocess.run, [*common, "--job-name", "refine-1", "--levels", "2", "--repeat", "2", "--append"],
+        subprocess.run, [*common, "--job-name", "refine-1", "--levels", "2,3", "--repeat", "2", "--append"],
         env=engine_env, capture_output=True, text=True, timeout=400)
     assert second.returncode == 0, second.stderr[-3000:]
     stored = json.loads(json.dumps(emulator.objects[RESOURCE, NAMESPACE, name].raw))
@@ -183,7 +185,10 @@ async def test_a_refinement_round_appends_a_repeated_level_to_a_real_profile(api
     assert status["phase"] == "Succeeded" and status["engineStarts"] == 2 and status["jobName"] == "refine-1"
     (run,) = status["runs"]
     points = run["points"]
-    assert [p["concurrency"] for p in points] == [1, 2, 2, 2]
+    assert [p["concurrency"] for p in points] == [1, 2, 2, 3, 2, 3]  # interleaved
     assert points[:2] == before["runs"][0]["points"]  # what was there is kept as it was
-    for point in points[2:]:
-        assert point["completed"] == 4 and point["outputThroughput"] > 0  # max(3, 2 waves of 2)
+    for point in points[2:]:  # max(3, 2 waves of c)
+        assert point["completed"] == 2 * point["concurrency"] and point["outputThroughput"] > 0
+    # The planner tells the sweep from the refinement by the spec's levels: 2 sweep levels, 4 points beyond.
+    profile = SpeculationProfile.model_validate(stored)
+    assert (initial_levels([profile]), spent_levels([profile])) == (2, 4)

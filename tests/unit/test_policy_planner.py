@@ -231,13 +231,17 @@ def _noisy(seed: int = 1) -> PoolProfiles:
 
 
 def _appended(profiles: PoolProfiles, jobs) -> PoolProfiles:
-    """The profiles after a round's Jobs appended their points (the measured levels again, repeat times)."""
+    """The profiles after a round's Jobs appended their points (the asked levels, the boundaries' batch sizes,
+    measured `repeat` times each with fresh noise from the twin)."""
     by_name = {"h100-baseline": profiles.baseline, "h100-eagle3": profiles.methods["eagle3"]}
     updated = {name: p.model_copy(deep=True) for name, p in by_name.items()}
     for job in jobs:
+        measured = [synthetic_profiles(Scenario("H100-SXM", MODEL, "eagle3", "sharegpt"), noise=0.05, seed=50 + i,
+                                       levels=tuple(sorted(job.levels)))[job.profile == "h100-eagle3"]
+                    for i in range(job.repeat)]
         for run in updated[job.profile].status.runs:
             if run.num_speculative_tokens in job.ks:
-                run.points += [p for p in run.points if p.concurrency in job.levels] * job.repeat
+                run.points += [p for m in measured for p in m.status.run(run.num_speculative_tokens).points]
     return PoolProfiles(baseline=updated["h100-baseline"], methods={"eagle3": updated["h100-eagle3"]}, ready=2,
                         total=2)
 

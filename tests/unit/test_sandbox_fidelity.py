@@ -55,3 +55,11 @@ def test_the_demo_refuses_results_beyond_the_bound_and_says_what_to_do():
     assert "K=2 at concurrency 8" in bad.fidelity["h100"].where
     lines = fidelity_lines(bad)
     assert "NOT valid" in lines[-1] and "--time-scale" in lines[-1]
+
+
+def test_a_refinement_point_between_the_sweeps_levels_is_not_replayed():
+    twin = _twin_figures()
+    refined = _profile({**twin, (1, 5): twin[(1, 8)] * 0.5})  # a change of k's batch size, measured on its own
+    fidelity = profile_fidelity(refined)
+    assert {(level.num_speculative_tokens, level.concurrency) for level in fidelity.levels} == set(twin)
+    assert abs(fidelity.worst.error_percent) < 1e-6

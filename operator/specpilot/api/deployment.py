@@ -319,8 +319,8 @@ class Profiling(ApiModel):
     max_parallel_jobs_per_pool: int = Field(default=1, ge=1, le=32)
     """Benchmark Jobs running at once per pool (each takes tensorParallelSize GPUs)."""
     refine_budget_percent: int = Field(default=200, ge=0, le=400)
-    """Adaptive refinement: after the first sweep, the levels around each uncertain change of k (where the
-    crossover's uncertainty exceeds policy.minGainPercent) are measured again by refinement Jobs, in one
+    """Adaptive refinement: after the first sweep, each uncertain change of k (where the crossover's
+    uncertainty exceeds policy.minGainPercent) is measured at its batch size by refinement Jobs, in one
     round, and the pool is decided again. This bounds what the round may re-measure, in measured levels, as
     a percent of the levels the first sweep measured (200: twice as many; on the twin with 5% noise, a pool
     of three methods, it costs about +49% profiling time on average, engine starts counted, and leaves 96-97%

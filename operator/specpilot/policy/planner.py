@@ -397,7 +397,7 @@ def _decide(inputs: PoolInputs, old: PoolStatus,
 
 def _refine(inputs: PoolInputs, status: PoolStatus, plan: PoolPlan | None, methods: dict[str, ProfileLike],
             outcome: PoolOutcome) -> None:
-    """Adaptive refinement (policy.refine): after a decision from profiles, re-measure the levels around its
+    """Adaptive refinement (policy.refine): after a decision from profiles, measure at the batch sizes of its
     uncertain changes of k, a round of Jobs at a time, and decide again, until none is uncertain beyond the
     minimum gain or profiling.refineBudgetPercent is spent. A round's Jobs append to the profiles; the round
     ends when all of them completed and their points reached the decision (its basis counts them)."""

@@ -81,8 +81,9 @@ def profile_fidelity(profile: dict, *, workload: str = "sharegpt") -> ProfileFid
         core = make_core(config)
         swept: set[int] = set()
         for point in run.points:
-            if point.concurrency in swept:
-                continue  # a refinement round's repeat, measured on an engine of its own: not this replay's
+            if point.concurrency in swept or point.concurrency not in prompts:
+                continue  # a refinement round's point (a repeat, or a change of k's batch size between the
+                # sweep's levels), measured on an engine of its own: not this replay's
             swept.add(point.concurrency)
             lens = [min(room, max(1, len(tokenize(p.text)))) for p in prompts[point.concurrency]]
             warmup = default_warmup(point.concurrency)
