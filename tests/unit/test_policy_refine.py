@@ -116,8 +116,8 @@ def test_the_budget_counts_what_the_profiles_already_repeated():
     assert again.spent_levels == 3
     # refinement is one round: profiles that carry repeats are done, and say what is still uncertain
     assert again.done and not again.requests and again.uncertain
-    assert again.reason.startswith("refined once (3 levels measured again); refinement is one round, and "
-                                   "still uncertain: eagle3")
+    assert again.reason.startswith("refined once (3 levels measured after the first sweep); refinement is one "
+                                   "round, and still uncertain: eagle3")
 
 
 def test_a_level_only_refinement_measured_counts_as_spent_not_as_first_sweep():
@@ -184,3 +184,15 @@ def test_measuring_time_ranks_where_the_points_say_it():
     baseline, method = profiles()
     plan = refine_plan(baseline, method)
     assert all(b.seconds and b.seconds > 0 for b in plan.boundaries)
+
+
+def test_the_repeats_a_level_may_take_grow_with_the_budget():
+    assert refine.max_repeat(72, 36) == refine.MAX_REPEAT == 8  # the default budget: twice the sweep
+    assert refine.max_repeat(54, 36) == 6 and refine.max_repeat(108, 36) == 12
+    assert refine.max_repeat(144, 36) == refine.MAX_REPEAT_CEILING  # a run keeps at most 64 points
+    assert refine.max_repeat(1, 36) == 1 and refine.max_repeat(10, 0) == refine.MAX_REPEAT
+    wide = Boundary("m", 150, 1, 0, 0.06, 0.02, (RunRef("m", "m-1", 1),), (150,), 1)
+    assert wide.repeats_needed(12) == 12 and wide.repeats_needed() == 8
+    baseline, method = profiles()
+    small, large = refine_plan(baseline, method, budget=54), refine_plan(baseline, method, budget=108)
+    assert max(r.repeat for r in small.requests) <= 6 < max(r.repeat for r in large.requests) <= 12

@@ -635,7 +635,8 @@ MAX_REPLICA_TARGETS = 64
 
 
 class RefinementJob(StatusModel):
-    """One refinement Job of a round: a profile's levels at some k, each measured `repeat` more times."""
+    """One refinement Job of a round: a profile's runs at some k, measured at some levels (the batch sizes of
+    uncertain changes of k, between the sweep's levels or on them) `repeat` times each."""
 
     profile: str = Field(max_length=253)
     """The SpeculationProfile it appends to."""
@@ -646,7 +647,8 @@ class RefinementJob(StatusModel):
     ks: list[int] = Field(default_factory=list, max_length=17)
     """The k values (runs) it measures."""
     levels: list[int] = Field(default_factory=list, max_length=32)
-    """The concurrency levels it measures."""
+    """The concurrency levels it measures (appended to the runs; a level the profile's spec does not list counts
+    as refinement's, not the sweep's)."""
     repeat: int = Field(default=1, ge=1)
     """Times each level is measured."""
 

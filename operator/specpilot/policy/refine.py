@@ -15,7 +15,8 @@ rests on the fit's shape; a level at the boundary measures the tie where it is (
 around it instead reached 96.2% of draws within 3% of the best k on the twin, measuring at it 97.5%, for
 the same profiling time; docs/decisions.md). Its precision now is the fit's there, worth about as much as
 the levels around it measured m times; measuring it n times shrinks the error roughly as sqrt(m / (m + n)),
-and n is the fewest repeats that bring CONFIDENCE_Z errors below the threshold, at most MAX_REPEAT.
+and n is the fewest repeats that bring CONFIDENCE_Z errors below the threshold, at most `max_repeat` (8 at
+the default budget, in proportion to the budget; see there).
 
 Each boundary's worth is the drop in the chance that the estimated gain is off by more than the threshold,
 2 * Phi(-threshold / se), per second of measuring it costs (the mean duration of the levels around it; per
@@ -69,6 +70,7 @@ __all__ = [
     "CONFIDENCE_Z",
     "DEFAULT_BUDGET_SHARE",
     "MAX_REPEAT",
+    "MAX_REPEAT_CEILING",
     "MIN_THRESHOLD_PERCENT",
     "Boundary",
     "RefineJob",
@@ -77,6 +79,7 @@ __all__ = [
     "allocate",
     "boundaries",
     "initial_levels",
+    "max_repeat",
     "plan_refinement",
     "refinement_done",
     "spent_levels",
@@ -84,11 +87,14 @@ __all__ = [
 
 DEFAULT_BUDGET_SHARE = 2.0
 """Refinement budget, in measured levels, as a share of the levels the group's first sweep measured. On the
-twin (benchmarks/decision_quality.py, 5% noise per level) its one round at 2.0 costs about +48% profiling time
-on average, engine starts included (the levels it repeats are the cheaper, higher ones): within the +50%
-that issue 14 allows. 1.5 costs about +37% and settles fewer draws (docs/decisions.md)."""
+twin (benchmarks/decision_quality.py, 5% noise per level) its one round at 2.0 costs about +45% profiling time
+on average, engine starts included (the levels it measures are the cheaper, higher ones): within the +50%
+that issue 14 allows. 1.5 costs about +38% and settles fewer draws (docs/decisions.md)."""
 MAX_REPEAT = 8
-"""Most repeats asked for one level of one run in one round."""
+"""Most measurements asked of one level of one run in one round at the default budget (`max_repeat`)."""
+MAX_REPEAT_CEILING = 12
+"""Most measurements of one level in one round at any budget: a run keeps at most 64 points, and 12 sweep
+levels plus four changes of k measured 12 times each fit."""
 CONFIDENCE_Z = 2.0
 """A boundary is settled when CONFIDENCE_Z standard errors fit within the threshold (about 95%)."""
 MIN_THRESHOLD_PERCENT = 1.0
@@ -153,12 +159,12 @@ class Boundary:
             return None
         return self.uncertainty * math.sqrt(self.measured / (self.measured + repeat))
 
-    def repeats_needed(self) -> int:
-        """Fewest repeats that bring the uncertainty to the threshold (at most MAX_REPEAT)."""
+    def repeats_needed(self, cap: int = MAX_REPEAT) -> int:
+        """Fewest repeats that bring the uncertainty to the threshold (at most `cap`, `max_repeat`)."""
         if not self.uncertain:
             return 0
         n = math.ceil(self.measured * ((CONFIDENCE_Z * self.uncertainty / self.threshold) ** 2 - 1.0) - 1e-9)
-        return max(1, min(MAX_REPEAT, n))
+        return max(1, min(cap, n))
 
     def cost(self, repeat: int) -> int:
         return repeat * len(self.levels) * len(self.runs)
@@ -422,7 +428,22 @@ def _seconds(profiles: dict[str, SpeculationProfile | None] | None, runs: Iterab
     return total
 
 
-def allocate(candidates: Iterable[Boundary], budget_left: int) -> list[RefineRequest]:
+def max_repeat(budget_levels: int, first_sweep_levels: int) -> int:
+    """Most measurements one level of one run may take in the round: MAX_REPEAT at the default budget, in
+    proportion to the budget (1.5 times the sweep: 6; 3 times: 12), between 1 and MAX_REPEAT_CEILING.
+
+    A refinement Job measures all of a run's levels alike, so one change asking for many repeats lifts every
+    level of its runs to as many. Under the default budget a cap of 12 then spends the budget before the
+    other changes are measured (96.3% / 95.2% of draws within 3% of the best k on two halves of the twin's
+    draws, against 97.5% at 8), while with three times the levels it buys 97.9%; at 1.5 times, a cap of 6
+    does better than 8 (96.1% against 95.6%, for less time). docs/decisions.md."""
+    if first_sweep_levels <= 0:
+        return MAX_REPEAT
+    share = budget_levels / first_sweep_levels
+    return max(1, min(MAX_REPEAT_CEILING, math.floor(MAX_REPEAT * share / DEFAULT_BUDGET_SHARE + 1e-9)))
+
+
+def allocate(candidates: Iterable[Boundary], budget_left: int, cap: int = MAX_REPEAT) -> list[RefineRequest]:
     """Requests for the uncertain boundaries, best worth per measuring time first (per measured level where
     the durations are unknown), within `budget_left` measured levels.
 
@@ -433,7 +454,7 @@ def allocate(candidates: Iterable[Boundary], budget_left: int) -> list[RefineReq
     for b in candidates:
         if not b.uncertain:
             continue
-        n = b.repeats_needed()
+        n = b.repeats_needed(cap)
         offers.append((b.worth(n) / b.price(n), b, n))
     offers.sort(key=lambda o: -o[0])
     plan: dict[RunRef, tuple[set[int], int]] = {}
@@ -520,10 +541,10 @@ def refine_pool_plan(pool_plan: PoolPlan, policy: Policy, baseline: SpeculationP
               for c in range(1, size + 1)]
     found = boundaries(chosen.schedule, policy.min_gain_percent, chosen.key, _name(profile), base_key, base_name,
                        ks=ks, profiles={chosen.key: profile, BASELINE_KEY: baseline})
-    return _plan(found, budget, spent)
+    return _plan(found, budget, spent, max_repeat(budget, initial_levels(group)))
 
 
-def _plan(found: Sequence[Boundary], budget: int, spent: int) -> RefinePlan:
+def _plan(found: Sequence[Boundary], budget: int, spent: int, cap: int) -> RefinePlan:
     uncertain = [b for b in found if b.uncertain]
     if not uncertain:
         reason = ("no uncertain boundary: every change of k is known within the minimum gain" if found
@@ -532,13 +553,13 @@ def _plan(found: Sequence[Boundary], budget: int, spent: int) -> RefinePlan:
     still = "; ".join(b.describe() for b in uncertain)
     if spent > 0:
         return RefinePlan((), tuple(found), budget, spent, True,
-                          f"refined once ({spent} levels measured again); refinement is one round, and "
+                          f"refined once ({spent} levels measured after the first sweep); refinement is one round, and "
                           f"still uncertain: {still}")
     # From here nothing is spent yet: the whole budget is left for the one round.
     if budget <= 0:
         return RefinePlan((), tuple(found), budget, spent, True,
                           f"budget spent ({spent} of {budget} levels); still uncertain: {still}")
-    requests = allocate(uncertain, budget)
+    requests = allocate(uncertain, budget, cap)
     if not requests:
         return RefinePlan((), tuple(found), budget, spent, True,
                           f"the budget left ({budget} levels) buys no measurement; still uncertain: {still}")
@@ -551,9 +572,10 @@ def refine_schedule(plan: SchedulePlan, min_gain_percent: float, method_key: str
                     profiles: dict[str, SpeculationProfile | None] | None = None) -> RefinePlan:
     """The refinement of one method's schedule (a plan from `plan_schedule` / `plan_from_runs`), without a
     pool decision: what benchmarks/decision_quality.py simulates. `profiles`: key -> profile, for the
-    points' durations."""
+    points' durations and the first sweep the budget is a share of (`max_repeat`)."""
+    cap = max_repeat(budget_levels, initial_levels(profiles.values())) if profiles else MAX_REPEAT
     return _plan(boundaries(plan, min_gain_percent, method_key, baseline_key=baseline_key, profiles=profiles),
-                 budget_levels, spent)
+                 budget_levels, spent, cap)
 
 
 def plan_refinement(policy: Policy, candidates: list[CandidateMethod], baseline: SpeculationProfile | None,
