@@ -321,11 +321,12 @@ class Profiling(ApiModel):
     refine_budget_percent: int = Field(default=200, ge=0, le=400)
     """Adaptive refinement: after the first sweep, each uncertain change of k (where the crossover's
     uncertainty exceeds policy.minGainPercent) is measured at its batch size by refinement Jobs, in one
-    round, and the pool is decided again. This bounds what the round may re-measure, in measured levels, as
-    a percent of the levels the first sweep measured (200: twice as many; on the twin with 5% noise, a pool
-    of three methods, it costs about +49% profiling time on average, engine starts counted, and leaves 96-97%
-    of schedules within 3% of the best k at every batch size; 260: +59% for 98%; 300 with concurrencyLevels
-    without 1: +32% over the default sweep for 97%). 0 turns refinement off."""
+    round, and the pool is decided again. This bounds what the round may measure, in measured levels, as a
+    percent of the levels the first sweep measured, and with it how often one level is measured (8 times at
+    200, in proportion, at most 12). On the twin with 5% noise, a pool of three methods: 200 costs about +45%
+    profiling time on average, engine starts counted, and leaves 97.5% of schedules within 3% of the best k
+    at every batch size; 150: +38% for 96%; 260: +52% for 98%; 300 and above: +59% for 98%; 300 with
+    concurrencyLevels without 1: +31% over the default sweep for 97.5%. 0 turns refinement off."""
     job_deadline_seconds: int = Field(default=3600, ge=60, le=604800)
     """activeDeadlineSeconds of each benchmark Job (at most a week; the operator's tenancy.maxJobDeadlineSeconds,
     6 h by default, may hold it lower)."""
