@@ -12,8 +12,8 @@ are drawn from: k = 0 from the baseline run (the method profile's own K=0 run wh
 baseline profile), a k > 0 from the method's run at that k or, for a k between measured runs, from both
 neighbours (k = 1 and K). The first sweep's levels lie a factor of 1.5-2 apart, and between them the tie
 rests on the fit's shape; a level at the boundary measures the tie where it is (repeating the levels
-around it instead reached 96.2% of draws within 3% of the best k on the twin, measuring at it 97.5%, for
-the same profiling time; docs/decisions.md). Its precision now is the fit's there, worth about as much as
+around it instead reached 96.2% of draws within 3% of the best k on the twin for +49% profiling time,
+measuring at it 97.5% for +45%; docs/decisions.md). Its precision now is the fit's there, worth about as much as
 the levels around it measured m times; measuring it n times shrinks the error roughly as sqrt(m / (m + n)),
 and n is the fewest repeats that bring CONFIDENCE_Z errors below the threshold, at most `max_repeat` (8 at
 the default budget, in proportion to the budget; see there).
@@ -408,7 +408,6 @@ def boundaries(plan: SchedulePlan, min_gain_percent: float, method_key: str, met
     return out
 
 
-
 def _seconds(profiles: dict[str, SpeculationProfile | None] | None, runs: Iterable[RunRef],
              levels: Sequence[int]) -> float | None:
     """Seconds one measurement of each level in each run took (the median of its points' durations); None
@@ -553,8 +552,8 @@ def _plan(found: Sequence[Boundary], budget: int, spent: int, cap: int) -> Refin
     still = "; ".join(b.describe() for b in uncertain)
     if spent > 0:
         return RefinePlan((), tuple(found), budget, spent, True,
-                          f"refined once ({spent} levels measured after the first sweep); refinement is one round, and "
-                          f"still uncertain: {still}")
+                          f"refined once ({spent} levels measured after the first sweep); refinement is one "
+                          f"round, and still uncertain: {still}")
     # From here nothing is spent yet: the whole budget is left for the one round.
     if budget <= 0:
         return RefinePlan((), tuple(found), budget, spent, True,
