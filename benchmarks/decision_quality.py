@@ -89,8 +89,8 @@ from specpilot.api.deployment import Policy
 from specpilot.api.profile import Run
 from specpilot.policy.choose import decide_pool
 from specpilot.policy.refine import DEFAULT_BUDGET_SHARE, initial_levels, refine_schedule, spent_levels
-from specpilot.policy.schedule import SMOOTHING_TOLERANCE, plan_from_runs
-from specpilot.policy.surface import NotEnoughDataError, build_surface, pool_roofline_priors
+from specpilot.policy.schedule import SMOOTHING_TOLERANCE, SchedulePlan, plan_schedule
+from specpilot.policy.surface import MethodSurface, pool_surfaces
 from specpilot.sim import synthetic
 from specpilot.sim.synthetic import Scenario, TrueCurves, synthetic_profiles, true_curves
 
@@ -170,15 +170,6 @@ def draw_seed(scenario: Scenario, seed: int) -> int:
 SHARED_KNEE = True
 """Each method's fit weighs in what the pool's other methods measured of the knee and weight share, as
 decide_pool does (--no-shared-knee: each method on its own, as before)."""
-
-
-def _evidence(method: str, baseline, profile):
-    """What a method's profiles say of its pool's knee and weight share (None without the roofline fit)."""
-    try:
-        return build_surface(baseline.status.run(0), profile.status.runs,
-                             model_drafter=method != "ngram").roofline_evidence
-    except NotEnoughDataError:
-        return None
 
 
 def _anchor(scenario: Scenario) -> Scenario:
@@ -286,13 +277,24 @@ def profiling_cost(profiles) -> Cost:
     return Cost(starts, len(points), starts * ENGINE_START_S + sum(level_seconds(p) for p in points))
 
 
-def _plan(scenario: Scenario, baseline, method, min_gain_percent: float, shared_prior=None):
-    plan = plan_from_runs(baseline.status.run(0), method.status.runs,
-                          model_drafter=scenario.method != "ngram", min_gain_percent=min_gain_percent,
-                          max_batch_size=MAX_CONCURRENCY, shared_prior=shared_prior)
-    if not plan.ok:
-        raise SystemExit(f"{scenario.label()}: planner returned no schedule: {plan.reason}")
-    return plan
+def _plan_pool(members: list[_Member], min_gain_percent: float) -> dict[str, SchedulePlan]:
+    """Every member's schedule from its profiles as they stand, fitted as decide_pool fits a pool's methods
+    (`pool_surfaces`: each with what the others measured of the knee and weight share; each on its own
+    with --no-shared-knee)."""
+    runs = {m.scenario.method: (m.baseline.status.run(0), m.method.status.runs, m.scenario.method != "ngram")
+            for m in members}
+    pools = [runs] if SHARED_KNEE else [{key: value} for key, value in runs.items()]
+    surfaces = {key: surface for pool in pools for key, surface in pool_surfaces(pool).items()}
+    plans = {}
+    for m in members:
+        surface = surfaces[m.scenario.method]
+        plan = (plan_schedule(surface, min_gain_percent=min_gain_percent, max_batch_size=MAX_CONCURRENCY)
+                if isinstance(surface, MethodSurface) else None)
+        if plan is None or not plan.ok:
+            raise SystemExit(f"{m.scenario.label()}: planner returned no schedule: "
+                             f"{plan.reason if plan is not None else f'not enough data: {surface}'}")
+        plans[m.scenario.method] = plan
+    return plans
 
 
 def refined(scenario: Scenario, noise: float, seed: int, min_gain_percent: float, levels: tuple[int, ...],
@@ -335,14 +337,6 @@ def _member(scenario: Scenario, noise: float, seed: int, levels: tuple[int, ...]
                    np.random.default_rng([draw_seed(scenario, seed), 7919]))
 
 
-def _pool_priors(members: list[_Member]) -> dict[str, object]:
-    """Each member's shared (knee, theta) prior from the others' profiles as they stand (None: on its own)."""
-    if not SHARED_KNEE:
-        return {m.scenario.method: None for m in members}
-    return pool_roofline_priors({m.scenario.method: _evidence(m.scenario.method, m.baseline, m.method)
-                                 for m in members})
-
-
 @functools.lru_cache(maxsize=2048)
 def _refined_pool(anchor: Scenario, noise: float, seed: int, min_gain_percent: float, levels: tuple[int, ...],
                   rounds: int, budget_share: float) -> dict[str, tuple]:
@@ -352,12 +346,7 @@ def _refined_pool(anchor: Scenario, noise: float, seed: int, min_gain_percent: f
     methods = METHODS if anchor.method in METHODS else (anchor.method,)
     members = [_member(dataclasses.replace(anchor, method=m), noise, seed, levels, budget_share) for m in methods]
 
-    def plan_all() -> dict[str, object]:
-        priors = _pool_priors(members)
-        return {m.scenario.method: _plan(m.scenario, m.baseline, m.method, min_gain_percent,
-                                         priors[m.scenario.method]) for m in members}
-
-    plans = plan_all()
+    plans = _plan_pool(members, min_gain_percent)
     for _ in range(rounds):
         measured = False
         for m in members:
@@ -383,7 +372,7 @@ def _refined_pool(anchor: Scenario, noise: float, seed: int, min_gain_percent: f
                     m.extra = m.extra + Cost(1, len(new), ENGINE_START_S + sum(level_seconds(p) for p in new))
         if not measured:
             break
-        plans = plan_all()
+        plans = _plan_pool(members, min_gain_percent)
     return {m.scenario.method: (plans[m.scenario.method], m.first, m.extra, m.rounds) for m in members}
 
 
