@@ -30,7 +30,7 @@ from typing import Any
 import yaml
 from specpilot.api import seal
 from specpilot.api.base import ConfigMapKeyRef
-from specpilot.api.deployment import Workload
+from specpilot.api.deployment import MAX_CONCURRENCY_LEVEL, Workload
 from specpilot.api.methods import CandidateMethod
 from specpilot.api.profile import (
     Hardware,
@@ -81,8 +81,9 @@ def _levels(text: str) -> list[int]:
         levels = [int(x) for x in text.split(",") if x.strip()]
     except ValueError as exc:
         raise argparse.ArgumentTypeError(f"--levels takes comma-separated integers like 1,2,4 (got {text!r})") from exc
-    if not levels or levels != sorted(set(levels)) or levels[0] < 1:
-        raise argparse.ArgumentTypeError(f"--levels must be positive, ascending and unique (got {text!r})")
+    if not levels or levels != sorted(set(levels)) or levels[0] < 1 or levels[-1] > MAX_CONCURRENCY_LEVEL:
+        raise argparse.ArgumentTypeError(f"--levels must be ascending, unique and within 1..{MAX_CONCURRENCY_LEVEL} "
+                                         f"(got {text[:200]!r})")
     return levels
 
 

@@ -13,15 +13,16 @@ import yaml
 from pydantic import Field, ValidationError, model_validator
 
 from .api.base import ApiModel, format_validation_error
-from .api.deployment import DEFAULT_CONCURRENCY_LEVELS, DEFAULT_ENGINE_IMAGE
+from .api.deployment import DEFAULT_CONCURRENCY_LEVELS, DEFAULT_ENGINE_IMAGE, ConcurrencyLevel
 from .api.tenancy import TenancyPolicy
 
 
 class ProfilingDefaults(ApiModel):
     """Defaults for profiling settings a SpeculativeDeployment leaves out."""
 
-    concurrency_levels: list[int] = Field(default_factory=lambda: list(DEFAULT_CONCURRENCY_LEVELS))
-    """Concurrency levels to measure."""
+    concurrency_levels: list[ConcurrencyLevel] = Field(default_factory=lambda: list(DEFAULT_CONCURRENCY_LEVELS),
+                                                      min_length=1, max_length=32)
+    """Concurrency levels to measure (each 1..4096, as in a SpeculativeDeployment)."""
     requests_per_level: int = Field(default=64, ge=1)
     """Requests per level."""
     max_parallel_jobs_per_pool: int = Field(default=1, ge=1)

@@ -85,6 +85,16 @@ HOSTILE = [
      "spec.model.extraArgs: List should have at most 64 items"),
     ("huge-levels", "spec.profiling.concurrencyLevels", list(range(1, 1001)),
      "spec.profiling.concurrencyLevels: List should have at most 32 items"),
+    ("huge-level", "spec.profiling.concurrencyLevels", [1, 2, 10**9],
+     "spec.profiling.concurrencyLevels[2]: Input should be less than or equal to 4096"),
+    ("level-flag", "spec.profiling.concurrencyLevels", ["--rm"],
+     "spec.profiling.concurrencyLevels[0]: Input should be a valid integer"),
+    ("level-newline", "spec.profiling.concurrencyLevels", ["1\n--port=80"],
+     "spec.profiling.concurrencyLevels[0]: Input should be a valid integer"),
+    ("refine-budget-flag", "spec.profiling.refineBudgetPercent", "--privileged",
+     "spec.profiling.refineBudgetPercent: Input should be a valid integer"),
+    ("huge-refine-budget", "spec.profiling.refineBudgetPercent", 10**12,
+     "spec.profiling.refineBudgetPercent: Input should be less than or equal to 400"),
     ("huge-string", "spec.model.extraArgs", ["--chat-template=" + "x" * 100_000],
      "spec.model.extraArgs[0]: String should have at most 4096 characters"),
     ("privileged", "spec.serving.podOverrides",
@@ -179,7 +189,8 @@ def test_hostile_input_is_refused_naming_the_field(crds, case_id, path, value, e
 
 SCHEMA_REFUSED = {"model-id-flag", "model-id-newline", "model-id-space", "served-name-flag", "revision-control",
                   "drafter-flag", "engine-image-space", "huge-extra-args", "huge-levels", "huge-string",
-                  "huge-job-deadline"}
+                  "huge-job-deadline", "huge-level", "level-flag", "level-newline", "refine-budget-flag",
+                  "huge-refine-budget"}
 """The hostile inputs the API server itself refuses (the rest depend on the operator's config)."""
 
 

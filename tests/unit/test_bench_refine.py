@@ -52,6 +52,14 @@ def test_flags_parse_and_ks_are_checked_against_the_profile():
         selected_ks([0], None, [1])
 
 
+@pytest.mark.parametrize("levels", ["1,1000000000", "--rm", "1\n--port=80", "0,4", ",".join(["5"] * 3)])
+def test_hostile_levels_are_refused_before_anything_runs(levels, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        build_parser().parse_args(["--profile-name", "p", "--levels", levels])
+    assert exit_info.value.code == 2
+    assert "--levels" in capsys.readouterr().err
+
+
 def test_measuring_order_interleaves_repeats_with_fresh_prompts():
     s = spec(levels=(2, 8))
     plain = measuring_order(s)

@@ -313,6 +313,7 @@ def test_watching_the_release_namespace_needs_no_extra_self_role(helm_tools: Hel
         (["watchNamespaces={Bad_Namespace}"], "watchNamespaces"),
         (["config.gpuPricesPerHour.H100-SXM=-2"], "gpuPricesPerHour"),
         (["config.profilingDefaults.concurrencyLevels={0,2}"], "concurrencyLevels"),
+        (["config.profilingDefaults.concurrencyLevels={1,1000000000}"], "concurrencyLevels"),
         (["config.profilingDefaults.requestsPerLevel=0"], "requestsPerLevel"),
         (["config.prometheusUrl=prometheus:9090"], "prometheusUrl"),
         (["serviceMonitor.interval=soon"], "interval"),

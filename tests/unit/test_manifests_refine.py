@@ -86,6 +86,8 @@ def plain_levels(job: dict) -> list[int]:
     ({"refine_round": 0}, "counts from 1"),
     ({"refine_round": 1, "repeat": 0}, "repeat must be"),
     ({"refine_round": 1, "levels": [0, 4]}, "levels must be"),
+    ({"refine_round": 1, "levels": [4, 10**9]}, r"levels must be concurrencies in 1..4096"),
+    ({"refine_round": 1, "levels": ["--rm"]}, r"levels must be concurrencies in 1..4096"),
     ({"refine_round": 1, "ks": [9]}, "ks must lie in 0..4"),
 ])
 def test_parameters_that_make_no_round_are_refused(kw, match):

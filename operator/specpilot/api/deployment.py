@@ -49,6 +49,12 @@ DEFAULT_CONCURRENCY_LEVELS = [1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256]
 planner interpolates rather than extrapolates (benchmarks/decision_quality.py, 5% noise, 12 draws: against
 powers of two to 128, misses of the mean-goodput target fall from 81 to 10 of 648 draws, and in expectation
 the worst-case target is met in all 54 scenarios instead of 49)."""
+MAX_CONCURRENCY_LEVEL = 4096
+"""Highest concurrency a profile may measure at. vLLM runs at most max-num-seqs requests at once (256 by
+default, 1024-2048 on the largest GPUs); the benchmark Job sends at least twice a level's concurrency in
+requests, so an unbounded level would have it build and send billions of prompts."""
+ConcurrencyLevel = Annotated[int, Field(ge=1, le=MAX_CONCURRENCY_LEVEL)]
+"""One concurrency level (concurrent requests), 1..MAX_CONCURRENCY_LEVEL."""
 
 
 class KeySelector(ApiModel):
@@ -308,9 +314,10 @@ class Profiling(ApiModel):
 
     workload: Workload = Field(default_factory=Workload)
     """Prompts for the benchmark."""
-    concurrency_levels: list[int] = Field(default_factory=lambda: list(DEFAULT_CONCURRENCY_LEVELS), min_length=1,
-                                          max_length=32, json_schema_extra={"x-kubernetes-list-type": "set"})
-    """Concurrent requests to measure at, ascending (e.g. 1,2,4,...,128)."""
+    concurrency_levels: list[ConcurrencyLevel] = Field(
+        default_factory=lambda: list(DEFAULT_CONCURRENCY_LEVELS), min_length=1, max_length=32,
+        json_schema_extra={"x-kubernetes-list-type": "set"})
+    """Concurrent requests to measure at, ascending, each 1..4096 (e.g. 1,2,4,...,128)."""
     requests_per_level: int = Field(default=64, ge=1, le=100000)
     """Requests completed per concurrency level (after warm-up); at least twice the level's concurrency, so
     the engine really runs at that concurrency."""

@@ -28,7 +28,7 @@ from .args import (
     REVISION_PATTERN,
 )
 from .base import ApiModel, FreeFormObject, ImageRef, StatusModel
-from .deployment import EnvVar, Workload
+from .deployment import ConcurrencyLevel, EnvVar, Workload
 from .methods import CandidateMethod
 
 
@@ -88,7 +88,7 @@ class SpeculationProfileSpec(ApiModel):
     part of what is measured); part of the identity."""
     workload: Workload = Field(default_factory=Workload)
     """Prompts used."""
-    concurrency_levels: list[int] = Field(min_length=1, max_length=32)
+    concurrency_levels: list[ConcurrencyLevel] = Field(min_length=1, max_length=32)
     """Concurrency levels to measure (measurement settings, not part of the identity hash)."""
     requests_per_level: int = Field(default=64, ge=1, le=100000)
     """Requests per level (measurement setting, not part of the identity hash)."""

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..api import seal
-from ..api.deployment import GpuPool, ModelSpec, SpeculativeDeploymentSpec, WorkloadName
+from ..api.deployment import MAX_CONCURRENCY_LEVEL, GpuPool, ModelSpec, SpeculativeDeploymentSpec, WorkloadName
 from ..api.profile import SpeculationProfileSpec
 from ..api.tenancy import TenancyPolicy, profiling_problems, refuse, serving_problems
 from . import names
@@ -241,8 +241,9 @@ def _check_refinement(profile_spec: SpeculationProfileSpec, refine_round: int | 
         return
     if refine_round < 1:
         raise ValueError(f"refine_round counts from 1 (got {refine_round})")
-    if levels is not None and (not levels or min(levels) < 1):
-        raise ValueError(f"levels must be concurrencies >= 1 (got {list(levels)})")
+    if levels is not None and (not levels or not all(isinstance(c, int) and 1 <= c <= MAX_CONCURRENCY_LEVEL
+                                                     for c in levels)):
+        raise ValueError(f"levels must be concurrencies in 1..{MAX_CONCURRENCY_LEVEL} (got {list(levels)[:32]})")
     if repeat < 1:
         raise ValueError(f"repeat must be at least 1 (got {repeat})")
     top = profile_spec.method.num_speculative_tokens if profile_spec.method else 0
