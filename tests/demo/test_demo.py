@@ -173,6 +173,30 @@ def test_a_profile_that_fails_for_good_stops_the_demo_with_its_reason(tmp_path, 
         asyncio.run(Demo(scenario, tmp_path / "work").run())
 
 
+def test_a_run_past_its_bound_stops_with_a_diagnosis(tmp_path):
+    """A run that outlasts the scenario's whole-run bound stops with what it was waiting for and where every
+    profile, Job and pool stood, and the operator log's last lines: a stalled CI run says where it stalled (its
+    temporary folder is gone by the time its report is read), before the test runner's own timeout."""
+    scenario = fast_scenario()
+    scenario.timeout_s = 30  # the operator has created every profile by then, even on a slow host
+
+    class Stalled(Demo):
+        def _decided(self, pool: str) -> bool:  # no pool is ever decided: profiling stalls
+            return False
+
+    with pytest.raises(DemoError) as failure:
+        asyncio.run(Stalled(scenario, tmp_path / "work").run())
+    message = str(failure.value)
+    assert "timed out waiting for every initial pool profiled and decided" in message
+    assert "the demo's bound of 30 s" in message
+    assert "where the time went: starting from 0" in message and "; profiling from " in message
+    assert "operator log, last 15 lines:" in message
+    # Every profile the operator created is listed with its phase and its Job's state.
+    profiles = [line for line in message.splitlines() if line.startswith("profile ")]
+    assert profiles and all("Job" in line for line in profiles), message
+    assert any(line.startswith("pool a100 ") for line in message.splitlines()), message
+
+
 def test_the_cli_says_what_is_missing_before_it_starts(monkeypatch):
     import importlib.util
 

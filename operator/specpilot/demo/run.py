@@ -9,6 +9,7 @@ scraped by the operator's pod source.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import os
 import secrets
@@ -307,17 +308,62 @@ class Demo:
 
     async def _wait(self, predicate: Callable[[], bool], timeout_s: float, what: str,
                     fail: Callable[[], str | None] | None = None) -> None:
-        deadline = time.monotonic() + timeout_s
+        """Until `predicate` holds; a DemoError with the diagnosis when `fail` names a problem, the operator
+        exits, `timeout_s` passes or the scenario's whole-run bound (`timeout_s`) is reached."""
+        waited_from = time.monotonic()
+        run_deadline = self.started + self.scenario.timeout_s
+        deadline = min(waited_from + timeout_s, run_deadline)
         while not predicate():
             problem = fail() if fail else None
             if problem:
-                raise DemoError(f"{problem}; while waiting for {what} (logs in {self.workdir})")
+                raise DemoError(f"{problem}; while waiting for {what} (logs in {self.workdir})\n{self.diagnosis()}")
             if self.operator is not None and self.operator.poll() is not None:
                 raise DemoError(f"the operator exited ({self.operator.returncode}) while waiting for {what}; "
-                                f"see {self.workdir / 'operator.log'}")
+                                f"see {self.workdir / 'operator.log'}\n{self.diagnosis()}")
             if time.monotonic() > deadline:
-                raise DemoError(f"timed out after {timeout_s:.0f} s waiting for {what}; logs in {self.workdir}")
+                bound = (f"the demo's bound of {self.scenario.timeout_s:.0f} s" if deadline == run_deadline
+                         else f"{timeout_s:.0f} s")
+                raise DemoError(f"timed out waiting for {what} ({time.monotonic() - waited_from:.0f} s, "
+                                f"{bound}); logs in {self.workdir}\n{self.diagnosis()}")
             await asyncio.sleep(0.25)
+
+    def diagnosis(self, log_lines: int = 15) -> str:
+        """What each stage took, and what every profile, its Job, and every pool was doing, with the operator
+        log's last lines and those of each Job still running: enough to see where a run stalled without the
+        logs (a CI machine's temporary folder is gone when its report is read)."""
+        lines = ["where the time went: " + "; ".join(
+            f"{stage} from {at:g} s" for stage, at in self.stages) + f"; now {time.monotonic() - self.started:.0f} s"]
+        if self.api is None:
+            return "\n".join(lines)
+        jobs = {job["metadata"]["name"]: job for job in self.api.objects("jobs", NAMESPACE)}
+        runs = self.kubelet.jobs if self.kubelet else {}
+        for profile in self.profiles():
+            status = profile.get("status") or {}
+            job_name = bench_job_name(profile["metadata"]["name"])
+            job_status = (jobs.get(job_name) or {}).get("status") or {}
+            run = runs.get(job_name)
+            running = run is not None and run.process is not None and run.process.poll() is None
+            job = ("no Job" if job_name not in jobs else
+                   f"Job active={job_status.get('active', 0)} succeeded={job_status.get('succeeded', 0)} "
+                   f"failed={job_status.get('failed', 0)}" + (" (its process is running)" if running else ""))
+            message = (status.get("message") or status.get("reason") or "").strip().splitlines()
+            lines.append(f"profile {profile['metadata']['name']}: {status.get('phase') or 'no phase'}; {job}"
+                         + (f"; {message[-1][:200]}" if message else ""))
+            if running:
+                lines += [f"    {line}" for line in _tail(self.workdir / f"job-{job_name}.log", 4)]
+        for pool in self.status().get("pools") or []:
+            decision = pool.get("decision") or {}
+            profiles = pool.get("profiles") or {}
+            lines.append(f"pool {pool['name']} ({pool.get('sku') or 'no GPU type'}): decision "
+                         f"{decision.get('source') or 'none'}, profiles ready {profiles.get('ready', 0)} "
+                         f"failed {profiles.get('failed', 0)} of {profiles.get('total', 0)}")
+        for condition in self.status().get("conditions") or []:
+            if condition.get("status") != "True" or condition.get("type") in ("Degraded", "Stalled"):
+                lines.append(f"condition {condition.get('type')}={condition.get('status')} "
+                             f"{condition.get('reason', '')}: {str(condition.get('message', ''))[:200]}")
+        lines.append(f"operator log, last {log_lines} lines:")
+        lines += [f"    {line}" for line in _tail(self.workdir / "operator.log", log_lines)]
+        return "\n".join(lines)
 
     async def _tick(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -440,6 +486,15 @@ class Demo:
         await asyncio.sleep(0.2)
         os.killpg(self.operator.pid, signal.SIGKILL)
         self.operator.wait()
+
+
+def _tail(path: Path, lines: int) -> list[str]:
+    """The last `lines` lines of a log, each cut at 300 characters ([] when there is none)."""
+    try:
+        with path.open(errors="replace") as f:
+            return [line.rstrip()[:300] for line in collections.deque(f, maxlen=lines)]
+    except OSError:
+        return []
 
 
 def _node(name: str, product: str, pool: str) -> dict:

@@ -41,6 +41,9 @@ class DemoScenario:
     phases: list[Phase]
     after_join_timeout_s: float
     """How long after joining the new GPU type may take to be profiled and decided."""
+    timeout_s: float = 900.0
+    """Wall seconds the whole run may take before the demo gives up with a diagnosis (what each profile, Job
+    and pool was doing, the operator log's last lines): a stall says where it stalled, not only that it did."""
     sim: SimSettings = field(default_factory=SimSettings)
     methods: list[str] = field(default_factory=lambda: ["ngram", "draft_model"])
     """Candidate methods (from METHODS)."""
@@ -100,6 +103,7 @@ def default_scenario() -> DemoScenario:
         phases=[Phase("quiet", 8, 10), Phase("busy", 60, 10), Phase("peak", 200, 15), Phase("busy", 60, 8),
                 Phase("quiet", 8, 12)],
         after_join_timeout_s=120,
+        timeout_s=900,
         sim=SimSettings(time_scale=1, startup_delay_s=1),
     )
 
@@ -116,6 +120,9 @@ def fast_scenario() -> DemoScenario:
         # decision weighs until its cooldown, is the quiet one and not a window taken mostly at the peak.
         phases=[Phase("quiet", 8, 6), Phase("peak", 300, 4), Phase("quiet", 8, 3)],
         after_join_timeout_s=150,
+        # About 90 s on two cores with one kept busy; the bound leaves a host five times slower room, and ends
+        # (with its diagnosis) before a test runner's own timeout of 600 s would kill it without one.
+        timeout_s=480,
         sim=SimSettings(time_scale=1, startup_delay_s=0.25),
         reconcile_interval_s=0.5,
         # K=1 gains little per token over a trace whose tokens come mostly from the peak; weighing the
