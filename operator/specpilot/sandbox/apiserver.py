@@ -17,6 +17,7 @@ import datetime
 import itertools
 import math
 import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -269,6 +270,30 @@ class SandboxEmulator(kmock.KubernetesEmulator):
             key = (request.resource, request.namespace, request.name)
             return [self.objects[key]] if key in self.objects else []
         return kmock.KubernetesEmulator._KubernetesEmulator__get_objs(self, request, strict)
+
+    async def _serve_watch(self, request: kmock.Request) -> AsyncIterator[Any]:
+        """kmock's watch, without its window for lost events: kmock takes the snapshot of existing objects,
+        streams it, and only then marks its place in the resource's event bus, so a change made while the
+        snapshot was being sent (a watch that kopf starts or restarts while the cluster works) never reached
+        that watcher, whose cache then stayed stale until the next change of the object, or the next
+        re-list minutes later. Here the place is marked under the lock every write holds, together with the
+        snapshot: each change is in the snapshot or in the stream, once."""
+        yield b""  # the headers go out: the watch is established even while nothing happens
+        bus = self._buses[request.resource]
+        async with self._lock:
+            marker = await bus.mark()
+            events = [{"type": "ADDED", "object": obj.raw}
+                      for obj in self._KubernetesEmulator__get_objs(request, strict=False) if not obj.deleted]
+        try:
+            for event in events:
+                yield event
+            async for event in bus.stream(since=marker):
+                meta = (event.get("object") or {}).get("metadata") or {}
+                if self._KubernetesEmulator__check(request, request.resource, meta.get("namespace"),
+                                                   meta.get("name"), strict=False):
+                    yield event
+        finally:
+            await bus.unmark(marker)
 
     async def _collect_garbage(self) -> None:
         """Delete objects whose every owner is gone (background cascading deletion)."""
