@@ -122,6 +122,8 @@ def test_nothing_is_left_running_and_reports_are_written(demo_run, tmp_path):
     assert [s for s in stages if s.startswith("load: ")] == [f"load: {p.name}" for p in scenario.phases]
     report = json.loads((tmp_path / "demo.json").read_text())
     assert sum(s["seconds"] for s in report["stages"]) == pytest.approx(result.wall_s, abs=0.5)
+    # A profile the demo's end interrupted reads Failed with its reason (Interrupted), never a bare Failed.
+    assert report["profiles"] and all(p["phase"] != "Failed" or p["reason"] for p in report["profiles"])
 
 
 def test_the_decided_configuration_is_the_better_fixed_policy_at_every_phase(demo_run):

@@ -155,7 +155,9 @@ def write_reports(result: DemoResult, scenario: DemoScenario, rows: list[Row], o
         "stages": [{"stage": stage, "seconds": seconds} for stage, seconds in stage_durations(result)],
         "profiles": [{"name": p["metadata"]["name"], "sku": p["spec"]["sku"],
                       "method": (p["spec"].get("method") or {}).get("method", "baseline"),
-                      "phase": (p.get("status") or {}).get("phase")} for p in result.profiles],
+                      "phase": (p.get("status") or {}).get("phase"),
+                      # "Interrupted" beside Failed: the demo ended while the profile's Job was measuring.
+                      "reason": (p.get("status") or {}).get("reason")} for p in result.profiles],
         "decisions": {p["name"]: p.get("decision") for p in result.status.get("pools") or []},
         "joined_pool": result.joined_pool, "joined_pool_profiled": result.joined_pool_profiled,
         "client_errors": result.errors, "processes_left": result.processes_left,

@@ -41,6 +41,9 @@ class DemoScenario:
     phases: list[Phase]
     after_join_timeout_s: float
     """How long after joining the new GPU type may take to be profiled and decided."""
+    job_deadline_s: int = 600
+    """profiling.jobDeadlineSeconds: a benchmark Job still running after this is stopped and fails for good
+    (DeadlineExceeded), so a hung one stops the demo with its reason instead of holding its pool undecided."""
     timeout_s: float = 900.0
     """Wall seconds the whole run may take before the demo gives up with a diagnosis (what each profile, Job
     and pool was doing, the operator log's last lines): a stall says where it stalled, not only that it did."""
@@ -77,6 +80,7 @@ class DemoScenario:
                     "requestsPerLevel": self.requests_per_level,
                     "maxParallelJobsPerPool": 3,
                     "backoffLimit": 1,
+                    "jobDeadlineSeconds": self.job_deadline_s,
                     # The simulated GPUs measure the twin without noise (virtual clock, equidistributed
                     # acceptance): measuring a level again gives the same figure, so refinement would add
                     # profiling time and buy nothing. On real GPUs it stays on (the default).
@@ -123,6 +127,8 @@ def fast_scenario() -> DemoScenario:
         # About 90 s on two cores with one kept busy; the bound leaves a host five times slower room, and ends
         # (with its diagnosis) before a test runner's own timeout of 600 s would kill it without one.
         timeout_s=480,
+        # A Job takes 10-40 s here (three demos at once on two cores: under 60 s); a slower host has room.
+        job_deadline_s=240,
         sim=SimSettings(time_scale=1, startup_delay_s=0.25),
         reconcile_interval_s=0.5,
         # K=1 gains little per token over a trace whose tokens come mostly from the peak; weighing the

@@ -69,6 +69,8 @@ class JobRun:
     failures: int = 0
     retry_at: float = 0.0
     done: bool = False
+    started_at: float = 0.0
+    """When the Job started (loop time): its activeDeadlineSeconds counts from here, across retries."""
 
 
 @dataclass
@@ -148,10 +150,20 @@ class Kubelet:
         for name, job in live.items():
             run = self.jobs.get(name)
             if run is None and not (job.get("status") or {}).get("conditions"):
-                run = self.jobs[name] = JobRun(name, self._spawn_job(job))
+                run = self.jobs[name] = JobRun(name, self._spawn_job(job), started_at=loop.time())
                 await self._patch_job(job, {"active": 1, "startTime": _now()})
                 continue
             if run is None or run.done:
+                continue
+            deadline = job["spec"].get("activeDeadlineSeconds")
+            if deadline is not None and loop.time() - run.started_at > float(deadline) / self.sim.time_scale:
+                # As the Job controller: past activeDeadlineSeconds (simulated time) the running pod is
+                # terminated and the Job fails for good, whatever retries it had left.
+                _stop(run.process)  # kept in the run: shutdown() waits for it to exit
+                run.done = True
+                await self._patch_job(job, {"active": 0, "failed": run.failures + 1, "conditions": [
+                    {"type": "Failed", "status": "True", "reason": "DeadlineExceeded",
+                     "message": "Job was active longer than specified deadline"}]})
                 continue
             if run.process is None:
                 if loop.time() >= run.retry_at:
