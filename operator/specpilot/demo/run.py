@@ -314,7 +314,7 @@ class Demo:
     async def _wait(self, predicate: Callable[[], bool], timeout_s: float, what: str,
                     fail: Callable[[], str | None] | None = None) -> None:
         """Until `predicate` holds; a DemoError with the diagnosis when `fail` names a problem, the operator
-        exits, `timeout_s` passes or the scenario's whole-run bound (`timeout_s`) is reached."""
+        exits, `timeout_s` passes or the run reaches its bound (`DemoScenario.timeout_s` since it started)."""
         waited_from = time.monotonic()
         run_deadline = self.started + self.scenario.timeout_s
         deadline = min(waited_from + timeout_s, run_deadline)
