@@ -28,6 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from ..api import seal
 from ..api.schedule import ScheduleRange, k_at
+from ..controller.profiles import job_state
 from ..manifests.names import bench_job_name
 from ..sandbox.apiserver import SandboxApiServer
 from ..sandbox.fidelity import FIDELITY_BOUND_PERCENT, profile_fidelity
@@ -303,9 +304,7 @@ class Demo:
         for profile in self.profiles():
             status = profile.get("status") or {}
             job = jobs.get(bench_job_name(profile["metadata"]["name"]))
-            conditions = ((job or {}).get("status") or {}).get("conditions") or []
-            gave_up = job is None or any(c.get("type") in ("Failed", "Complete") and c.get("status") == "True"
-                                         for c in conditions)
+            gave_up = job is None or job_state(job) != "Active"
             if status.get("phase") == "Failed" and gave_up:
                 message = (status.get("message") or status.get("reason") or "no message").strip().splitlines()[-1]
                 return f"profile {profile['metadata']['name']} failed: {message}"
@@ -356,13 +355,14 @@ class Demo:
                          + (f"; {message[-1][:200]}" if message else ""))
             if running:
                 lines += [f"    {line}" for line in _tail(self.workdir / f"job-{job_name}.log", 4)]
-        for pool in self.status().get("pools") or []:
+        deployment = self.status()
+        for pool in deployment.get("pools") or []:
             decision = pool.get("decision") or {}
             profiles = pool.get("profiles") or {}
             lines.append(f"pool {pool['name']} ({pool.get('sku') or 'no GPU type'}): decision "
                          f"{decision.get('source') or 'none'}, profiles ready {profiles.get('ready', 0)} "
                          f"failed {profiles.get('failed', 0)} of {profiles.get('total', 0)}")
-        for condition in self.status().get("conditions") or []:
+        for condition in deployment.get("conditions") or []:
             if condition.get("status") != "True" or condition.get("type") in ("Degraded", "Stalled"):
                 lines.append(f"condition {condition.get('type')}={condition.get('status')} "
                              f"{condition.get('reason', '')}: {str(condition.get('message', ''))[:200]}")
