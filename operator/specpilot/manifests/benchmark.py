@@ -45,7 +45,7 @@ from .pod import (
 )
 
 BENCH_COMMAND = ["specpilot-bench"]
-BENCH_CONTAINER = "bench"
+BENCH_CONTAINER = names.BENCH_CONTAINER
 WORKLOAD_VOLUME = "workload"
 WORKLOAD_DIR = "/workload"
 WORKLOAD_FILE_NAME = "prompts.jsonl"

@@ -14,9 +14,10 @@ from typing import Any
 from ..api.deployment import ModelSpec, SpeculativeDeploymentSpec
 from ..api.methods import CandidateMethod
 from ..api.schedule import ScheduleRange
+from . import names
 
 ENGINE_COMMAND = ["python3", "-m", "vllm.entrypoints.openai.api_server"]
-ENGINE_CONTAINER = "engine"
+ENGINE_CONTAINER = names.ENGINE_CONTAINER
 SPECULATIVE_CONFIG_FLAG = "--speculative-config"
 MODEL_FLAG = "--model"
 

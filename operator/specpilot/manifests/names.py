@@ -14,6 +14,15 @@ import re
 MAX_NAME_LENGTH = 63
 HASH_LENGTH = 8
 
+BENCH_CONTAINER = "bench"
+"""The benchmark pod's measuring container: it alone holds the ServiceAccount token and the result token, and
+takes no tenant environment, volumes or mounts."""
+ENGINE_CONTAINER = "engine"
+"""The engine container of a serving pod, and of a benchmark pod (there it runs the tenant's engine image, with
+the tenant's environment and mounts, and no token of any kind)."""
+OWNED_CONTAINER_NAMES = frozenset({BENCH_CONTAINER, ENGINE_CONTAINER})
+"""Container names specpilot's pods use for their own containers: a tenant's extra container may not reuse them."""
+
 BENCH_SERVICE_ACCOUNT = "specpilot-bench"
 """ServiceAccount, Role and RoleBinding of the benchmark Jobs: one set per namespace."""
 
