@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from specpilot.api.deployment import PoolStatus, Strategy
+
+POOL_LABELS = ["namespace", "deployment", "pool"]
+
 
 class OperatorMetrics:
     """Counters and gauges a platform team alerts on."""
@@ -41,6 +45,85 @@ class OperatorMetrics:
         self.metrics_available = Gauge(
             "specpilot_metrics_available", "1 when the load metrics for a deployment are fresh.",
             ["namespace", "deployment"], registry=r)
+        # What the dashboard and the alert rules read beside the above (charts/specpilot/dashboards, rules).
+        self.decision_info = Gauge(
+            "specpilot_decision_info", "1 for the pool's current decision: method (none = no SD), strategy "
+            "and schedule (short form, empty for none or the restart strategy).",
+            [*POOL_LABELS, "method", "strategy", "schedule"], registry=r)
+        self.num_speculative_tokens = Gauge(
+            "specpilot_num_speculative_tokens", "K the pool's engine starts with (the schedule's maximum; 0: no SD).",
+            POOL_LABELS, registry=r)
+        self.crossover_concurrency = Gauge(
+            "specpilot_crossover_concurrency", "Per-replica concurrency above which speculation stops paying.",
+            POOL_LABELS, registry=r)
+        self.cost_per_mtok_without_sd = Gauge(
+            "specpilot_cost_per_million_tokens_without_sd_dollars",
+            "Predicted $/Mtok without speculation at the same load.", POOL_LABELS, registry=r)
+        self.replicas = Gauge(
+            "specpilot_replicas", "Replicas of the pool's Deployment.", POOL_LABELS, registry=r)
+        self.live_acceptance = Gauge(
+            "specpilot_live_acceptance_rate", "Live acceptance at the first draft position (accepted / drafts).",
+            POOL_LABELS, registry=r)
+        self.profiled_acceptance = Gauge(
+            "specpilot_profiled_acceptance_rate",
+            "The served method's profiled acceptance at the first draft position.", POOL_LABELS, registry=r)
+        self.profiles_failed = Gauge(
+            "specpilot_profiles_failed", "The pool's profiles that failed for good (after the Job's retries).",
+            POOL_LABELS, registry=r)
+        self.tpot_slo_seconds = Gauge(
+            "specpilot_tpot_slo_seconds", "The deployment's TPOT SLO (spec.policy.tpotSloMs).",
+            ["namespace", "deployment"], registry=r)
+        self._decision_labels: dict[tuple[str, str, str], tuple[str, str, str]] = {}
+
+    def record_pool(self, namespace: str, deployment: str, pool: PoolStatus, profiled_acceptance: float | None,
+                    tpot_slo_ms: float | None) -> None:
+        """The per-pool gauges from the pool's status after a reconciliation. A value the status no longer
+        has (no crossover, no live acceptance) removes its series, so a panel shows a gap, not a stale value."""
+        labels = (namespace, deployment, pool.name)
+        decision = pool.decision
+        if tpot_slo_ms is not None:
+            self.tpot_slo_seconds.labels(namespace, deployment).set(tpot_slo_ms / 1000)
+        else:
+            _discard(self.tpot_slo_seconds, (namespace, deployment))
+        self.speculation_enabled.labels(*labels).set(1 if pool.speculation_enabled else 0)
+        self.replicas.labels(*labels).set(pool.replicas)
+        self.profiles_failed.labels(*labels).set(pool.profiles.failed)
+        if pool.desired_replicas is not None:
+            self.desired_replicas.labels(*labels).set(pool.desired_replicas)
+        if pool.observed and pool.observed.concurrency is not None:
+            self.observed_concurrency.labels(*labels).set(pool.observed.concurrency)
+        info = None
+        if decision is not None:
+            info = (decision.method or "none", Strategy(decision.strategy).value, decision.schedule_summary)
+            self.num_speculative_tokens.labels(*labels).set(decision.num_speculative_tokens if decision.method else 0)
+        previous = self._decision_labels.get(labels)
+        if previous is not None and previous != info:
+            self.decision_info.remove(*labels, *previous)
+        if info is not None:
+            self.decision_info.labels(*labels, *info).set(1)
+            self._decision_labels[labels] = info
+        else:
+            self._decision_labels.pop(labels, None)
+        live = pool.observed.acceptance_per_position[0] if pool.observed and pool.observed.acceptance_per_position \
+            and pool.speculation_enabled else None
+        for gauge, value in (
+                (self.cost_per_mtok, decision.cost_per_mtok_with_sd if decision else None),
+                (self.cost_per_mtok_without_sd, decision.cost_per_mtok_without_sd if decision else None),
+                (self.crossover_concurrency, decision.crossover_concurrency if decision else None),
+                (self.live_acceptance, live),
+                (self.profiled_acceptance, profiled_acceptance if decision and decision.method else None)):
+            if value is not None:
+                gauge.labels(*labels).set(value)
+            else:
+                _discard(gauge, labels)
 
     def serve(self, port: int, addr: str = "0.0.0.0") -> None:
         start_http_server(port, addr=addr, registry=self.registry)
+
+
+def _discard(gauge: Gauge, labels: tuple[str, ...]) -> None:
+    """Removes a labelled series if it exists (prometheus_client raises KeyError otherwise)."""
+    try:
+        gauge.remove(*labels)
+    except KeyError:
+        pass

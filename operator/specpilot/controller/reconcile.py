@@ -30,7 +30,7 @@ from ..manifests import names
 from ..manifests.serving import pod_monitor, service, serving_deployment
 from ..observe.model import MetricsUnavailable
 from ..perf.catalog import GpuCatalog
-from ..policy.planner import PoolInputs, PoolProfiles, plan_pool
+from ..policy.planner import PoolInputs, PoolProfiles, plan_pool, profiled_acceptance
 from . import desired
 from .context import Context
 from .kube import NotFound
@@ -245,10 +245,11 @@ async def reconcile_pool(ctx: Context, body: dict, spec: SpeculativeDeploymentSp
             observation, problem = await observe_pool(ctx, uid, spec, namespace, name, view.pool.name, current)
             _count_observation(ctx, uid, view.pool.name, observation, problem, metrics)
     existing = (current or {}).get("spec", {}).get("replicas")
+    pool_profiles = _pool_profiles(needed, view, states, profiles, users, uid)
     outcome = plan_pool(PoolInputs(
         spec=spec, generation=meta.get("generation"), pool=view.pool, sku=view.primary_sku,
         gpu_products=tuple(view.products), nodes=len(view.nodes), previous=old,
-        profiles=_pool_profiles(needed, view, states, profiles, users, uid), observation=observation,
+        profiles=pool_profiles, observation=observation,
         current_replicas=int(existing) if existing is not None else None,
         rolling_out=current is not None and desired.rolling_out(current),
         price_per_gpu_hour=_price(ctx, spec, view), now=now,
@@ -279,13 +280,10 @@ async def reconcile_pool(ctx: Context, body: dict, spec: SpeculativeDeploymentSp
     pool.rollout, rollout_message = desired.rollout_state(applied or current)
     if pool.rollout == desired.ROLLOUT_STALLED and old.rollout != desired.ROLLOUT_STALLED:
         events.append(Event("Warning", "RolloutStalled", f"pool {view.pool.name}: {rollout_message}"))
-    ctx.metrics.speculation_enabled.labels(*labels).set(1 if pool.speculation_enabled else 0)
-    if pool.desired_replicas is not None:
-        ctx.metrics.desired_replicas.labels(*labels).set(pool.desired_replicas)
-    if pool.decision and pool.decision.cost_per_mtok_with_sd is not None:
-        ctx.metrics.cost_per_mtok.labels(*labels).set(pool.decision.cost_per_mtok_with_sd)
-    if pool.observed and pool.observed.concurrency is not None:
-        ctx.metrics.observed_concurrency.labels(*labels).set(pool.observed.concurrency)
+    profiled = profiled_acceptance(pool_profiles.light()[1].get(pool.decision.method)) \
+        if pool.decision and pool.decision.method else None
+    ctx.metrics.record_pool(namespace, name, pool, profiled[0][0] if profiled and profiled[0] else None,
+                            spec.policy.tpot_slo_ms)
     return pool
 
 

@@ -1,0 +1,89 @@
+"""The operator's per-pool gauges (controller.metrics.OperatorMetrics.record_pool): what the dashboard and the
+alert rules read, set from a pool's status, and removed when the status no longer has the value."""
+
+from __future__ import annotations
+
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.exposition import generate_latest
+
+from specpilot.api.deployment import Decision, ObservedLoad, PoolStatus, ProfileProgress, Strategy
+from specpilot.controller.metrics import OperatorMetrics
+
+LABELS = {"namespace": "llm", "deployment": "chat", "pool": "h100"}
+
+
+def samples(metrics: OperatorMetrics) -> dict[str, list[tuple[dict, float]]]:
+    out: dict[str, list[tuple[dict, float]]] = {}
+    for family in text_string_to_metric_families(generate_latest(metrics.registry).decode()):
+        for sample in family.samples:
+            out.setdefault(sample.name, []).append((sample.labels, sample.value))
+    return out
+
+
+def value(metrics: OperatorMetrics, name: str, **labels: str) -> float | None:
+    wanted = {**LABELS, **labels}
+    found = [v for l, v in samples(metrics).get(name, []) if l == wanted]
+    assert len(found) <= 1
+    return found[0] if found else None
+
+
+def serving_pool(**overrides) -> PoolStatus:
+    decision = Decision(method="eagle3", num_speculative_tokens=5, schedule_summary="1-16:5,17-64:3,65+:0",
+                        strategy=Strategy.DYNAMIC, crossover_concurrency=48.0, cost_per_mtok_with_sd=0.21,
+                        cost_per_mtok_without_sd=0.33)
+    fields = dict(name="h100", decision=decision, speculation_enabled=True, replicas=3, desired_replicas=4,
+                  profiles=ProfileProgress(ready=2, total=3, failed=1),
+                  observed=ObservedLoad(concurrency=12.5, acceptance_per_position=[0.71, 0.5]))
+    return PoolStatus(**{**fields, **overrides})
+
+
+def test_record_pool_exports_what_the_dashboard_reads() -> None:
+    metrics = OperatorMetrics()
+    metrics.record_pool("llm", "chat", serving_pool(), profiled_acceptance=0.8, tpot_slo_ms=40)
+    assert value(metrics, "specpilot_decision_info", method="eagle3", strategy="dynamic",
+                 schedule="1-16:5,17-64:3,65+:0") == 1
+    assert value(metrics, "specpilot_num_speculative_tokens") == 5
+    assert value(metrics, "specpilot_crossover_concurrency") == 48
+    assert value(metrics, "specpilot_cost_per_million_tokens_dollars") == 0.21
+    assert value(metrics, "specpilot_cost_per_million_tokens_without_sd_dollars") == 0.33
+    assert value(metrics, "specpilot_replicas") == 3
+    assert value(metrics, "specpilot_desired_replicas") == 4
+    assert value(metrics, "specpilot_observed_concurrency") == 12.5
+    assert value(metrics, "specpilot_speculation_enabled") == 1
+    assert value(metrics, "specpilot_live_acceptance_rate") == 0.71
+    assert value(metrics, "specpilot_profiled_acceptance_rate") == 0.8
+    assert value(metrics, "specpilot_profiles_failed") == 1
+    tpot_slo = [v for l, v in samples(metrics)["specpilot_tpot_slo_seconds"]
+                if l == {"namespace": "llm", "deployment": "chat"}]
+    assert tpot_slo == [0.04]
+
+
+def test_a_new_decision_replaces_the_info_series_and_absent_values_remove_theirs() -> None:
+    metrics = OperatorMetrics()
+    metrics.record_pool("llm", "chat", serving_pool(), profiled_acceptance=0.8, tpot_slo_ms=40)
+    off = Decision(method=None, strategy=Strategy.RESTART, cost_per_mtok_with_sd=0.3, cost_per_mtok_without_sd=0.3)
+    metrics.record_pool("llm", "chat", serving_pool(decision=off, speculation_enabled=False,
+                                                   observed=ObservedLoad(concurrency=80)),
+                        profiled_acceptance=0.8, tpot_slo_ms=None)
+    info = [(l, v) for l, v in samples(metrics)["specpilot_decision_info"] if l["pool"] == "h100"]
+    assert info == [({**LABELS, "method": "none", "strategy": "restart", "schedule": ""}, 1.0)]
+    assert value(metrics, "specpilot_num_speculative_tokens") == 0
+    assert value(metrics, "specpilot_speculation_enabled") == 0
+    # No crossover, no live acceptance (speculation off) and no served method's profile: the series go away.
+    for gone in ("specpilot_crossover_concurrency", "specpilot_live_acceptance_rate",
+                 "specpilot_profiled_acceptance_rate"):
+        assert value(metrics, gone) is None, gone
+    assert "specpilot_tpot_slo_seconds" not in samples(metrics)
+
+
+def test_pools_keep_their_own_series() -> None:
+    metrics = OperatorMetrics()
+    metrics.record_pool("llm", "chat", serving_pool(), profiled_acceptance=0.8, tpot_slo_ms=None)
+    metrics.record_pool("llm", "chat", serving_pool(name="l4", decision=None, speculation_enabled=False,
+                                                   observed=None, replicas=0, desired_replicas=None),
+                        profiled_acceptance=None, tpot_slo_ms=None)
+    assert value(metrics, "specpilot_decision_info", method="eagle3", strategy="dynamic",
+                 schedule="1-16:5,17-64:3,65+:0") == 1
+    assert value(metrics, "specpilot_replicas", pool="l4") == 0
+    assert value(metrics, "specpilot_num_speculative_tokens", pool="l4") is None
+    assert not [l for l, _ in samples(metrics)["specpilot_decision_info"] if l["pool"] == "l4"]
