@@ -20,6 +20,7 @@ read as a flag), no whitespace or control characters, a sane character set and l
 
 from __future__ import annotations
 
+import json
 import re
 
 from .base import cap, echo
@@ -149,6 +150,116 @@ def extra_args_problems(args: list[str], where: str = "extraArgs") -> list[str]:
                             f"{field} instead")
         long = name[2:].split(".", 1)[0].replace("_", "-") if name.startswith("--") else ""
         value_expected = not has_value and not (long.startswith(NO_VALUE_PREFIXES) or long in NO_VALUE_FLAGS)
+    return problems
+
+
+CODE_LOADING_FLAGS: dict[str, str] = {
+    "tool-parser-plugin": "imports a Python file as a tool-call parser",
+    "reasoning-parser-plugin": "imports a Python file as a reasoning parser",
+    "middleware": "imports ASGI middleware into the engine's API server",
+    "worker-cls": "imports the engine's worker class from any module",
+    "worker-extension-cls": "imports a class into every engine worker",
+    "scheduler-cls": "imports the engine's scheduler class from any module",
+    "logits-processors": "imports logits-processor classes into the engine",
+    "model-class-overrides": "registers a model class from any module",
+    "logging-config": "applies a logging dictConfig, whose factories import any callable",
+    "log-config-file": "applies a logging dictConfig, whose factories import any callable",
+}
+"""vLLM flags whose value names Python code for the engine to import (long names, `-` spelling): refused in
+any spelling, whatever the value."""
+
+CODE_LOADING_CONFIG_FLAGS: dict[str, str] = {
+    "kv-transfer-config": "kv_connector_module_path imports a KV connector from any module",
+    "ec-transfer-config": "ec_connector_module_path imports an encoder-cache connector from any module",
+    "ec-manager-config": "encoder_cache_manager_cls imports a class from any module",
+    "weight-transfer-config": "a module path imports a weight-transfer engine from any module",
+    "compilation-config": "backend and inductor_passes import functions from any module",
+    "distributed-executor-backend": "a class path (anything but mp, ray, uni, external_launcher) imports the "
+                                    "executor from any module",
+}
+"""vLLM flags that import code only for some values: a module or class path in their JSON, or (for
+distributed-executor-backend) a value other than a built-in backend."""
+
+CODE_LOADING_SHORT: dict[str, str] = {"-cc": "compilation-config"}
+"""vLLM's short aliases of those flags -> the long name."""
+
+FLAGS_PREFIXING_CODE_FLAGS = frozenset({"reasoning-parser", "model"})
+"""vLLM flags whose whole name is a prefix of a code-loading flag (`--reasoning-parser` of
+`--reasoning-parser-plugin`): argparse takes an exact name before an abbreviation, so they are not one."""
+
+BUILTIN_EXECUTOR_BACKENDS = frozenset({"mp", "ray", "uni", "external_launcher"})
+_IMPORTING_KEY = re.compile(r"(module_path|_cls|_class|inductor_passes|pass_manager)$")
+_QUALIFIED_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*([.:][A-Za-z_][A-Za-z0-9_]*)+$")
+
+
+def _imports_code(flag: str, keys: list[str], value: str | None) -> bool:
+    """Whether `--flag[.keys...] value` makes vLLM import code (an unreadable value counts: it cannot be
+    checked, and `@file` or a path is read by the engine, not by specpilot)."""
+    if flag == "distributed-executor-backend":
+        return value not in BUILTIN_EXECUTOR_BACKENDS
+    if any(_IMPORTING_KEY.search(k.replace("-", "_")) for k in keys):
+        return True
+    if value is None:
+        return False
+    if keys:  # a dotted sub-key: its value is a scalar (a backend may be a qualified name)
+        return keys[-1].replace("-", "_").endswith("backend") and bool(_QUALIFIED_NAME.match(value))
+    try:
+        parsed = json.loads(value)
+    except ValueError:
+        return True
+    return _json_imports_code(parsed)
+
+
+def _json_imports_code(value: object, key: str = "") -> bool:
+    if isinstance(value, dict):
+        return any(_IMPORTING_KEY.search(str(k)) is not None or _json_imports_code(v, str(k))
+                   for k, v in value.items())
+    if isinstance(value, list):
+        return any(_json_imports_code(v, key) for v in value)
+    return isinstance(value, str) and key.endswith("backend") and bool(_QUALIFIED_NAME.match(value))
+
+
+def _code_loading_flag(name: str) -> tuple[str, bool] | None:
+    """(vLLM flag, whether only some values load code) for an argument's flag part (`--x`, `--x.key`, `-cc`),
+    abbreviations included; None for a flag that loads no code."""
+    if not name.startswith("--"):
+        flag = name.split(".", 1)[0]
+        short = next((s for s in CODE_LOADING_SHORT if flag == s or s.startswith(flag) or flag.startswith(s)), None)
+        return (CODE_LOADING_SHORT[short], True) if short else None
+    base = name[2:].split(".", 1)[0].rstrip("+").replace("_", "-")
+    for table, conditional in ((CODE_LOADING_FLAGS, False), (CODE_LOADING_CONFIG_FLAGS, True)):
+        if base in table:
+            return base, conditional
+    if base and base not in FLAGS_PREFIXING_CODE_FLAGS:
+        for table, conditional in ((CODE_LOADING_FLAGS, False), (CODE_LOADING_CONFIG_FLAGS, True)):
+            for flag in table:
+                if flag.startswith(base):
+                    return flag, conditional  # argparse reads an unambiguous prefix as the whole flag
+    return None
+
+
+def code_loading_problems(args: list[str], where: str = "extraArgs") -> list[str]:
+    """Why items of `args` would make vLLM import Python code named on its command line (a plugin, middleware,
+    worker or scheduler class, a connector's module path...), in every spelling `extra_args_problems` knows:
+    `_` or `-`, `=value` or a separate value, dotted sub-keys, abbreviations, short aliases."""
+    problems: list[str] = []
+    for i, arg in enumerate(args):
+        if not arg.startswith("-") or _is_number(arg) or _CONTROL.search(arg):
+            continue
+        name, value = arg.split("=", 1) if "=" in arg else (arg, None)
+        found = _code_loading_flag(name)
+        if found is None:
+            continue
+        flag, conditional = found
+        if value is None and i + 1 < len(args) and not (args[i + 1].startswith("-")
+                                                        and not _is_number(args[i + 1])):
+            value = args[i + 1]
+        keys = [k.rstrip("+") for k in name.split(".")[1:]]
+        if conditional and not _imports_code(flag, keys, value):
+            continue
+        why = CODE_LOADING_CONFIG_FLAGS[flag] if conditional else CODE_LOADING_FLAGS[flag]
+        problems.append(f"{where}[{i}] ({echo(cap(arg, 60))}) sets --{flag}, which makes the engine import code "
+                        f"({why}): remove it; the engine runs the code of its image (spec.model.image) and model only")
     return problems
 
 
