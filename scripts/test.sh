@@ -7,7 +7,8 @@ cd "${repo_root}"
 bash scripts/setup.sh --test
 .venv/bin/specpilot crds --check
 set +e
-.venv/bin/python -m pytest -q -p no:cacheprovider "$@"
+# --durations: the slowest tests, and -rs: why each skipped test skipped, so a CI log says both.
+.venv/bin/python -m pytest -q -p no:cacheprovider --durations=25 -rs "$@"
 rc=$?
 set -e
 # pytest exits 5 when it collected no test: that is a broken suite, not a pass.

@@ -43,6 +43,15 @@ def configure_logging(fmt: str, verbose: bool) -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
+def cluster_unreachable_message(kubeconfig: str | None, err: Exception) -> str:
+    """The one line `specpilot run` prints when it finds no cluster to talk to, with the fix."""
+    source = kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
+    detail = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    return (f"specpilot run: no Kubernetes cluster configured ({source}: {detail}); point --kubeconfig or KUBECONFIG "
+            "at a kubeconfig, or run the operator in a cluster (helm install specpilot charts/specpilot), or try "
+            "`specpilot demo`, which brings its own API server")
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     import kopf
 
@@ -59,7 +68,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.all_namespaces and args.namespace:
         raise SystemExit("give either --all-namespaces or --namespace, not both")
     config = load_config(args.config)
-    connection = Connection.load(args.kubeconfig, args.context)
+    try:
+        connection = Connection.load(args.kubeconfig, args.context)
+    except Exception as err:  # kubernetes' ConfigException, or an unreadable file: one line, not a traceback
+        raise SystemExit(cluster_unreachable_message(args.kubeconfig, err)) from None
     metrics = OperatorMetrics()
     if args.metrics_port:
         metrics.serve(args.metrics_port, addr=args.metrics_address)

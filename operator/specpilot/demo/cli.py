@@ -25,6 +25,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if args.time_scale is not None:
         scenario.sim.time_scale = args.time_scale
     out = Path(args.out)
+    problem = output_problem(out)
+    if problem:
+        console.print(f"[red]specpilot demo cannot start:[/] {problem}")
+        return 2
     workdir = Path(tempfile.mkdtemp(prefix="specpilot-demo-"))
     try:
         return _run(args, console, scenario, out, workdir)
@@ -33,6 +37,18 @@ def cmd_demo(args: argparse.Namespace) -> int:
             console.print(f"Logs kept in {workdir}")
         else:
             shutil.rmtree(workdir, ignore_errors=True)
+
+
+def output_problem(out: Path) -> str | None:
+    """Why the demo could not write its report to `out`, found before a run of minutes rather than after it."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=out, prefix=".write-check-"):
+            pass
+    except OSError as err:
+        return (f"cannot write its report to {out} ({err.strerror or err}); give a writable folder with "
+                "--out DIR")
+    return None
 
 
 def _run(args: argparse.Namespace, console, scenario, out: Path, workdir: Path) -> int:

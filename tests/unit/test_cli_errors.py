@@ -1,0 +1,51 @@
+"""Mistakes a user makes at the command line end in one line that names the fix, not a traceback."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from specpilot.controller.cli import cluster_unreachable_message
+from specpilot.demo.cli import output_problem
+
+
+def _specpilot(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    script = Path(sys.executable).parent / "specpilot"
+    return subprocess.run([str(script), *args], capture_output=True, text=True, timeout=120, env=env)
+
+
+def test_run_without_a_cluster_says_so_in_one_line(tmp_path: Path) -> None:
+    missing = tmp_path / "no-such-kubeconfig"
+    done = _specpilot("run", "--kubeconfig", str(missing))
+    assert done.returncode != 0
+    assert "Traceback" not in done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, done.stderr
+    assert str(missing) in lines[0] and "KUBECONFIG" in lines[0]
+
+
+def test_cluster_message_names_the_source_and_the_fix() -> None:
+    text = cluster_unreachable_message("/k/config", ValueError("Invalid kube-config file.\nmore"))
+    assert "/k/config: Invalid kube-config file." in text
+    assert "more" not in text
+    assert "--kubeconfig" in text and "specpilot demo" in text
+
+
+def test_demo_output_that_cannot_be_written_is_found_before_the_run(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    problem = output_problem(blocker / "out")
+    assert problem is not None and "--out" in problem
+    writable = tmp_path / "out" / "demo"
+    assert output_problem(writable) is None
+    assert writable.is_dir() and not list(writable.iterdir())
+
+
+def test_demo_refuses_an_unwritable_output_without_running(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    done = _specpilot("demo", "--fast", "--out", str(blocker / "out"))
+    assert done.returncode == 2
+    assert "cannot write its report" in done.stdout + done.stderr
+    assert "Traceback" not in done.stdout + done.stderr
