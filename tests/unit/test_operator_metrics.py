@@ -33,7 +33,8 @@ def serving_pool(**overrides) -> PoolStatus:
                         cost_per_mtok_without_sd=0.33)
     fields = dict(name="h100", decision=decision, speculation_enabled=True, replicas=3, desired_replicas=4,
                   profiles=ProfileProgress(ready=2, total=3, failed=1),
-                  observed=ObservedLoad(concurrency=12.5, acceptance_per_position=[0.71, 0.5]))
+                  observed=ObservedLoad(concurrency=12.5, acceptance_per_position=[0.71, 0.5],
+                                        generation_tokens_per_second=950.0, tpot_p95_ms=31.0))
     return PoolStatus(**{**fields, **overrides})
 
 
@@ -53,6 +54,8 @@ def test_record_pool_exports_what_the_dashboard_reads() -> None:
     assert value(metrics, "specpilot_live_acceptance_rate") == 0.71
     assert value(metrics, "specpilot_profiled_acceptance_rate") == 0.8
     assert value(metrics, "specpilot_profiles_failed") == 1
+    assert value(metrics, "specpilot_observed_generation_tokens_per_second") == 950
+    assert value(metrics, "specpilot_observed_tpot_p95_seconds") == 0.031
     tpot_slo = [v for l, v in samples(metrics)["specpilot_tpot_slo_seconds"]
                 if l == {"namespace": "llm", "deployment": "chat"}]
     assert tpot_slo == [0.04]
@@ -71,7 +74,8 @@ def test_a_new_decision_replaces_the_info_series_and_absent_values_remove_theirs
     assert value(metrics, "specpilot_speculation_enabled") == 0
     # No crossover, no live acceptance (speculation off) and no served method's profile: the series go away.
     for gone in ("specpilot_crossover_concurrency", "specpilot_live_acceptance_rate",
-                 "specpilot_profiled_acceptance_rate"):
+                 "specpilot_profiled_acceptance_rate", "specpilot_observed_generation_tokens_per_second",
+                 "specpilot_observed_tpot_p95_seconds"):
         assert value(metrics, gone) is None, gone
     assert "specpilot_tpot_slo_seconds" not in samples(metrics)
 

@@ -70,6 +70,12 @@ class OperatorMetrics:
         self.profiles_failed = Gauge(
             "specpilot_profiles_failed", "The pool's profiles that failed for good (after the Job's retries).",
             POOL_LABELS, registry=r)
+        self.observed_tokens_per_second = Gauge(
+            "specpilot_observed_generation_tokens_per_second",
+            "Output tokens per second of the pool's replicas, as the operator last read them.", POOL_LABELS, registry=r)
+        self.observed_tpot_p95_seconds = Gauge(
+            "specpilot_observed_tpot_p95_seconds", "p95 time per output token of the pool, as the operator last "
+            "read it.", POOL_LABELS, registry=r)
         self.tpot_slo_seconds = Gauge(
             "specpilot_tpot_slo_seconds", "The deployment's TPOT SLO (spec.policy.tpotSloMs).",
             ["namespace", "deployment"], registry=r)
@@ -111,6 +117,9 @@ class OperatorMetrics:
                 (self.cost_per_mtok_without_sd, decision.cost_per_mtok_without_sd if decision else None),
                 (self.crossover_concurrency, decision.crossover_concurrency if decision else None),
                 (self.live_acceptance, live),
+                (self.observed_tokens_per_second, pool.observed.generation_tokens_per_second if pool.observed else None),
+                (self.observed_tpot_p95_seconds, pool.observed.tpot_p95_ms / 1000
+                 if pool.observed and pool.observed.tpot_p95_ms is not None else None),
                 (self.profiled_acceptance, profiled_acceptance if decision and decision.method else None)):
             if value is not None:
                 gauge.labels(*labels).set(value)
