@@ -1,0 +1,592 @@
+"""The fleet planner: replicas per GPU pool and each pool's share of traffic, by cost per token within the SLO.
+
+A SpeculativeDeployment's pools serve one load. Each pool's decision (policy.choose) fixes how its engines
+run (method and speculation schedule) and so its curve: TPOT (and TTFT) per replica at each concurrency under
+that schedule. From the curve, a replica of pool i delivers G_i(c) = c * 1000 / TPOT_i(c) tokens/s at c
+concurrent requests; its SLO-feasible capacity cap_i is G_i at the largest c that meets the TPOT and TTFT SLOs
+(and the decision's own capacity), times the target utilisation. Speculation enters there: it lowers TPOT at
+low and middle concurrency, so a GPU type with a good drafter holds more load within a tight SLO, and its cost
+per token at capacity, price_i * gpus_i / (3600 * cap_i), ranks differently against the others.
+
+The fleet pays for every replica it runs and delivers the demand D (tokens/s) whatever the split, so the
+fleet's cost per token is sum_i n_i * price_i * gpus_i / (3600 * D), and the planner minimises sum_i n_i *
+cost_i in whole replicas, min_i <= n_i <= max_i (max_i also bounded by the GPUs the pool's nodes have),
+under the routing constraint:
+- `gateway` (an HTTPRoute with a weight per pool): any split; the load must fit the fleet's capacity,
+  sum_i n_i * cap_i >= D (an integer covering problem, solved exactly by branch and bound over the pools in
+  order of cost per token at capacity). The split then gives every pool the same fraction of its capacity
+  (share_i proportional to n_i * cap_i): any split that fits costs the same, and this one leaves every pool
+  the same headroom, and it only moves when replicas move, so demand jitter never moves the weights.
+- `service` (one Service, an even split per pod): every replica gets D / N, N = sum_i n_i, so the weakest
+  pool in use bounds N >= D / min cap_i; the planner tries each pool's capacity as that bound and fills N
+  with the cheapest replicas (per replica, not per token: under an even split every replica carries the same
+  load) of the pools at least that strong. Exact.
+
+Requests in flight count too: each needs at least 1000 / TPOT SLO tokens/s to stay within the SLO, so the
+demand is at least requests_in_flight * 1000 / tpot_slo_ms (a backlog the arrival rate does not show).
+
+Stability: the previous plan stays while it still fits the demand and costs at most `min_gain_percent`
+more than the new optimum; each pool then scales up at once and down only to the highest target of the last
+`scale_down_stabilization_seconds` (policy.replicas' window, per pool), as a single pool does today.
+
+A pool without a curve (not profiled yet) keeps the replicas today's per-pool planner gives it and takes its
+even per-pod share of the load; the planner places the rest. Pure: no I/O and no clock.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from enum import Enum
+
+from ..perf.cost import cost_per_million_tokens
+from .replicas import ReplicaState, plan_replicas
+
+__all__ = [
+    "CurvePoint",
+    "FleetDemand",
+    "FleetPlan",
+    "FleetPool",
+    "FleetSettings",
+    "FleetState",
+    "PoolPlacement",
+    "Routing",
+    "SHARE_MOVE",
+    "even_split_replicas",
+    "plan_fleet",
+    "route_weights",
+]
+
+SHARE_MOVE = 0.02
+"""A change of a pool's share this large (2 percentage points) is announced (an Event) and re-weights routes."""
+_SEARCH_NODES = 200_000
+"""Bound on the branch-and-bound's nodes: beyond it the best plan found so far stands (never hit by 16 pools
+of the usual sizes; it keeps the planner's time bounded for any input)."""
+
+
+class Routing(str, Enum):
+    SERVICE = "service"
+    """One Service over every pool's pods: an even split per pod."""
+    GATEWAY = "gateway"
+    """One Service per pool behind a Gateway API HTTPRoute whose backendRefs weights are the shares."""
+
+
+@dataclasses.dataclass(frozen=True)
+class CurvePoint:
+    """A replica of the pool at `concurrency` requests under its decided schedule."""
+
+    concurrency: float
+    tpot_ms: float
+    ttft_ms: float | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class FleetPool:
+    """One GPU pool as the fleet planner sees it."""
+
+    name: str
+    price_per_gpu_hour: float
+    gpus_per_replica: int
+    min_replicas: int
+    max_replicas: int
+    curve: tuple[CurvePoint, ...] = ()
+    """TPOT/TTFT per concurrency under the pool's decided schedule, ascending; empty: not profiled yet."""
+    max_concurrency: float | None = None
+    """The decision's SLO-feasible concurrency per replica (it knows the KV cache); None: the curve's end."""
+    gpus_available: int | None = None
+    """GPUs the pool's nodes can give this deployment (allocatable); None: unknown, not a bound."""
+    current_replicas: int = 0
+    held_replicas: int | None = None
+    """For a pool without a curve: the replicas today's per-pool planner gives it (else current, bounded)."""
+
+    def __post_init__(self) -> None:
+        if not (self.price_per_gpu_hour > 0 and math.isfinite(self.price_per_gpu_hour)):
+            raise ValueError(f"pool {self.name}: price_per_gpu_hour must be > 0 (got {self.price_per_gpu_hour})")
+        if self.gpus_per_replica < 1:
+            raise ValueError(f"pool {self.name}: gpus_per_replica must be >= 1 (got {self.gpus_per_replica})")
+        if not 0 <= self.min_replicas <= self.max_replicas:
+            raise ValueError(f"pool {self.name}: need 0 <= min_replicas <= max_replicas "
+                             f"(got {self.min_replicas}, {self.max_replicas})")
+        if self.gpus_available is not None and self.gpus_available < 0:
+            raise ValueError(f"pool {self.name}: gpus_available must be >= 0 (got {self.gpus_available})")
+        previous = 0.0
+        for point in self.curve:
+            if not (point.concurrency > previous and point.tpot_ms > 0 and math.isfinite(point.tpot_ms)):
+                raise ValueError(f"pool {self.name}: the curve needs ascending concurrency > 0 and TPOT > 0 "
+                                 f"(got {point})")
+            previous = point.concurrency
+
+    @property
+    def cost_per_hour(self) -> float:
+        """Dollars per replica-hour."""
+        return self.price_per_gpu_hour * self.gpus_per_replica
+
+    @property
+    def gpu_bound(self) -> int | None:
+        """Most replicas the pool's GPUs hold (None: no bound known)."""
+        return None if self.gpus_available is None else self.gpus_available // self.gpus_per_replica
+
+    @property
+    def upper(self) -> int:
+        bound = self.gpu_bound
+        return self.max_replicas if bound is None else min(self.max_replicas, bound)
+
+    @property
+    def lower(self) -> int:
+        return min(self.min_replicas, self.upper)
+
+
+@dataclasses.dataclass(frozen=True)
+class FleetDemand:
+    """The deployment's observed total demand, over all pools."""
+
+    tokens_per_second: float
+    """Output tokens per second asked for: arrival rate x output tokens per request (served + backlog)."""
+    requests_in_flight: float | None = None
+    """Running + waiting requests over all replicas."""
+
+
+@dataclasses.dataclass(frozen=True)
+class FleetSettings:
+    routing: Routing = Routing.SERVICE
+    tpot_slo_ms: float | None = None
+    ttft_slo_ms: float | None = None
+    target_utilization_percent: float = 80.0
+    min_gain_percent: float = 2.0
+    """The previous plan stays unless the new one is cheaper by this much (and the previous still fits)."""
+    scale_down_stabilization_seconds: float = 300.0
+
+
+@dataclasses.dataclass(frozen=True)
+class FleetState:
+    """What the planner remembers between calls (kept in the deployment's status)."""
+
+    targets: Mapping[str, ReplicaState] = dataclasses.field(default_factory=dict)
+    """Per pool, the replica targets within the stabilisation window."""
+    replicas: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    """The previous plan's optimal replicas per pool (the incumbent the hysteresis keeps)."""
+    shares: Mapping[str, float] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class PoolPlacement:
+    name: str
+    replicas: int
+    """Replicas to run now (after scale-down stabilisation)."""
+    target: int
+    """What the fleet's optimum asks of this pool."""
+    share: float
+    """Fraction of the deployment's traffic routed to the pool (0..1; the shares sum to 1)."""
+    load_tokens_per_second: float
+    concurrency_per_replica: float | None
+    tpot_ms: float | None
+    """TPOT at that concurrency, from the curve (None without a curve or without load)."""
+    capacity_tokens_per_second: float | None
+    """SLO-feasible tokens/s of one replica at the target utilisation (None without a curve)."""
+    cost_per_mtok: float | None
+    """Dollars per million tokens at the load the pool gets (None without load)."""
+    planned: bool
+    """False: no curve yet, the pool keeps today's per-pool replicas."""
+    full: bool
+    """Every replica the pool's GPUs (or maxReplicas) allow runs."""
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True)
+class FleetPlan:
+    routing: Routing
+    pools: tuple[PoolPlacement, ...]
+    demand_tokens_per_second: float
+    cost_per_hour: float
+    cost_per_mtok: float | None
+    """The fleet's dollars per million tokens at this demand (None without demand)."""
+    slo_feasible: bool
+    """The planned replicas hold the demand within the SLO (False: everything runs, and it still does not)."""
+    shares_moved: bool
+    """Some pool's share moved by SHARE_MOVE or more since the previous plan."""
+    reason: str
+    state: FleetState
+
+    def pool(self, name: str) -> PoolPlacement:
+        return next(p for p in self.pools if p.name == name)
+
+
+class _Curve:
+    """TPOT and TTFT of one replica at any concurrency: linear in log2(c) between the points, flat before the
+    first, along the last two points' line beyond the last."""
+
+    def __init__(self, points: Sequence[CurvePoint]) -> None:
+        self.xs = [math.log2(p.concurrency) for p in points]
+        self.tpot = [p.tpot_ms for p in points]
+        self.ttft = [p.ttft_ms for p in points] if all(p.ttft_ms is not None for p in points) else None
+        self.last = points[-1].concurrency
+
+    @staticmethod
+    def _at(xs: list[float], ys: list[float], c: float) -> float:
+        x = math.log2(max(c, 2.0 ** xs[0]))
+        if len(xs) == 1:
+            return ys[0]
+        i = 1
+        while i < len(xs) - 1 and xs[i] < x:
+            i += 1
+        x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+        return max(y0 + (y1 - y0) * (x - x0) / (x1 - x0), 1e-9)
+
+    def tpot_ms(self, c: float) -> float:
+        return self._at(self.xs, self.tpot, c)
+
+    def ttft_ms(self, c: float) -> float | None:
+        return None if self.ttft is None else self._at(self.xs, self.ttft, c)
+
+    def tokens_per_second(self, c: float) -> float:
+        return c * 1000.0 / self.tpot_ms(c)
+
+    def concurrency_for(self, tokens_per_second: float, limit: float) -> float:
+        """The concurrency at which a replica delivers `tokens_per_second` (at most `limit`)."""
+        lo, hi = 0.0, max(limit, 1e-9)
+        if self.tokens_per_second(hi) <= tokens_per_second:
+            return hi
+        for _ in range(48):
+            mid = (lo + hi) / 2
+            if self.tokens_per_second(mid) < tokens_per_second:
+                lo = mid
+            else:
+                hi = mid
+        return hi
+
+    def feasible_concurrency(self, cap: float, tpot_slo_ms: float | None, ttft_slo_ms: float | None) -> float:
+        """The largest concurrency <= cap (on a 1% grid in log c) within both SLOs; 0 when even one request
+        breaks them."""
+
+        def ok(c: float) -> bool:
+            if tpot_slo_ms is not None and self.tpot_ms(c) > tpot_slo_ms:
+                return False
+            ttft = self.ttft_ms(c)
+            return not (ttft_slo_ms is not None and ttft is not None and ttft > ttft_slo_ms)
+
+        if ok(cap):
+            return cap
+        lo, hi = 0.0, math.log2(cap) if cap > 1 else 0.0
+        if not ok(1.0):
+            return 0.0
+        while hi - lo > 0.01:
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if ok(2.0 ** mid) else (lo, mid)
+        return 2.0 ** lo
+
+
+@dataclasses.dataclass
+class _Planned:
+    pool: FleetPool
+    curve: _Curve
+    capacity_concurrency: float
+    """SLO-feasible concurrency per replica at the target utilisation."""
+    capacity: float
+    """Tokens/s per replica at that concurrency (0: cannot meet the SLO)."""
+    lo: int
+    hi: int
+
+
+def _planned(pool: FleetPool, settings: FleetSettings) -> _Planned:
+    curve = _Curve(pool.curve)
+    limit = pool.max_concurrency if pool.max_concurrency and pool.max_concurrency > 0 else curve.last
+    feasible = curve.feasible_concurrency(limit, settings.tpot_slo_ms, settings.ttft_slo_ms)
+    # The target utilisation applies to the load (tokens/s), as policy.replicas applies it to concurrency.
+    capacity = curve.tokens_per_second(feasible) * settings.target_utilization_percent / 100 if feasible else 0.0
+    at = curve.concurrency_for(capacity, feasible) if capacity else 0.0
+    return _Planned(pool, curve, at, capacity, pool.lower, pool.upper)
+
+
+def _held_replicas(pool: FleetPool) -> int:
+    wanted = pool.held_replicas if pool.held_replicas is not None else pool.current_replicas
+    return min(max(wanted, pool.lower), pool.upper)
+
+
+def _cost(planned: Sequence[_Planned], replicas: Sequence[int]) -> float:
+    return sum(n * p.pool.cost_per_hour for n, p in zip(replicas, planned, strict=True))
+
+
+def _fits(planned: Sequence[_Planned], replicas: Sequence[int], demand: float, routing: Routing,
+          fixed_replicas: int = 0) -> bool:
+    """Whether these replicas hold `demand` tokens/s within the SLO under the routing constraint (`service`:
+    `demand` is the whole deployment's, spread over these and `fixed_replicas` other pods)."""
+    if any(not p.lo <= n <= p.hi for n, p in zip(replicas, planned, strict=True)):
+        return False
+    if demand <= 0:
+        return True
+    if routing is Routing.GATEWAY:
+        return sum(n * p.capacity for n, p in zip(replicas, planned, strict=True)) >= demand * (1 - 1e-9)
+    total = sum(replicas) + fixed_replicas
+    if sum(replicas) == 0:
+        return False
+    weakest = min(p.capacity for n, p in zip(replicas, planned, strict=True) if n > 0)
+    return demand / total <= weakest * (1 + 1e-9)
+
+
+def _plan_gateway(planned: Sequence[_Planned], demand: float) -> list[int] | None:
+    """Fewest dollars per hour with sum n_i cap_i >= demand: branch and bound, pools in order of cost per
+    token at capacity, bounded below by the fractional fill of the remaining pools. None: infeasible."""
+    base = [p.lo for p in planned]
+    residual = demand - sum(p.lo * p.capacity for p in planned)
+    if residual <= 0:
+        return base
+    order = sorted((i for i, p in enumerate(planned) if p.capacity > 0 and p.hi > p.lo),
+                   key=lambda i: (planned[i].pool.cost_per_hour / planned[i].capacity, i))
+    if sum((planned[i].hi - planned[i].lo) * planned[i].capacity for i in order) < residual * (1 - 1e-9):
+        return None
+    per_token = [planned[i].pool.cost_per_hour / planned[i].capacity for i in order]
+    room = [(planned[i].hi - planned[i].lo) * planned[i].capacity for i in order]
+    best_cost, best = math.inf, None
+    extra = [0] * len(order)
+    nodes = 0
+
+    def bound(j: int, need: float) -> float:
+        cost = 0.0
+        for k in range(j, len(order)):
+            if need <= 0:
+                break
+            take = min(need, room[k])
+            cost += take * per_token[k]
+            need -= take
+        return cost if need <= 1e-9 * max(demand, 1.0) else math.inf
+
+    def search(j: int, need: float, cost: float) -> None:
+        nonlocal best_cost, best, nodes
+        nodes += 1
+        if need <= 1e-9 * max(demand, 1.0):
+            if cost < best_cost - 1e-9:
+                best_cost, best = cost, list(extra)
+            return
+        if j == len(order) or nodes > _SEARCH_NODES or cost + bound(j, need) >= best_cost - 1e-9:
+            return
+        p = planned[order[j]]
+        most = min(p.hi - p.lo, math.ceil(need / p.capacity - 1e-9))
+        for x in range(most, -1, -1):
+            extra[j] = x
+            search(j + 1, need - x * p.capacity, cost + x * p.pool.cost_per_hour)
+        extra[j] = 0
+
+    search(0, residual, 0.0)
+    if best is None:
+        return None
+    for k, i in enumerate(order):
+        base[i] += best[k]
+    return base
+
+
+def _plan_service(planned: Sequence[_Planned], demand: float, fixed_replicas: int) -> list[int] | None:
+    """Fewest dollars per hour under an even split per pod: for each pool's capacity as the weakest in use,
+    N = max(ceil(demand / weakest) - fixed_replicas, sum of minimums) replicas, the cheapest first among pools at
+    least that strong. `fixed_replicas` are pods of pools the planner does not place (they take their share)."""
+    base = [p.lo for p in planned]
+    if demand <= 0:
+        return base
+    forced = [p.capacity for p in planned if p.lo > 0]
+    best_cost, best = math.inf, None
+    for weakest in sorted({p.capacity for p in planned if p.capacity > 0}):
+        if forced and weakest > min(forced):
+            continue
+        eligible = [i for i, p in enumerate(planned) if p.capacity >= weakest]
+        need = max(math.ceil(demand / weakest - 1e-9) - fixed_replicas, sum(base))
+        replicas = list(base)
+        short = need - sum(replicas)
+        for i in sorted(eligible, key=lambda i: (planned[i].pool.cost_per_hour, -planned[i].capacity, i)):
+            if short <= 0:
+                break
+            add = min(short, planned[i].hi - replicas[i])
+            replicas[i] += add
+            short -= add
+        if short > 0:
+            continue
+        cost = _cost(planned, replicas)
+        if cost < best_cost - 1e-9 or (abs(cost - best_cost) <= 1e-9 and sum(replicas) < sum(best)):
+            best_cost, best = cost, replicas
+    return best
+
+
+def even_split_replicas(planned_pools: Sequence[FleetPool], demand: FleetDemand, settings: FleetSettings
+                        ) -> dict[str, int]:
+    """Today's behaviour, for comparison: one Service (even per-pod split) and every pool scaled alone on the
+    load it gets (policy.replicas). At equilibrium every replica carries D / N; each pool's autoscaler wants
+    n_i * (D / N) / cap_i replicas, so pools stronger than the per-replica load shrink to their minimum and
+    the weakest grows until D / N fits it (the fixed point, found by iterating the autoscalers)."""
+    planned = [_planned(p, settings) for p in planned_pools]
+    replicas = [max(p.lo, 1) if p.hi >= 1 else 0 for p in planned]
+    if sum(replicas) == 0:
+        return {p.pool.name: 0 for p in planned}
+    target = _demand(demand, settings)
+    for _ in range(1000):
+        per_replica = target / max(sum(replicas), 1)
+        nxt = []
+        for n, p in zip(replicas, planned, strict=True):
+            want = p.hi if p.capacity <= 0 else math.ceil(n * per_replica / p.capacity - 1e-9)
+            nxt.append(min(max(want, p.lo, 1 if n > 0 else 0), p.hi))
+        if nxt == replicas:
+            break
+        replicas = nxt
+    return {p.pool.name: n for p, n in zip(planned, replicas, strict=True)}
+
+
+def _demand(demand: FleetDemand, settings: FleetSettings) -> float:
+    tokens = demand.tokens_per_second if math.isfinite(demand.tokens_per_second) else 0.0
+    if demand.requests_in_flight and settings.tpot_slo_ms and math.isfinite(demand.requests_in_flight):
+        tokens = max(tokens, demand.requests_in_flight * 1000.0 / settings.tpot_slo_ms)
+    return max(tokens, 0.0)
+
+
+def plan_fleet(pools: Sequence[FleetPool], demand: FleetDemand, settings: FleetSettings,
+               previous: FleetState | None, now: datetime) -> FleetPlan:
+    """Replicas and traffic share per pool for the fleet's lowest cost per token within the SLO."""
+    if not pools:
+        raise ValueError("the fleet planner needs at least one pool")
+    names = [p.name for p in pools]
+    if len(set(names)) != len(names):
+        raise ValueError(f"pool names must be unique (got {names})")
+    previous = previous or FleetState()
+    total = _demand(demand, settings)
+    planned = [_planned(p, settings) for p in pools if p.curve]
+    held = {p.name: _held_replicas(p) for p in pools if not p.curve}
+    held_count = sum(held.values())
+    # A pool the planner does not place takes its even per-pod share of the current fleet.
+    current = sum(max(p.current_replicas, 0) for p in pools)
+    held_load = total * min(1.0, held_count / current) if current and held_count else 0.0
+    if held_count and not planned:
+        held_load = total
+    placed_demand = max(total - held_load, 0.0)
+
+    optimum = (_plan_gateway(planned, placed_demand) if settings.routing is Routing.GATEWAY
+               else _plan_service(planned, total, held_count))
+    feasible = optimum is not None
+    if optimum is None:
+        optimum = [p.hi for p in planned]
+    incumbent = [previous.replicas.get(p.pool.name) for p in planned]
+    kept = False
+    if feasible and planned and all(n is not None for n in incumbent):
+        fits = (_fits(planned, incumbent, placed_demand, Routing.GATEWAY) if settings.routing is Routing.GATEWAY
+                else _fits(planned, incumbent, total, Routing.SERVICE, held_count))
+        margin = 1 + max(settings.min_gain_percent, 0.0) / 100
+        if fits and _cost(planned, incumbent) <= _cost(planned, optimum) * margin + 1e-9:
+            optimum, kept = list(incumbent), True
+
+    targets: dict[str, ReplicaState] = {}
+    replicas: dict[str, int] = dict(held)
+    for p, want in zip(planned, optimum, strict=True):
+        state = previous.targets.get(p.pool.name, ReplicaState())
+        current_n = max(p.pool.current_replicas, 0)
+        step = plan_replicas(state, demand_concurrency=float(want), current_replicas=current_n,
+                             capacity_per_replica=1.0, target_utilization_percent=100.0, min_replicas=p.lo,
+                             max_replicas=p.hi, stabilization_seconds=settings.scale_down_stabilization_seconds,
+                             now=now)
+        targets[p.pool.name] = step.state
+        replicas[p.pool.name] = step.replicas
+
+    shares = _shares(pools, planned, replicas, held, total, held_load, settings.routing)
+    moved = any(abs(shares[n] - previous.shares.get(n, 0.0)) >= SHARE_MOVE for n in names) \
+        if previous.shares else False
+    placements = [_placement(p, planned, replicas, optimum, shares, total, held) for p in pools]
+    fleet_cost = sum(replicas[p.name] * p.cost_per_hour for p in pools)
+    cost_per_mtok = fleet_cost / (3600.0 * total) * 1e6 if total > 0 else None
+    state = FleetState(targets=targets, replicas={p.pool.name: n for p, n in zip(planned, optimum, strict=True)},
+                       shares=shares)
+    reason = _reason(placements, total, cost_per_mtok, feasible, kept, settings)
+    return FleetPlan(routing=settings.routing, pools=tuple(placements), demand_tokens_per_second=total,
+                     cost_per_hour=fleet_cost, cost_per_mtok=cost_per_mtok, slo_feasible=feasible,
+                     shares_moved=moved, reason=reason, state=state)
+
+
+def _shares(pools: Sequence[FleetPool], planned: Sequence[_Planned], replicas: Mapping[str, int],
+            held: Mapping[str, int], total: float, held_load: float, routing: Routing) -> dict[str, float]:
+    if routing is Routing.SERVICE:
+        count = sum(replicas.values())
+        if count == 0:
+            return {p.name: 1.0 / len(pools) for p in pools}
+        return {p.name: replicas[p.name] / count for p in pools}
+    held_share = held_load / total if total > 0 else (1.0 if not planned else 0.0)
+    if not planned and held:
+        held_share = 1.0
+    shares = {}
+    held_count = sum(held.values())
+    for name, n in held.items():
+        shares[name] = held_share * n / held_count if held_count else 0.0
+    capacity = sum(replicas[p.pool.name] * p.capacity for p in planned)
+    for p in planned:
+        if capacity > 0:
+            shares[p.pool.name] = (1 - held_share) * replicas[p.pool.name] * p.capacity / capacity
+        else:
+            count = sum(replicas[q.pool.name] for q in planned)
+            shares[p.pool.name] = (1 - held_share) * replicas[p.pool.name] / count if count else 0.0
+    spare = 1.0 - sum(shares.values())
+    if spare > 1e-12 or not math.isclose(sum(shares.values()), 1.0):
+        # Nothing planned can take load (no replicas): what is left goes to the held pools, else evenly.
+        takers = [n for n in shares if shares[n] > 0] or list(shares)
+        for n in takers:
+            shares[n] += spare / len(takers)
+    return {p.name: shares[p.name] for p in pools}
+
+
+def _placement(pool: FleetPool, planned: Sequence[_Planned], replicas: Mapping[str, int], optimum: Sequence[int],
+               shares: Mapping[str, float], total: float, held: Mapping[str, int]) -> PoolPlacement:
+    n, share = replicas[pool.name], shares[pool.name]
+    load = share * total
+    cost = cost_per_million_tokens(pool.price_per_gpu_hour, pool.gpus_per_replica, load / n) \
+        if n and load > 0 else None
+    entry = next((p for p in planned if p.pool.name == pool.name), None)
+    pct = f"{share:.0%}"
+    price = f"${cost:.3f}/Mtok" if cost is not None else "no load"
+    if entry is None:
+        return PoolPlacement(pool.name, n, held[pool.name], share, load, None, None, None, cost, False, False,
+                             f"{pool.name}: not profiled yet, keeps {n} replica(s) (its own autoscaling) and "
+                             f"takes {pct} ({price})")
+    target = optimum[planned.index(entry)]
+    c = entry.curve.concurrency_for(load / n, entry.curve.last * 4) if n and load > 0 else None
+    tpot = entry.curve.tpot_ms(c) if c else None
+    bound = pool.gpu_bound
+    full = n >= entry.hi and total > 0
+    if entry.capacity <= 0:
+        words = (f"{pool.name} cannot meet the SLO at one request per replica: held at {n} "
+                 f"(minReplicas), takes {pct}")
+    elif n == 0:
+        words = f"{pool.name} runs no replicas: others carry the load for less"
+    elif target <= entry.lo and entry.lo > 0 and n <= entry.lo:
+        words = f"{pool.name} held at minReplicas ({n}): {price} at the load it gets ({pct})"
+    else:
+        words = f"{pool.name} takes {pct} at {price} ({n} replica(s))"
+    if full:
+        if bound is not None and bound <= pool.max_replicas:
+            words += (f"; full: all {pool.gpus_available} GPUs its nodes have are taken "
+                      f"({n} x {pool.gpus_per_replica})")
+        else:
+            words += f"; full at maxReplicas ({pool.max_replicas})"
+    if n > target:
+        words += f"; scaling down to {target} after the stabilisation window"
+    return PoolPlacement(pool.name, n, target, share, load, c, tpot, entry.capacity, cost, True, full, words)
+
+
+def _reason(placements: Sequence[PoolPlacement], total: float, cost_per_mtok: float | None, feasible: bool,
+            kept: bool, settings: FleetSettings) -> str:
+    head = (f"fleet ${cost_per_mtok:.3f}/Mtok at {total:.0f} tok/s ({settings.routing.value} routing)"
+            if cost_per_mtok is not None else f"no demand ({settings.routing.value} routing)")
+    if not feasible:
+        head += "; the demand exceeds what every allowed replica holds within the SLO: running all of them"
+    elif kept:
+        head += f"; previous placement kept (within {settings.min_gain_percent:g}% of the optimum)"
+    ordered = sorted(placements, key=lambda p: -p.share)
+    return head + ": " + "; ".join(p.reason for p in ordered)
+
+
+def route_weights(shares: Mapping[str, float], scale: int = 1000) -> dict[str, int]:
+    """HTTPRoute backendRefs weights for the shares: integers summing to `scale` (largest remainder), 0 for a
+    pool that takes nothing."""
+    if scale < 1:
+        raise ValueError(f"scale must be >= 1 (got {scale})")
+    total = sum(max(s, 0.0) for s in shares.values())
+    if total <= 0:
+        return {name: 0 for name in shares}
+    raw = {name: max(s, 0.0) / total * scale for name, s in shares.items()}
+    weights = {name: int(math.floor(v)) for name, v in raw.items()}
+    rest = scale - sum(weights.values())
+    for name in sorted(raw, key=lambda n: (-(raw[n] - weights[n]), n))[:rest]:
+        weights[name] += 1
+    return weights
