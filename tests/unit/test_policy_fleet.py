@@ -193,16 +193,15 @@ def _pools(draw_kinds) -> list[FleetPool]:
     return pools
 
 
-def _brute_force(pools, demand, routing, slo=30.0):
-    caps = {p.name: capacity(p, slo) for p in pools}
+def _brute_force(pools, demand, routing, caps):
     ranges = [range(p.lower, p.upper + 1) for p in pools]
     best = math.inf
     for replicas in itertools.product(*ranges):
         if routing is Routing.GATEWAY:
-            ok = sum(n * caps[p.name] for n, p in zip(replicas, pools, strict=True)) >= demand * (1 - 1e-6)
+            ok = sum(n * caps[p.name] for n, p in zip(replicas, pools, strict=True)) >= demand * (1 - 1e-9)
         else:
             used = [caps[p.name] for n, p in zip(replicas, pools, strict=True) if n]
-            ok = bool(used) and demand / sum(replicas) <= min(used) * (1 + 1e-6)
+            ok = bool(used) and demand / sum(replicas) <= min(used) * (1 + 1e-9)
         if ok or demand <= 0:
             best = min(best, sum(n * p.cost_per_hour for n, p in zip(replicas, pools, strict=True)))
     return best
@@ -221,11 +220,13 @@ def test_plan_is_optimal_bounded_and_shares_sum_to_one(drawn, demand, routing):
         if routing is Routing.SERVICE:
             total = sum(q.replicas for q in result.pools)
             assert placed.share == pytest.approx(placed.replicas / total if total else 1 / len(pools))
-    best = _brute_force(pools, demand, routing)
+    caps = {placed.name: placed.capacity_tokens_per_second for placed in result.pools}
+    for p in pools:  # each replica's capacity is what it delivers within the SLO, at the target utilisation
+        assert caps[p.name] == pytest.approx(capacity(p), rel=0.02, abs=1e-6)
+    best = _brute_force(pools, demand, routing, caps)
     if math.isfinite(best):
         assert result.slo_feasible
-        # Exact up to the capacity grid the brute force and the planner share.
-        assert result.cost_per_hour <= best * 1.0001 + 1e-9
+        assert result.cost_per_hour <= best + 1e-9
         for placed in result.pools:
             if placed.load_tokens_per_second > 0 and placed.replicas and placed.capacity_tokens_per_second:
                 assert placed.load_tokens_per_second / placed.replicas <= placed.capacity_tokens_per_second * 1.001
@@ -239,9 +240,9 @@ def test_plan_is_optimal_bounded_and_shares_sum_to_one(drawn, demand, routing):
 def test_never_costlier_than_the_even_split_with_per_pool_autoscaling(drawn, demand):
     pools = _pools(drawn)
     today = even_split_replicas(pools, FleetDemand(demand), settings_(Routing.SERVICE))
-    caps = {p.name: capacity(p) for p in pools}
+    caps = {p.name: p.capacity_tokens_per_second for p in plan(pools, demand).pools}
     used = [caps[n] for n, r in today.items() if r]
-    today_fits = bool(used) and demand / sum(today.values()) <= min(used) * (1 + 1e-6)
+    today_fits = bool(used) and demand / sum(today.values()) <= min(used) * (1 + 1e-9)
     for routing in Routing:
         result = plan(pools, demand, routing)
         if today_fits:

@@ -257,7 +257,7 @@ class _Curve:
         return hi
 
     def feasible_concurrency(self, cap: float, tpot_slo_ms: float | None, ttft_slo_ms: float | None) -> float:
-        """The largest concurrency <= cap (on a 1% grid in log c) within both SLOs; 0 when even one request
+        """The largest concurrency <= cap within both SLOs (to 1e-6 in log2 c); 0 when even one request
         breaks them."""
 
         def ok(c: float) -> bool:
@@ -271,7 +271,7 @@ class _Curve:
         lo, hi = 0.0, math.log2(cap) if cap > 1 else 0.0
         if not ok(1.0):
             return 0.0
-        while hi - lo > 0.01:
+        while hi - lo > 1e-6:
             mid = (lo + hi) / 2
             lo, hi = (mid, hi) if ok(2.0 ** mid) else (lo, mid)
         return 2.0 ** lo
@@ -362,7 +362,7 @@ def _plan_gateway(planned: Sequence[_Planned], demand: float) -> list[int] | Non
         if j == len(order) or nodes > _SEARCH_NODES or cost + bound(j, need) >= best_cost - 1e-9:
             return
         p = planned[order[j]]
-        most = min(p.hi - p.lo, math.ceil(need / p.capacity - 1e-9))
+        most = min(p.hi - p.lo, max(1, math.ceil(need / p.capacity * (1 - 1e-12))))
         for x in range(most, -1, -1):
             extra[j] = x
             search(j + 1, need - x * p.capacity, cost + x * p.pool.cost_per_hour)
@@ -389,7 +389,7 @@ def _plan_service(planned: Sequence[_Planned], demand: float, fixed_replicas: in
         if forced and weakest > min(forced):
             continue
         eligible = [i for i, p in enumerate(planned) if p.capacity >= weakest]
-        need = max(math.ceil(demand / weakest - 1e-9) - fixed_replicas, sum(base))
+        need = max(max(math.ceil(demand / weakest * (1 - 1e-12)), 1) - fixed_replicas, sum(base))
         replicas = list(base)
         short = need - sum(replicas)
         for i in sorted(eligible, key=lambda i: (planned[i].pool.cost_per_hour, -planned[i].capacity, i)):
@@ -548,7 +548,7 @@ def _placement(pool: FleetPool, planned: Sequence[_Planned], replicas: Mapping[s
         words = (f"{pool.name} cannot meet the SLO at one request per replica: held at {n} "
                  f"(minReplicas), takes {pct}")
     elif n == 0:
-        words = f"{pool.name} runs no replicas: others carry the load for less"
+        words = f"{pool.name} runs no replicas" + (": others carry the load for less" if share == 0 else "")
     elif target <= entry.lo and entry.lo > 0 and n <= entry.lo:
         words = f"{pool.name} held at minReplicas ({n}): {price} at the load it gets ({pct})"
     else:
