@@ -97,21 +97,25 @@ def profile_result(sku: str, method: str | None, max_k: int) -> dict:
 
 @dataclass(frozen=True)
 class MetricsSnapshot:
-    """The reconcile histogram (cumulative bucket counts summed over namespaces) and the error counter."""
+    """The reconcile histogram (cumulative bucket counts summed over namespaces), the error counter and the
+    API requests the operator sent, by verb."""
 
     buckets: dict[float, float]
     count: float
     sum_s: float
     errors: float
+    requests: dict[str, float] = field(default_factory=dict)
 
     def minus(self, earlier: MetricsSnapshot) -> MetricsSnapshot:
         return MetricsSnapshot({le: n - earlier.buckets.get(le, 0.0) for le, n in self.buckets.items()},
-                               self.count - earlier.count, self.sum_s - earlier.sum_s, self.errors - earlier.errors)
+                               self.count - earlier.count, self.sum_s - earlier.sum_s, self.errors - earlier.errors,
+                               {verb: n - earlier.requests.get(verb, 0.0) for verb, n in self.requests.items()})
 
 
 def parse_metrics(text: str) -> MetricsSnapshot:
     buckets: dict[float, float] = {}
     count = sum_s = errors = 0.0
+    requests: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if sample.name == f"{RECONCILE_HISTOGRAM}_bucket":
@@ -123,7 +127,10 @@ def parse_metrics(text: str) -> MetricsSnapshot:
                 sum_s += sample.value
             elif sample.name == "specpilot_reconcile_errors_total":
                 errors += sample.value
-    return MetricsSnapshot(buckets, count, sum_s, errors)
+            elif sample.name == "specpilot_api_requests_total":
+                verb = sample.labels["verb"]
+                requests[verb] = requests.get(verb, 0.0) + sample.value
+    return MetricsSnapshot(buckets, count, sum_s, errors, requests)
 
 
 def histogram_quantile(q: float, buckets: dict[float, float]) -> float | None:
@@ -192,7 +199,10 @@ class Stage:
                 **{k: None if v is None else round(v, 4) for k, v in q.items()},
                 "errors": int(m.errors), "operator_cpu_s": round(self.operator_cpu_s, 2),
                 "operator_cpu_share": round(self.operator_cpu_s / self.wall_s, 3) if self.wall_s else None,
-                "sandbox_and_load_cpu_s": round(self.sandbox_cpu_s, 2)}
+                "sandbox_and_load_cpu_s": round(self.sandbox_cpu_s, 2),
+                "operator_cpu_ms_per_reconcile": round(1000 * self.operator_cpu_s / m.count, 1) if m.count else None,
+                "api_requests_per_reconcile": {verb: round(n / m.count, 2) for verb, n in sorted(m.requests.items())
+                                               if n} if m.count else {}}
 
 
 @dataclass
@@ -461,6 +471,12 @@ def print_report(result: dict) -> None:
     widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
     for row in [header, *rows]:
         print("  ".join(str(x).ljust(w) if i == 0 else str(x).rjust(w) for i, (x, w) in enumerate(zip(row, widths))))
+    for r in [*result["stages"], result["total"]]:
+        per = r.get("api_requests_per_reconcile") or {}
+        writes = sum(n for verb, n in per.items() if verb not in ("get", "list"))
+        print(f"  {r['stage']}: API requests per reconcile "
+              f"{', '.join(f'{verb} {n:g}' for verb, n in per.items()) or 'none'} (writes {writes:.2f}); "
+              f"operator CPU {r.get('operator_cpu_ms_per_reconcile')} ms per reconcile")
     print("reconcile quantiles come from the operator's histogram buckets "
           "(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30 s), interpolated within a bucket")
     c2p, p2s = client["created_to_phase"], client["published_to_serving"]

@@ -159,7 +159,7 @@ class _Cluster:
             raise NotFound(f"{plural}/{name}")
         return self.deployment
 
-    async def apply(self, obj: dict) -> dict:
+    async def apply(self, obj: dict, current: dict | None = None) -> dict:
         self.applied.append(obj)
         return obj
 

@@ -75,7 +75,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     metrics = OperatorMetrics()
     if args.metrics_port:
         metrics.serve(args.metrics_port, addr=args.metrics_address)
-    ctx = Context(kube=Kube(connection), config=config, metrics=metrics, connection=connection)
+    ctx = Context(kube=Kube(connection, on_request=lambda verb, resource: metrics.api_requests.labels(
+        verb, resource).inc()), config=config, metrics=metrics, connection=connection)
     key = os.environ.get(seal.KEY_ENV, "")
     if len(key) >= 32:
         ctx.result_key = key.encode()

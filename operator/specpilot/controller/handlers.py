@@ -48,6 +48,20 @@ PROFILE_WATCH_ID = "profiles-watch"
 """The timer that reconciles a deployment once one of its profiles or benchmark Jobs changed."""
 
 
+def phase_offset(uid: str, interval_s: float) -> float:
+    """Where in its interval an object's timer ticks: a fixed point in [0, interval) drawn from its uid.
+
+    Timers of objects created (or found at start-up) together otherwise tick together for ever (kopf starts
+    each at once and sleeps the same interval after each run), so every reconcile interval began with a burst
+    of all of them queueing for the API server and the event loop. Spread over the interval, the same work
+    arrives at an even rate. The object's create/resume handler reconciles it at once, so the first periodic
+    run loses nothing by coming later."""
+    if interval_s <= 0:
+        return 0.0
+    fraction = int.from_bytes(hashlib.sha256(uid.encode()).digest()[:8], "big") / 2 ** 64
+    return fraction * interval_s
+
+
 def register(registry: kopf.OperatorRegistry, ctx: Context, *, peering: bool) -> None:
     """Attach every handler to `registry`; intervals come from the operator config."""
     kopf_objects = logging.getLogger("kopf.objects")
@@ -208,8 +222,11 @@ def register(registry: kopf.OperatorRegistry, ctx: Context, *, peering: bool) ->
         ctx.forget(body.metadata.uid)
         reported.pop(body.metadata.uid, None)
 
+    def spread(interval_s: float):
+        return lambda uid="", **_: phase_offset(uid, interval_s)
+
     @kopf.timer(*SDEP, id=PERIODIC_ID, interval=ctx.config.reconcile_interval_seconds, sharp=False, backoff=RETRY_S,
-                registry=registry)
+                initial_delay=spread(ctx.config.reconcile_interval_seconds), registry=registry)
     async def on_timer(body: kopf.Body, patch: kopf.Patch, logger: logging.Logger, nodes_index: kopf.Index,
                        profiles_index: kopf.Index, jobs_index: kopf.Index, memo: Context,
                        stopped: kopf.DaemonStopped, retry: int, **_: Any) -> None:
@@ -219,7 +236,7 @@ def register(registry: kopf.OperatorRegistry, ctx: Context, *, peering: bool) ->
                   retry=retry, stopped=stopped)
 
     @kopf.timer(*SDEP, id=PROFILE_WATCH_ID, interval=ctx.config.profile_watch_seconds, sharp=False,
-                backoff=RETRY_S, registry=registry)
+                backoff=RETRY_S, initial_delay=spread(ctx.config.profile_watch_seconds), registry=registry)
     async def on_profiles(body: kopf.Body, patch: kopf.Patch, logger: logging.Logger, nodes_index: kopf.Index,
                           profiles_index: kopf.Index, jobs_index: kopf.Index, memo: Context,
                           stopped: kopf.DaemonStopped, **_: Any) -> None:

@@ -9,8 +9,13 @@ to keep kopf's event loop free, and speak plain JSON dicts (the manifests are bu
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,6 +56,52 @@ KIND_TO_PLURAL = {
 }
 
 FIELD_MANAGER = "specpilot"
+API_CONCURRENCY = 32
+"""Requests the operator keeps in flight to the API server at once: its own thread pool and connection pool.
+(`asyncio.to_thread` shares the event loop's default pool, min(32, cores + 4) threads, with everything else
+that runs in a thread, and the client's connection pool holds cores x 5 connections: on a 2-core node six
+requests at once, so a hundred deployments created together queued behind each other for seconds.)"""
+APPLY_RESYNC_S = 300.0
+"""An object applied with the same body less than this long ago, whose live state was not read, is not applied
+again (a Service: its spec only changes with the deployment's): no request, no watch event for every watcher of
+it. Past this age it is applied again, which repairs a hand edit or deletion."""
+MAX_APPLIED_REMEMBERED = 20_000
+"""Digests of applied bodies kept (about 100 bytes each); the oldest go first."""
+_UNKNOWN: Any = object()
+
+
+def contains(live: Any, wanted: Any) -> bool:
+    """Whether `live` (an object as the API server returns it) holds every field `wanted` sets, with the same
+    value. The server's own additions (defaults, status, managedFields) are allowed; a list must have the same
+    length and hold each wanted element in order. Conservative: a value the server normalises (a quantity
+    written another way) reads as different, and the caller then applies, as it would have anyway."""
+    if isinstance(wanted, dict):
+        if not isinstance(live, dict):
+            return False
+        return all(value is None or (key in live and contains(live[key], value)) for key, value in wanted.items())
+    if isinstance(wanted, list):
+        return isinstance(live, list) and len(live) == len(wanted) and all(map(contains, live, wanted))
+    if isinstance(wanted, bool) or isinstance(live, bool):
+        return type(wanted) is type(live) and wanted == live
+    return live == wanted
+
+
+def digest(obj: Any) -> str:
+    """A stable digest of a JSON body (key order does not matter)."""
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:32]
+
+
+def request_verb(method: str, path: str, content_type: str, name_given: bool) -> str:
+    """The Kubernetes audit verb of a request: what a per-verb request count reports."""
+    if method == "GET":
+        return "get" if name_given else "list"
+    if method == "POST":
+        return "create"
+    if method == "DELETE":
+        return "delete"
+    if method == "PATCH":
+        return "apply" if content_type == "application/apply-patch+yaml" else "patch"
+    return method.lower()
 
 
 class NotFound(Exception):
@@ -151,11 +202,20 @@ def resource_path(plural: str, namespace: str | None, name: str | None = None, s
 class Kube:
     """Async JSON-in, JSON-out access to the resources specpilot touches."""
 
-    def __init__(self, connection: Connection) -> None:
+    def __init__(self, connection: Connection, on_request: Callable[[str, str], None] | None = None) -> None:
+        connection.configuration.connection_pool_maxsize = max(
+            connection.configuration.connection_pool_maxsize or 0, API_CONCURRENCY)
         self._api = client.ApiClient(connection.configuration)
+        self._pool = ThreadPoolExecutor(max_workers=API_CONCURRENCY, thread_name_prefix="specpilot-api")
+        self._on_request = on_request
+        """Called with (verb, resource) for each request sent: the operator's per-verb request counter."""
+        self._applied: OrderedDict[tuple[str, str | None, str], tuple[str, float]] = OrderedDict()
+        """(resource, namespace, name) -> digest of the body last applied, and when (monotonic seconds)."""
 
     async def _call(self, method: str, path: str, body: Any = None, content_type: str = "application/json",
-                    query: list[tuple[str, Any]] | None = None) -> Any:
+                    query: list[tuple[str, Any]] | None = None, resource: str = "", name_given: bool = False) -> Any:
+        if self._on_request is not None:
+            self._on_request(request_verb(method, path, content_type, name_given), resource)
         def call() -> Any:
             method_, url, headers, body_, post = self._api.param_serialize(
                 method, path, query_params=query or [], body=body,
@@ -182,14 +242,14 @@ class Kube:
                 raise Refused(status, method, path, _api_message(text))
             return json.loads(text) if text else None
 
-        return await asyncio.to_thread(call)
+        return await asyncio.get_running_loop().run_in_executor(self._pool, call)
 
     async def get(self, plural: str, namespace: str | None, name: str) -> dict:
-        return await self._call("GET", resource_path(plural, namespace, name))
+        return await self._call("GET", resource_path(plural, namespace, name), resource=plural, name_given=True)
 
     async def list(self, plural: str, namespace: str | None = None, label_selector: str | None = None) -> list[dict]:
         query = [("labelSelector", label_selector)] if label_selector else None
-        result = await self._call("GET", resource_path(plural, namespace), query=query)
+        result = await self._call("GET", resource_path(plural, namespace), query=query, resource=plural)
         items = (result or {}).get("items", [])
         if label_selector:
             # Some API servers (the emulator among them) ignore selectors: filter here as well.
@@ -201,7 +261,8 @@ class Kube:
     async def create(self, obj: dict) -> dict:
         plural = KIND_TO_PLURAL[obj["kind"]]
         try:
-            return await self._call("POST", resource_path(plural, obj["metadata"].get("namespace")), body=obj)
+            return await self._call("POST", resource_path(plural, obj["metadata"].get("namespace")), body=obj,
+                                    resource=plural)
         except Refused as exc:
             exc.name = obj["metadata"].get("name") or obj["metadata"].get("generateName")
             raise
@@ -212,24 +273,48 @@ class Kube:
             # Every status the operator writes (deployments' and profiles'): no NaN/Inf, bounded sizes.
             patch = {**patch, "status": sanitize(patch["status"])}
         return await self._call("PATCH", resource_path(plural, namespace, name, subresource), body=patch,
-                                content_type="application/merge-patch+json")
+                                content_type="application/merge-patch+json",
+                                resource=f"{plural}/{subresource}" if subresource else plural, name_given=True)
 
-    async def apply(self, obj: dict) -> dict:
+    async def apply(self, obj: dict, current: dict | None = _UNKNOWN) -> dict | None:
         """Server-side apply as field manager `specpilot`, forcing ownership of the fields we set.
 
         Fields we set are put back after a hand edit; fields we do not set (e.g. an annotation an
         admission webhook or a person added) are left alone.
+
+        A no-op apply is not sent. With `current` (the live object the caller just read, None if absent) it is
+        skipped when the body is the one this process last applied and the live object still holds every field
+        of it (so a hand edit of a field we set is put back at the next reconciliation); the live object is
+        returned. Without `current` it is skipped when the same body was applied less than APPLY_RESYNC_S ago,
+        and None is returned. A process that has not applied the object yet always applies it once.
         """
         plural = KIND_TO_PLURAL[obj["kind"]]
         meta = obj["metadata"]
-        path = resource_path(plural, meta.get("namespace"), meta["name"])
+        key = (plural, meta.get("namespace"), meta["name"])
+        body_digest = digest(obj)
+        last = self._applied.get(key)
+        if last is not None and last[0] == body_digest:
+            if current is _UNKNOWN:
+                if time.monotonic() - last[1] < APPLY_RESYNC_S:
+                    return None
+            elif current is not None and contains(current, obj):
+                return current
+        path = resource_path(*key)
         query = [("fieldManager", FIELD_MANAGER), ("force", "true")]
         try:
-            return await self._call("PATCH", path, body=obj, content_type="application/apply-patch+yaml",
-                                    query=query)
+            result = await self._call("PATCH", path, body=obj, content_type="application/apply-patch+yaml",
+                                      query=query, resource=plural, name_given=True)
         except NotFound:
             # A real API server creates on apply; API servers without server-side apply (the sandbox) do not.
-            return await self.create(obj)
+            result = await self.create(obj)
+        except BaseException:
+            self._applied.pop(key, None)
+            raise
+        self._applied[key] = (body_digest, time.monotonic())
+        self._applied.move_to_end(key)
+        while len(self._applied) > MAX_APPLIED_REMEMBERED:
+            self._applied.popitem(last=False)
+        return result
 
     async def ensure(self, obj: dict) -> tuple[dict, bool]:
         """Create the object if it is absent; return it and whether it was created."""
@@ -240,11 +325,14 @@ class Kube:
             return await self.get(KIND_TO_PLURAL[obj["kind"]], meta.get("namespace"), meta["name"]), False
 
     async def delete(self, plural: str, namespace: str | None, name: str) -> None:
+        self._applied.pop((plural, namespace, name), None)
         try:
             await self._call("DELETE", resource_path(plural, namespace, name),
-                             body={"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"})
+                             body={"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"},
+                             resource=plural, name_given=True)
         except NotFound:
             pass
 
     def close(self) -> None:
         self._api.close()
+        self._pool.shutdown(wait=False, cancel_futures=True)

@@ -42,6 +42,10 @@ class OperatorMetrics:
         self.cost_per_mtok = Gauge(
             "specpilot_cost_per_million_tokens_dollars", "Predicted $/Mtok under the current decision.",
             ["namespace", "deployment", "pool"], registry=r)
+        self.api_requests = Counter(
+            "specpilot_api_requests_total", "Requests the operator sent to the Kubernetes API server, by verb "
+            "(get, list, create, patch, apply, delete) and resource (watches are kopf's and not counted).",
+            ["verb", "resource"], registry=r)
         self.metrics_available = Gauge(
             "specpilot_metrics_available", "1 when the load metrics for a deployment are fresh.",
             ["namespace", "deployment"], registry=r)

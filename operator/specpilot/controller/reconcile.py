@@ -275,7 +275,7 @@ async def reconcile_pool(ctx: Context, body: dict, spec: SpeculativeDeploymentSp
     applied = await ctx.kube.apply(serving_deployment(
         sdep_name=name, namespace=namespace, uid=uid, spec=spec, pool=view.pool, method=serve.method,
         num_speculative_tokens=serve.num_speculative_tokens, schedule=serve.schedule, replicas=serve.replicas,
-        tenancy=ctx.config.tenancy, engine_image=desired.engine_image(spec, ctx.config)))
+        tenancy=ctx.config.tenancy, engine_image=desired.engine_image(spec, ctx.config)), current=current)
     # The rollout as of this apply: a template just changed is RollingOut now, not RolledOut as it was.
     pool.rollout, rollout_message = desired.rollout_state(applied or current)
     if pool.rollout == desired.ROLLOUT_STALLED and old.rollout != desired.ROLLOUT_STALLED:
