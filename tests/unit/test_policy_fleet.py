@@ -288,3 +288,16 @@ def test_the_previous_placement_stays_within_the_margin():
     state = FleetState(replicas={"a100": 0, "h100": 8, "h200": 0})
     moved = plan(now, 20_000, previous=state, now=T0 + timedelta(seconds=30))
     assert moved.pool("h100").target < 8  # 8 h100s fit but cost well over the margin: the optimum wins
+
+
+def test_traffic_follows_replicas_as_they_become_ready():
+    pools = fleet(a100={"lo": 1, "current": 1})
+    first = plan(pools, 40_000)
+    assert first.pool("h200").replicas > 0
+    starting = [dataclass_replace(p, current_replicas=first.pool(p.name).replicas,
+                                  ready_replicas=1 if p.name == "a100" else 0) for p in pools]
+    waiting = plan(starting, 40_000, previous=first.state, now=T0 + timedelta(seconds=15))
+    assert waiting.pool("a100").share == pytest.approx(1.0)  # the only pool serving yet
+    assert waiting.pool("h200").replicas == first.pool("h200").replicas  # still planned, starting
+    ready = [dataclass_replace(p, ready_replicas=None) for p in starting]
+    assert plan(ready, 40_000, previous=waiting.state).pool("h200").share > 0.5

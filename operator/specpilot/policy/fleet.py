@@ -15,8 +15,9 @@ under the routing constraint:
 - `gateway` (an HTTPRoute with a weight per pool): any split; the load must fit the fleet's capacity,
   sum_i n_i * cap_i >= D (an integer covering problem, solved exactly by branch and bound over the pools in
   order of cost per token at capacity). The split then gives every pool the same fraction of its capacity
-  (share_i proportional to n_i * cap_i): any split that fits costs the same, and this one leaves every pool
-  the same headroom, and it only moves when replicas move, so demand jitter never moves the weights.
+  (share_i proportional to n_i * cap_i over the replicas serving now): any split that fits costs the same,
+  this one leaves every pool the same headroom, and it only moves when replicas move, so demand jitter
+  never moves the weights.
 - `service` (one Service, an even split per pod): every replica gets D / N, N = sum_i n_i, so the weakest
   pool in use bounds N >= D / min cap_i; the planner tries each pool's capacity as that bound and fills N
   with the cheapest replicas (per replica, not per token: under an even split every replica carries the same
@@ -98,6 +99,9 @@ class FleetPool:
     gpus_available: int | None = None
     """GPUs the pool's nodes can give this deployment (allocatable); None: unknown, not a bound."""
     current_replicas: int = 0
+    ready_replicas: int | None = None
+    """Replicas serving now (None: all that run): traffic follows serving replicas, so a pool scaling up
+    takes its new share as its replicas become ready, and one scaling down keeps its load until they go."""
     held_replicas: int | None = None
     """For a pool without a curve: the replicas today's per-pool planner gives it (else current, bounded)."""
 
@@ -482,10 +486,14 @@ def plan_fleet(pools: Sequence[FleetPool], demand: FleetDemand, settings: FleetS
         targets[p.pool.name] = step.state
         replicas[p.pool.name] = step.replicas
 
-    shares = _shares(pools, planned, replicas, held, total, held_load, settings.routing)
+    serving = {p.name: replicas[p.name] if p.ready_replicas is None else min(replicas[p.name], p.ready_replicas)
+               for p in pools}
+    if not any(serving[p.pool.name] * p.capacity for p in planned):
+        serving = replicas  # nothing planned serves yet: the shares the replicas will carry once ready
+    shares = _shares(pools, planned, serving, held, total, held_load, settings.routing)
     moved = any(abs(shares[n] - previous.shares.get(n, 0.0)) >= SHARE_MOVE for n in names) \
         if previous.shares else False
-    placements = [_placement(p, planned, replicas, optimum, shares, total, held) for p in pools]
+    placements = [_placement(p, planned, replicas, serving, optimum, shares, total, held) for p in pools]
     fleet_cost = sum(replicas[p.name] * p.cost_per_hour for p in pools)
     cost_per_mtok = fleet_cost / (3600.0 * total) * 1e6 if total > 0 else None
     state = FleetState(targets=targets, replicas={p.pool.name: n for p, n in zip(planned, optimum, strict=True)},
@@ -526,9 +534,11 @@ def _shares(pools: Sequence[FleetPool], planned: Sequence[_Planned], replicas: M
     return {p.name: shares[p.name] for p in pools}
 
 
-def _placement(pool: FleetPool, planned: Sequence[_Planned], replicas: Mapping[str, int], optimum: Sequence[int],
-               shares: Mapping[str, float], total: float, held: Mapping[str, int]) -> PoolPlacement:
+def _placement(pool: FleetPool, planned: Sequence[_Planned], replicas: Mapping[str, int],
+               serving: Mapping[str, int], optimum: Sequence[int], shares: Mapping[str, float], total: float,
+               held: Mapping[str, int]) -> PoolPlacement:
     n, share = replicas[pool.name], shares[pool.name]
+    ready = max(serving[pool.name], 1)
     load = share * total
     cost = cost_per_million_tokens(pool.price_per_gpu_hour, pool.gpus_per_replica, load / n) \
         if n and load > 0 else None
@@ -540,7 +550,7 @@ def _placement(pool: FleetPool, planned: Sequence[_Planned], replicas: Mapping[s
                              f"{pool.name}: not profiled yet, keeps {n} replica(s) (its own autoscaling) and "
                              f"takes {pct} ({price})")
     target = optimum[planned.index(entry)]
-    c = entry.curve.concurrency_for(load / n, entry.curve.last * 4) if n and load > 0 else None
+    c = entry.curve.concurrency_for(load / ready, entry.curve.last * 4) if n and load > 0 else None
     tpot = entry.curve.tpot_ms(c) if c else None
     bound = pool.gpu_bound
     full = n >= entry.hi and total > 0
