@@ -39,7 +39,8 @@ def _spec(example: str, overrides: dict | None = None) -> SpeculativeDeploymentS
                   "env": [{"name": "HF_HOME", "value": "/models/hf"}]}
         doc.setdefault("serving", {})["podOverrides"] = {**copy.deepcopy(overrides), "containers": [engine]}
         doc.setdefault("profiling", {})["podOverrides"] = {
-            **copy.deepcopy(overrides), "containers": [{**engine, "name": "bench"}], "initContainers": [engine]}
+            **copy.deepcopy(overrides), "containers": [{"name": "bench", "resources": {"limits": {"memory": "8Gi"}}},
+                                                       engine]}
     return SpeculativeDeploymentSpec.model_validate(doc)
 
 

@@ -146,7 +146,7 @@ HOSTILE = [
     ("secret-volume", "spec.serving.podOverrides", {"volumes": [{"name": "s", "secret": {"secretName": "db-root"}}]},
      "spec.serving.podOverrides.volumes[0].secret.secretName references Secret 'db-root'"),
     ("mount-over-token", "spec.profiling.podOverrides",
-     {"volumes": [{"name": "e", "emptyDir": {}}], "containers": [{"name": "bench", "volumeMounts": [
+     {"volumes": [{"name": "e", "emptyDir": {}}], "containers": [{"name": "engine", "volumeMounts": [
          {"name": "e", "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount"}]}]},
      "spec.profiling.podOverrides.containers[0].volumeMounts[0].mountPath "
      "'/var/run/secrets/kubernetes.io/serviceaccount' is specpilot's own mount"),
@@ -154,7 +154,7 @@ HOSTILE = [
                                                                                           "key": "password"}}}],
      "spec.model.env[0].valueFrom.secretKeyRef references Secret 'db-root', which the operator's config does not "
      "allow (tenancy.allowedSecretNames: hf-token)"),
-    ("override-env-other-secret", "spec.profiling.podOverrides", {"containers": [{"name": "bench", "env": [
+    ("override-env-other-secret", "spec.profiling.podOverrides", {"containers": [{"name": "engine", "env": [
         {"name": "X", "valueFrom": {"secretKeyRef": {"name": "payments", "key": "k"}}}]}]},
      "spec.profiling.podOverrides.containers[0].env[0].valueFrom.secretKeyRef references Secret 'payments'"),
     ("env-from-secret", "spec.serving.podOverrides", {"containers": [{"name": "engine",

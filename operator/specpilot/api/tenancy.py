@@ -14,32 +14,56 @@ workload, never what widens its rights:
 
 - pod overrides (serving.podOverrides, profiling.podOverrides): affinity, tolerations (with a key),
   nodeSelector additions, priorityClassName, topologySpreadConstraints, terminationGracePeriodSeconds,
-  imagePullSecrets, volumes of the types in `allowedVolumeTypes`, a pod securityContext limited to
-  runAsUser/runAsGroup (non-zero), fsGroup, fsGroupChangePolicy and supplementalGroups, and, on the
-  containers specpilot runs (`engine`, `bench`), env, resources, volumeMounts and imagePullPolicy;
+  imagePullSecrets, volumes of the types in `allowedVolumeTypes` (not named like specpilot's own), a pod
+  securityContext limited to runAsUser, runAsGroup, fsGroup and supplementalGroups (integers, never 0) and
+  fsGroupChangePolicy; on the `engine` container env (no variable that loads code), resources, volumeMounts
+  (not over specpilot's mounts, the system's or Python's files, nor of the token volume) and
+  imagePullPolicy; on the `bench` container, which holds the result token, resources only;
+- engine flags: none that makes vLLM import code named on its command line (api/args.py);
 - Secrets: only those named in `allowedSecretNames` (hfTokenSecretRef, env secretKeyRef, secret volumes);
 - images: the benchmark image is the operator's, or one of `allowedBenchmarkImages`; the engine image is
   any unless `allowedEngineImages` lists some.
 
 Everything else (hostNetwork, hostPID, hostIPC, hostPath, privileged, serviceAccountName, nodeName, a
-container securityContext, extra containers, ...) is refused unless named in `allowedPodOverrideFields`.
+container securityContext, extra containers, ...) is refused unless named in `allowedPodOverrideFields`; a
+container or init container named like one of specpilot's where that pod has none, and a mount of the
+ServiceAccount token volume outside the bench container, are refused whatever the admin allows.
 """
 
 from __future__ import annotations
 
 import fnmatch
 import json
+import posixpath
+import re
 from typing import TYPE_CHECKING, Any
 
 from pydantic import Field, field_validator
 
+from .args import code_loading_problems
 from .base import ApiModel, cap, echo, join_problems
 
 if TYPE_CHECKING:
     from .deployment import SpeculativeDeploymentSpec
 
 BENCH_CONTAINER = "bench"
+"""The benchmark pod's container that holds the result token and measures the engine."""
 ENGINE_CONTAINER = "engine"
+"""The container that runs vLLM, in serving and benchmark pods."""
+SUPERVISOR_INSTALL_CONTAINER = "supervisor-install"
+"""The benchmark pod's init container that installs the engine supervisor."""
+RESERVED_CONTAINER_NAMES = frozenset({BENCH_CONTAINER, ENGINE_CONTAINER, SUPERVISOR_INSTALL_CONTAINER})
+"""Names of the containers specpilot runs (manifests/names.py names them too: api/ cannot import manifests/, and
+a test checks that the two agree and that every pod the builders make uses no other). A tenant may override the
+fields `SERVING_POD_CONTAINERS` and `BENCHMARK_POD_CONTAINERS` allow in them, never add a container or init
+container of such a name."""
+TOKEN_VOLUME_PREFIX = "kube-api-access"
+"""The ServiceAccount token volume (specpilot's projected one, and the name the kubelet gives its own): mounted
+into the bench container by specpilot and nowhere else."""
+RESERVED_VOLUME_NAMES = frozenset({"dshm", "home", "bench-home", "engine-supervisor", "workload"})
+"""Names of specpilot's other volumes (/dev/shm, the engine's and the bench's HOME, the engine supervisor, the
+workload file): a tenant's volume of that name would be merged into specpilot's, and a tenant's mount of one
+would reach into another container's files (the bench's HOME is on its Python path)."""
 
 SAFE_POD_FIELDS = frozenset({
     "affinity", "tolerations", "nodeSelector", "priorityClassName", "topologySpreadConstraints",
@@ -52,7 +76,18 @@ SAFE_POD_SECURITY_FIELDS = frozenset({"runAsUser", "runAsGroup", "fsGroup", "fsG
                                       "supplementalGroups"})
 """Pod securityContext fields a tenant may set by default (runAsNonRoot and seccomp stay the operator's)."""
 SAFE_CONTAINER_FIELDS = frozenset({"name", "env", "resources", "volumeMounts", "imagePullPolicy"})
-"""Fields of specpilot's own containers a tenant may override by default."""
+"""Fields of the engine container a tenant may override by default."""
+BENCH_CONTAINER_FIELDS = frozenset({"name", "resources"})
+"""Fields of the bench container a tenant may override: its resources only. It holds the result token, so it
+takes no tenant environment, volumes or mounts (nothing that could load code beside the token)."""
+SERVING_POD_CONTAINERS: dict[str, dict[str, frozenset[str]]] = {
+    "containers": {ENGINE_CONTAINER: SAFE_CONTAINER_FIELDS}, "initContainers": {}}
+"""The serving pod's containers by pod-spec list, with the fields a tenant may override in each."""
+BENCHMARK_POD_CONTAINERS: dict[str, dict[str, frozenset[str]]] = {
+    "containers": {BENCH_CONTAINER: BENCH_CONTAINER_FIELDS, ENGINE_CONTAINER: SAFE_CONTAINER_FIELDS},
+    "initContainers": {}}
+"""The benchmark pod's containers a tenant may override, the bench and the engine (manifests/benchmark.py builds
+them; a test checks that the two agree)."""
 DEFAULT_VOLUME_TYPES = ("emptyDir", "configMap", "persistentVolumeClaim", "ephemeral", "downwardAPI",
                         "projected", "secret")
 """Volume types a tenant may add by default (all within the `restricted` Pod Security Standard). `secret`
@@ -62,18 +97,44 @@ PROJECTED_SOURCES = frozenset({"configMap", "downwardAPI", "secret", "clusterTru
 """Sources a projected volume may have (serviceAccountToken is refused: it would hand out a token)."""
 OWNED_MOUNT_PATHS = ("/dev/shm", "/var/run/secrets/kubernetes.io/serviceaccount", "/workload")
 """Mount paths of specpilot's own volumes; a tenant's volumeMount may not replace them."""
+REFUSED_MOUNT_TREES = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/usr", "/etc", "/boot", "/root",
+                       "/proc", "/sys", "/dev", "/opt/venv", "/opt/conda", "/var/run/secrets", "/run/secrets")
+"""Paths a tenant's volume may not be mounted at or below: the system's programs, libraries and configuration
+(a ConfigMap over /etc/ld.so.preload or an OpenSSL config loads code into every process), the Python
+installation, and the Kubernetes secrets (/var/run is /run in most images)."""
+REFUSED_MOUNT_COMPONENTS = frozenset({"site-packages", "dist-packages", "__pycache__"})
+"""Path components a tenant's mount may not contain: Python imports from these (a ConfigMap of .py or .pth files
+there runs at start-up)."""
+REFUSED_MOUNT_NAMES = re.compile(r"^(sitecustomize|usercustomize)\.py$|\.pth$")
+"""File names Python runs at start-up wherever they sit on its path."""
+REFUSED_HOME_TREES = (".local", ".config", ".cache/vllm", ".triton", ".cache/torch")
+"""Below HOME: the Python user site (~/.local/lib/pythonX/site-packages), and the caches of compiled code
+vLLM, Triton and torch load (a ConfigMap there would be run as kernels or graphs)."""
 REFUSED_ENV_NAMES = frozenset({
-    "LD_PRELOAD", "LD_AUDIT", "LD_LIBRARY_PATH", "PYTHONPATH", "PYTHONSTARTUP", "PYTHONHOME", "PYTHONUSERBASE",
-    "PYTHONINSPECT", "PYTHONEXECUTABLE", "BASH_ENV", "ENV",
+    "PYTHONPATH", "PYTHONSTARTUP", "PYTHONHOME", "PYTHONUSERBASE", "PYTHONINSPECT", "PYTHONEXECUTABLE",
+    "BASH_ENV", "ENV", "PROMPT_COMMAND", "OPENSSL_CONF", "OPENSSL_ENGINES", "OPENSSL_MODULES", "GCONV_PATH",
+    "GLIBC_TUNABLES", "NODE_OPTIONS", "PERL5OPT", "PERL5LIB", "RUBYOPT", "JAVA_TOOL_OPTIONS", "CUDA_INJECTION64_PATH",
+    "NCCL_NET_PLUGIN", "NCCL_TUNER_PLUGIN", "NCCL_PROFILER_PLUGIN", "NCCL_ENV_PLUGIN", "TORCHINDUCTOR_CACHE_DIR",
+    "TRITON_CACHE_DIR", "HF_MODULES_CACHE", "VLLM_CACHE_ROOT", "VLLM_LOGGING_CONFIG_PATH",
     # vLLM switches that open the engine beyond what is measured and served: development endpoints (sleep,
-    # reset caches, ...) on the serving port, pickle deserialization between its processes.
-    "VLLM_SERVER_DEV_MODE", "VLLM_ALLOW_INSECURE_SERIALIZATION",
+    # reset caches, ...) on the serving port, pickle deserialization between its processes, an endpoint that
+    # loads LoRA adapters from any path at run time.
+    "VLLM_SERVER_DEV_MODE", "VLLM_ALLOW_INSECURE_SERIALIZATION", "VLLM_ALLOW_RUNTIME_LORA_UPDATING",
 })
-"""Variables that load code into the process before it runs its own (the bench runs the engine in its
-container, next to its token), or open the engine to more than it serves."""
-REFUSED_ENV_PREFIXES = ("KUBERNETES_", "SPECPILOT_")
-"""Variables that redirect a Kubernetes client (KUBERNETES_SERVICE_HOST would send the bench's token to
-another host), and specpilot's own (the bench's result token, the sandbox's clock)."""
+"""Variables that make a process load code other than its own before or while it runs (a shared library, a
+Python module, an OpenSSL engine, a gconv module, a CUDA injection or NCCL plugin, compiled kernels from a
+redirected cache, a logging dictConfig), or open the engine to more than it serves."""
+ALLOWED_PYTHON_ENV = frozenset({
+    "PYTHONUNBUFFERED", "PYTHONHASHSEED", "PYTHONDONTWRITEBYTECODE", "PYTHONIOENCODING", "PYTHONUTF8",
+    "PYTHONFAULTHANDLER", "PYTHONOPTIMIZE", "PYTHONNOUSERSITE", "PYTHONTRACEMALLOC", "PYTHONMALLOC",
+    "PYTHONDEVMODE", "PYTHONSAFEPATH", "PYTHONWARNDEFAULTENCODING", "PYTHONNODEBUGRANGES",
+})
+"""The PYTHON* variables a tenant may set (an allow-list: PYTHONWARNINGS imports warning categories by module,
+PYTHONBREAKPOINT a callable, PYTHONPLATLIBDIR moves the library path, and CPython adds new ones)."""
+REFUSED_ENV_PREFIXES = ("KUBERNETES_", "SPECPILOT_", "LD_")
+"""Variables that redirect a Kubernetes client (KUBERNETES_SERVICE_HOST would send a token to another host),
+specpilot's own (the bench's result token, the sandbox's clock), and the dynamic linker's (LD_PRELOAD, LD_AUDIT,
+LD_LIBRARY_PATH load other libraries)."""
 MAX_SPEC_BYTES = 131072
 """A SpeculativeDeployment's spec as JSON, at most (kopf keeps a copy in an annotation; annotations of an
 object total at most 256 KiB)."""
@@ -158,6 +219,12 @@ def _secret_refusal(where: str, name: Any, policy: TenancyPolicy) -> str:
             f"(tenancy.allowedSecretNames: {allowed}): ask the cluster admin to add it, or use an allowed one")
 
 
+def env_name_refused(name: str) -> bool:
+    """Whether a tenant may not set the environment variable `name` in any container."""
+    return (name in REFUSED_ENV_NAMES or name.startswith(REFUSED_ENV_PREFIXES)
+            or (name.startswith("PYTHON") and name not in ALLOWED_PYTHON_ENV))
+
+
 def env_problems(env: Any, where: str, policy: TenancyPolicy) -> list[str]:
     """What is not allowed in a list of Kubernetes EnvVar objects."""
     if not isinstance(env, list):
@@ -169,7 +236,7 @@ def env_problems(env: Any, where: str, policy: TenancyPolicy) -> list[str]:
             problems.append(f"{at} must be an object with a name (got {echo(var, 80)})")
             continue
         name = var.get("name")
-        if isinstance(name, str) and (name in REFUSED_ENV_NAMES or name.startswith(REFUSED_ENV_PREFIXES)):
+        if isinstance(name, str) and env_name_refused(name):
             problems.append(f"{at}.name {echo(name, 80)} is not allowed: it would load other code into the engine "
                             f"or the bench, open the engine beyond serving, redirect the bench's Kubernetes "
                             f"client, or set one of specpilot's own variables; remove it")
@@ -192,6 +259,10 @@ def _volume_problems(volumes: Any, where: str, policy: TenancyPolicy) -> list[st
         if not isinstance(volume, dict):
             problems.append(f"{at} must be a volume object")
             continue
+        name = volume.get("name")
+        if isinstance(name, str) and (name in RESERVED_VOLUME_NAMES or name.startswith(TOKEN_VOLUME_PREFIX)):
+            problems.append(f"{at}.name {echo(name, 80)} is the name of one of specpilot's volumes (its own would "
+                            f"be merged with yours): name your volume differently")
         kinds = [k for k in volume if k != "name"]
         for kind in kinds:
             if kind not in policy.allowed_volume_types:
@@ -217,7 +288,36 @@ def _volume_problems(volumes: Any, where: str, policy: TenancyPolicy) -> list[st
     return problems
 
 
-def _container_problems(containers: Any, where: str, owned: tuple[str, ...], policy: TenancyPolicy) -> list[str]:
+def _mount_path_problem(path: Any, at: str, policy: TenancyPolicy) -> str | None:
+    """Why a tenant's volume may not be mounted at `path`, judged on the path the kubelet will use: `//` and
+    `/./` collapsed, a trailing `/` dropped (`..` is refused outright)."""
+    if not isinstance(path, str) or not path.startswith("/"):
+        return f"{at} must be an absolute path (got {echo(path, 80)})"
+    if ".." in path.split("/"):
+        return f"{at} {echo(path, 80)} contains '..': give the path without it"
+    normal = posixpath.normpath(re.sub(r"/+", "/", path))
+    home = posixpath.normpath(policy.pod_security.home_dir)
+    shown = echo(path, 80) + (f" (that is {echo(normal, 80)})" if normal != path else "")
+    if normal in OWNED_MOUNT_PATHS or normal == home or any(normal.startswith(t + "/") for t in OWNED_MOUNT_PATHS):
+        return f"{at} {shown} is specpilot's own mount: mount your volume elsewhere"
+    if normal == "/" or any(normal == t or normal.startswith(t + "/") for t in REFUSED_MOUNT_TREES):
+        return (f"{at} {shown} is in the system's or Python's own files (a volume there would load code into "
+                f"the container): mount your volume elsewhere, e.g. under /models or /data")
+    parts = normal.split("/")
+    if REFUSED_MOUNT_COMPONENTS & set(parts) or REFUSED_MOUNT_NAMES.search(parts[-1]):
+        return (f"{at} {shown} is where Python imports from or what it runs at start-up: mount your volume "
+                f"elsewhere, e.g. under /models or /data")
+    if any(normal == f"{home}/{t}" or normal.startswith(f"{home}/{t}/") for t in REFUSED_HOME_TREES):
+        return (f"{at} {shown} is the Python user site or a cache of compiled code under HOME, which the engine "
+                f"loads: mount your volume elsewhere (model weights may go under {home}/.cache/huggingface)")
+    return None
+
+
+def _container_problems(containers: Any, where: str, field_name: str, layout: dict[str, dict[str, frozenset[str]]],
+                        policy: TenancyPolicy) -> list[str]:
+    """What is not allowed in a tenant's `containers` or `initContainers` (`field_name`) for a pod whose specpilot
+    containers are `layout` (list -> name -> the fields a tenant may override)."""
+    owned = layout[field_name]
     if not isinstance(containers, list):
         return [f"{where} must be a list of containers"]
     problems: list[str] = []
@@ -227,18 +327,37 @@ def _container_problems(containers: Any, where: str, owned: tuple[str, ...], pol
             problems.append(f"{at} must be a container object")
             continue
         name = container.get("name")
+        if not isinstance(name, str):
+            problems.append(f"{at}.name must be a container's name (got {echo(name, 60)})")
+            continue
+        known = " or ".join(repr(n) for n in owned) or "none in this list"
+        refused = False  # refused as a whole: its fields are not judged one by one (its mounts and env still are)
         if name not in owned:
-            if not policy.allows("extraContainers"):
-                known = " or ".join(repr(n) for n in owned) or "none"
+            if name in RESERVED_CONTAINER_NAMES:
+                home = next((f for f, names in layout.items() if name in names), None)
+                fix = (f"override it in {where.rsplit('.', 1)[0]}.{home}, where specpilot runs it" if home else
+                       "name your container differently")
+                problems.append(f"{at} (name {echo(name, 60)}) takes the name of a container specpilot runs, and "
+                                f"this pod's {field_name} hold no such container of specpilot's: {fix}")
+                refused = True
+            elif not policy.allows("extraContainers"):
                 problems.append(f"{at} (name {echo(name, 60)}) is not one of specpilot's containers ({known}): extra "
                                 f"containers are not allowed unless the operator's config lists extraContainers in "
                                 f"tenancy.allowedPodOverrideFields; override fields of {known} by its name")
+                refused = True
+        allowed = owned.get(name)  # None: an extra container the admin allowed
+        for field in container if not refused else ():
+            if allowed is None:
+                if field not in ("securityContext", "ports", "envFrom") or policy.allows(f"containers.{field}"):
+                    continue  # an admin-allowed extra container brings its own image and command
+            elif field in allowed or (name != BENCH_CONTAINER and policy.allows(f"containers.{field}")):
                 continue
-        for field in container:
-            if field in SAFE_CONTAINER_FIELDS or policy.allows(f"containers.{field}"):
+            elif name == BENCH_CONTAINER:
+                problems.append(f"{at}.{cap(field, 60)} is not allowed: the bench container holds the result token, "
+                                f"so a spec may set its resources only (no environment, volumes, mounts or "
+                                f"securityContext); set engine settings on the {ENGINE_CONTAINER!r} container, or in "
+                                f"spec.model")
                 continue
-            if name not in owned and field not in ("securityContext", "ports", "envFrom"):
-                continue  # an admin-allowed extra container brings its own image and command
             why = {"image": "the engine image is spec.model.image, the bench image spec.profiling.image",
                    "command": "specpilot runs its own command", "args": "use spec.model.extraArgs",
                    "securityContext": "every container runs non-root, without privilege escalation or capabilities",
@@ -246,20 +365,75 @@ def _container_problems(containers: Any, where: str, owned: tuple[str, ...], pol
                    }.get(field, "it is not one of the fields a tenant may override")
             problems.append(f"{at}.{cap(field, 60)} is not allowed ({why}): remove it, or ask the cluster admin to "
                             f"list containers.{cap(field, 60)} in tenancy.allowedPodOverrideFields")
-        if "env" in container:
+        bench = name == BENCH_CONTAINER and name in owned  # its env and mounts are refused whole, above
+        if "env" in container and not bench:
             problems += env_problems(container["env"], f"{at}.env", policy)
-        for j, mount in enumerate(container.get("volumeMounts") or []):
-            path = mount.get("mountPath") if isinstance(mount, dict) else None
-            if isinstance(path, str) and path.rstrip("/") in OWNED_MOUNT_PATHS + (policy.pod_security.home_dir,):
-                problems.append(f"{at}.volumeMounts[{j}].mountPath {echo(path, 80)} is specpilot's own mount: "
-                                f"mount your volume elsewhere")
+        mounts = container.get("volumeMounts") if not bench else None
+        if mounts is not None and not isinstance(mounts, list):
+            problems.append(f"{at}.volumeMounts must be a list of volume mounts")
+            mounts = None
+        for j, mount in enumerate(mounts or []):
+            if not isinstance(mount, dict):
+                problems.append(f"{at}.volumeMounts[{j}] must be a volume mount object")
+                continue
+            volume = mount.get("name")
+            if isinstance(volume, str) and volume.startswith(TOKEN_VOLUME_PREFIX):
+                problems.append(f"{at}.volumeMounts[{j}].name {echo(volume, 80)} is the ServiceAccount token volume, "
+                                f"which only the bench container mounts: remove the mount")
+            elif volume in RESERVED_VOLUME_NAMES:
+                problems.append(f"{at}.volumeMounts[{j}].name {echo(volume, 80)} is one of specpilot's volumes, which "
+                                f"it mounts where they belong: remove the mount, or mount a volume of your own")
+            problem = _mount_path_problem(mount.get("mountPath"), f"{at}.volumeMounts[{j}].mountPath", policy)
+            if problem:
+                problems.append(problem)
+    return problems
+
+
+_ID_FIELDS = {"runAsUser": "a uid", "runAsGroup": "a gid", "fsGroup": "a gid"}
+MAX_ID = 2147483647
+
+
+def _id_problem(at: str, value: Any, what: str) -> str | None:
+    """A uid or gid as the API server types it (an integer; a string or a float is refused there, or worse,
+    read differently by a tool on the way), and never 0 (root)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        return f"{at} must be {what} written as an integer (got {echo(value, 40)}): write it without quotes"
+    if value == 0:
+        return f"{at} is 0 (root): pods run as non-root; use a non-zero id"
+    if not 0 < value <= MAX_ID:
+        return f"{at} must be {what} from 1 to {MAX_ID} (got {value})"
+    return None
+
+
+def _pod_security_problems(value: Any, at: str) -> list[str]:
+    if not isinstance(value, dict):
+        return [f"{at} must be an object"]
+    problems: list[str] = []
+    for key, sub in value.items():
+        where = f"{at}.{cap(str(key), 60)}"
+        if key not in SAFE_POD_SECURITY_FIELDS:
+            problems.append(f"{where} is not allowed (specpilot sets runAsNonRoot and the seccomp profile): only "
+                            f"{', '.join(sorted(SAFE_POD_SECURITY_FIELDS))} may be set")
+        elif key in _ID_FIELDS:
+            problem = _id_problem(where, sub, _ID_FIELDS[key])
+            problems += [problem] if problem else []
+        elif key == "supplementalGroups":
+            if not isinstance(sub, list):
+                problems.append(f"{where} must be a list of gids (got {echo(sub, 40)})")
+                continue
+            for i, gid in enumerate(sub):
+                problem = _id_problem(f"{where}[{i}]", gid, "a gid")
+                problems += [problem] if problem else []
+        elif key == "fsGroupChangePolicy" and sub not in ("OnRootMismatch", "Always"):
+            problems.append(f"{where} must be OnRootMismatch or Always (got {echo(sub, 40)})")
     return problems
 
 
 def pod_override_problems(overrides: dict[str, Any] | None, where: str, policy: TenancyPolicy,
-                          containers: tuple[str, ...], init_containers: tuple[str, ...] = ()) -> list[str]:
+                          layout: dict[str, dict[str, frozenset[str]]]) -> list[str]:
     """Why a podOverrides object may not be merged into a pod spec the operator creates, per field
-    (`where` is its path, e.g. spec.serving.podOverrides.spec)."""
+    (`where` is its path, e.g. spec.serving.podOverrides; `layout`: specpilot's containers in that pod, by
+    list, with the fields a tenant may override in each, as `SERVING_POD_CONTAINERS`)."""
     if not overrides:
         return []
     problems: list[str] = []
@@ -279,21 +453,11 @@ def pod_override_problems(overrides: dict[str, Any] | None, where: str, policy: 
                             f"the operator's tenancy.allowedPodOverrideFields")
             continue
         if field == "securityContext" and not policy.allows("securityContext"):
-            if not isinstance(value, dict):
-                problems.append(f"{at} must be an object")
-                continue
-            for key, sub in value.items():
-                if key not in SAFE_POD_SECURITY_FIELDS:
-                    problems.append(f"{at}.{cap(str(key), 60)} is not allowed (specpilot sets runAsNonRoot and the "
-                                    f"seccomp profile): only {', '.join(sorted(SAFE_POD_SECURITY_FIELDS))} may be set")
-                elif key in ("runAsUser", "runAsGroup") and sub == 0:
-                    problems.append(f"{at}.{key} is 0 (root): pods run as non-root; use a non-zero id")
+            problems += _pod_security_problems(value, at)
         elif field == "volumes":
             problems += _volume_problems(value, at, policy)
-        elif field == "containers":
-            problems += _container_problems(value, at, containers, policy)
-        elif field == "initContainers":
-            problems += _container_problems(value, at, init_containers, policy)
+        elif field in ("containers", "initContainers"):
+            problems += _container_problems(value, at, field, layout, policy)
         elif field == "tolerations":
             problems += tolerations_problems(value, at, policy)
     return problems
@@ -338,8 +502,9 @@ def serving_problems(spec: SpeculativeDeploymentSpec, policy: TenancyPolicy, roo
     for i, pool in enumerate(spec.gpu_pools):
         problems += tolerations_problems([t.dump() for t in pool.tolerations], f"{root}.gpuPools[{i}].tolerations",
                                          policy)
+    problems += code_loading_problems(list(model.extra_args), f"{root}.model.extraArgs")
     problems += pod_override_problems(spec.serving.pod_overrides, f"{root}.serving.podOverrides", policy,
-                                      containers=(ENGINE_CONTAINER,))
+                                      SERVING_POD_CONTAINERS)
     return problems
 
 
@@ -355,7 +520,7 @@ def profiling_problems(spec: SpeculativeDeploymentSpec, policy: TenancyPolicy, *
                         f"use the operator's ({cap(benchmark_image, 120)}), or ask the cluster admin to add it to "
                         f"tenancy.allowedBenchmarkImages")
     problems += pod_override_problems(spec.profiling.pod_overrides, f"{root}.profiling.podOverrides", policy,
-                                      containers=(BENCH_CONTAINER,), init_containers=(ENGINE_CONTAINER,))
+                                      BENCHMARK_POD_CONTAINERS)
     parallel = spec.profiling.max_parallel_jobs_per_pool
     if parallel > policy.max_parallel_jobs_per_pool:
         problems.append(f"{root}.profiling.maxParallelJobsPerPool {parallel} is more benchmark Jobs at once than the "
