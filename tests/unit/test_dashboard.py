@@ -3,8 +3,8 @@ it and the alert rules.
 
 Offline: the dashboard's JSON is loaded, every PromQL query (panels, annotations, variables) is extracted and each
 metric it names must be one the operator exports (controller.metrics) or one vLLM serves (observe.vllm_metrics),
-so renaming a metric fails here; tests/integration/test_dashboard_queries.py runs the same queries against a real
-Prometheus. The chart renders the ConfigMap and the PrometheusRule only when their values say so.
+so renaming a metric fails here; tests/operator/test_dashboard_queries.py runs the same queries against a real
+Prometheus scraping the real operator. The chart renders the ConfigMap and the PrometheusRule only when their values say so.
 """
 
 from __future__ import annotations
@@ -75,6 +75,14 @@ def test_every_query_names_metrics_that_exist() -> None:
         names = metric_names(expr)
         assert names, f"no metric in {expr!r}"
         assert names <= known, f"{expr!r} names {sorted(names - known)}, which nothing exports"
+
+
+def test_every_alert_rule_names_metrics_that_exist() -> None:
+    known = exported_by_the_operator() | {"up"}
+    for group in yaml.safe_load(RULES.read_text())["groups"]:
+        for rule in group["rules"]:
+            names = metric_names(rule["expr"])
+            assert names and names <= known, f"{rule['alert']}: {sorted(names - known)}, which nothing exports"
 
 
 def test_the_dashboard_shows_what_the_issue_asks_per_pool() -> None:
