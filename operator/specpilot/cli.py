@@ -91,20 +91,110 @@ def _load_documents(path: Path) -> list[tuple[int, object]]:
                 docs.extend((line, item) for item in doc["items"])
             else:
                 docs.append((line, doc))
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
-        what = " ".join(part for part in (exc.problem, f"({exc.context})" if exc.context else None) if part)
-        raise InputError(f"{where}: not valid YAML: {what or exc}") from None
     except yaml.YAMLError as exc:
-        raise InputError(f"{path}: not valid YAML: {exc}") from None
+        raise _yaml_error(path, exc) from None
     finally:
         loader.dispose()
     return docs
 
 
-def _validate_document(crds: dict, file: str, index: int, line: int, doc: object) -> tuple[str, bool | None]:
-    """One line about one document and whether it failed (None: a kind of another API group, skipped)."""
+def _yaml_error(path: Path | str, exc: yaml.YAMLError) -> InputError:
+    """One line naming the file, and the line and column when YAML knows them."""
+    if isinstance(exc, yaml.MarkedYAMLError):
+        mark = exc.problem_mark or exc.context_mark
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        what = " ".join(part for part in (exc.problem, f"({exc.context})" if exc.context else None) if part)
+        return InputError(f"{where}: not valid YAML: {what or exc}")
+    return InputError(f"{path}: not valid YAML: {' '.join(str(exc).split())}")
+
+
+YAML_SUFFIXES = (".yaml", ".yml", ".json")
+"""Files `validate` reads (JSON is YAML); other files met in a directory or a glob are named and skipped."""
+
+
+def _expand_inputs(args: list[str]) -> tuple[list[Path], list[str]]:
+    """The files to validate from the command line's arguments (a directory: the YAML files in it and below; a
+    quoted glob: its matches), and one line for each argument that names no file or a file that is not YAML."""
+    import glob
+
+    files: list[Path] = []
+    notes: list[str] = []
+    for arg in args:
+        path = Path(arg)
+        if path.is_dir():
+            found = sorted(p for p in path.rglob("*") if p.is_file())
+            yaml_files = [p for p in found if p.suffix.lower() in YAML_SUFFIXES]
+            if not yaml_files:
+                notes.append(f"{arg}: a directory with no YAML file (.yaml, .yml, .json) in it")
+            files += yaml_files
+            skipped = [str(p) for p in found if p not in yaml_files]
+            if skipped:
+                notes.append(f"skipped {', '.join(skipped[:10])}{' ...' if len(skipped) > 10 else ''}: not YAML "
+                             f"files (validate reads {', '.join(YAML_SUFFIXES)})")
+            continue
+        if not path.exists() and glob.has_magic(arg):
+            matches = sorted(Path(m) for m in glob.glob(arg, recursive=True) if Path(m).is_file())
+            if not matches:
+                notes.append(f"{arg}: matches no file")
+            files += matches
+            continue
+        files.append(path)
+    return files, notes
+
+
+def load_operator_config(path: str):
+    """The operator config `validate --operator-config` judges with: the chart's values file (its `config:`,
+    what the chart renders into the operator's config file) or the operator's config file itself."""
+    from pydantic import ValidationError
+
+    from .api.base import format_validation_error
+    from .config import OperatorConfig
+
+    try:
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read it ({exc.strerror or exc})") from None
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+    except yaml.YAMLError as exc:
+        raise _yaml_error(path, exc) from None
+    if not isinstance(data, dict):
+        raise InputError(f"{path}: is {_kind_of(data)}: pass the chart's values file (with config:) or the "
+                         f"operator's config file")
+    root = "config"
+    if isinstance(data.get("config"), dict):
+        data = data["config"]  # the chart's values: the operator's config is its `config:`
+    try:
+        return OperatorConfig.model_validate(data)
+    except ValidationError as exc:
+        raise InputError(f"{path}: not a valid operator config: {format_validation_error(exc, root=root)}") from None
+
+
+def _operator_refusals(doc: dict, config) -> tuple[list[str], list[str]]:
+    """What the operator, run with `config`, would refuse in a SpeculativeDeployment the schema and the models
+    accept: (what fails the resource: its tenancy bounds, Valid=False and nothing created; what it ignores: a
+    Prometheus URL not on the admin's allow-list, MetricsAvailable=False while the rest runs)."""
+    from .api.deployment import SpeculativeDeploymentSpec
+    from .api.tenancy import spec_problems
+    from .observe.allowlist import refusal
+
+    spec = SpeculativeDeploymentSpec.model_validate(doc.get("spec") or {})
+    problems = [f"the operator would refuse it (Valid=False, InvalidSpec; nothing created): {p}"
+                for p in spec_problems(spec, config.tenancy, benchmark_image=config.benchmark_image)]
+    warnings = []
+    url = spec.metrics.prometheus_url
+    if spec.metrics.source == "prometheus" and url:
+        refused = refusal(url, config.allowed_prometheus_urls)
+        if refused:
+            warnings.append(f"warning: the operator would run it without reading its Prometheus (MetricsAvailable="
+                            f"False, PrometheusUrlNotAllowed): {refused}")
+    return problems, warnings
+
+
+def _validate_document(crds: dict, file: str, index: int, line: int, doc: object,
+                       config=None) -> tuple[str, bool | None]:
+    """One line about one document and whether it failed (None: a kind of another API group, skipped).
+    `config`: the operator config whose tenancy bounds a SpeculativeDeployment is also judged by."""
     from difflib import get_close_matches
 
     from pydantic import ValidationError
@@ -148,25 +238,46 @@ def _validate_document(crds: dict, file: str, index: int, line: int, doc: object
                 SpeculationProfile.model_validate(doc)
         except ValidationError as exc:
             problems = [format_validation_error(exc, root="spec" if kind == "SpeculativeDeployment" else "")]
+    warnings: list[str] = []
+    if not problems and kind == "SpeculativeDeployment" and config is not None:
+        problems, warnings = _operator_refusals(doc, config)
     if problems:
-        return "\n".join(f"{file}: {label}: {p}" for p in problems), True
-    return f"{file}: {label}: valid", False
+        return "\n".join(f"{file}: {label}: {p}" for p in problems + warnings), True
+    return "\n".join([f"{file}: {label}: valid", *(f"{file}: {label}: {w}" for w in warnings)]), False
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    """Validate resource files offline: CRD schema + CEL rules, then the typed models' cross-field rules.
+    """Validate resource files offline as the API server and the operator would: CRD schema + CEL rules, the
+    typed models' cross-field rules, then the operator's tenancy bounds and Prometheus allow-list (its
+    defaults, or the admin's with --operator-config).
 
     One line per resource (`FILE: Kind/name: valid`, or its problems); a file that cannot be read, is not
-    YAML or holds no specpilot resource gets one line on stderr naming it. Exit 1 if anything failed.
+    YAML or holds no specpilot resource gets one line on stderr naming it; a file that is not YAML, met in a
+    directory or a glob, is named and skipped. Exit 1 if anything failed, 2 for an unusable --operator-config.
     """
     from .api.crd import all_crds
+    from .config import OperatorConfig
 
+    try:
+        config = load_operator_config(args.operator_config) if args.operator_config else OperatorConfig()
+    except InputError as exc:
+        print(f"specpilot validate: --operator-config {exc}", file=sys.stderr)
+        return 2
     crds = {c["spec"]["names"]["kind"]: c for c in all_crds().values()}
     kinds = " or ".join(sorted(crds))
     failed = 0
-    for file in args.files:
+    files, notes = _expand_inputs(args.files)
+    for note in notes:
+        print(f"specpilot validate: {note}", file=sys.stderr)
+        failed += not note.startswith("skipped ")
+    for path in files:
+        file = str(path)
+        if path.suffix and path.suffix.lower() not in YAML_SUFFIXES and path.is_file():
+            print(f"specpilot validate: skipped {file}: not a YAML file (validate reads {', '.join(YAML_SUFFIXES)})",
+                  file=sys.stderr)
+            continue
         try:
-            docs = _load_documents(Path(file))
+            docs = _load_documents(path)
         except InputError as exc:
             print(f"specpilot validate: {exc}", file=sys.stderr)
             failed += 1
@@ -177,7 +288,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
             continue
         skipped = []
         for i, (line, doc) in enumerate(docs):
-            message, bad = _validate_document(crds, file, i, line, doc)
+            message, bad = _validate_document(crds, file, i, line, doc, config)
             if bad is None:
                 skipped.append(message)
                 continue
@@ -200,8 +311,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--root", help="repository root (default: the checkout specpilot runs from)")
     p.set_defaults(func=cmd_crds)
 
-    p = sub.add_parser("validate", help="validate SpeculativeDeployment/SpeculationProfile files offline")
-    p.add_argument("files", nargs="+", help="YAML files (several documents each allowed)")
+    p = sub.add_parser("validate", help="validate SpeculativeDeployment/SpeculationProfile files offline, as the API "
+                                        "server and the operator would")
+    p.add_argument("files", nargs="+", help="YAML files (several documents each allowed), directories (their YAML "
+                                            "files) or quoted globs")
+    p.add_argument("--operator-config", metavar="FILE",
+                   help="the operator config whose tenancy bounds apply: the chart's values file (its config:) or "
+                        "the operator's config file (default: the operator's defaults)")
     p.set_defaults(func=cmd_validate)
 
     for register in _extra_commands():

@@ -30,9 +30,12 @@ def write(tmp_path: Path, name: str, text: str | bytes) -> Path:
     return path
 
 
-def test_examples_are_valid(capsys):
+def test_examples_are_valid(capsys, tmp_path):
     files = sorted((REPO / "examples").glob("*.yaml"))
-    code, out, err = run(capsys, *files)
+    # the operator reads a deployment's own Prometheus only when the admin allows its URL
+    config = write(tmp_path, "values.yaml", "config:\n  allowedPrometheusUrls: ['http://prometheus-operated.monitoring"
+                                            ".svc:9090']\n")
+    code, out, err = run(capsys, "--operator-config", config, *files)
     assert code == 0, out + err
     assert err == []
     assert len(out) == len(files) and all(line.endswith(": valid") for line in out)
@@ -69,10 +72,10 @@ def test_empty_file(capsys, tmp_path, text):
     assert one_line(err) == f"specpilot validate: no resources found in {path}"
 
 
-def test_directory(capsys, tmp_path):
+def test_a_directory_without_yaml_files(capsys, tmp_path):
     code, _, err = run(capsys, tmp_path)
     assert code != 0
-    assert one_line(err) == f"specpilot validate: {tmp_path}: is a directory: pass YAML files (e.g. {tmp_path}/*.yaml)"
+    assert one_line(err) == f"specpilot validate: {tmp_path}: a directory with no YAML file (.yaml, .yml, .json) in it"
 
 
 def test_not_utf8(capsys, tmp_path):
@@ -188,3 +191,114 @@ def test_console_script_prints_no_traceback(tmp_path):
     assert result.stdout == ""
     assert result.stderr.strip().startswith(f"specpilot validate: {path}:2:1: not valid YAML")
     assert "Traceback" not in result.stderr
+
+
+# ----- directories, globs and files that are not YAML (issue 28) -----
+
+def test_a_directory_is_validated_file_by_file_and_other_files_are_named(capsys, tmp_path):
+    write(tmp_path, "a.yaml", MINIMAL)
+    (tmp_path / "sub").mkdir()
+    write(tmp_path / "sub", "b.yml", MINIMAL)
+    write(tmp_path, "histogram.csv", "concurrency,share\n1,0.5\n")
+    code, out, err = run(capsys, tmp_path)
+    assert code == 0, out + err
+    assert out == [f"{tmp_path / 'a.yaml'}: SpeculativeDeployment/llama-8b: valid",
+                   f"{tmp_path / 'sub' / 'b.yml'}: SpeculativeDeployment/llama-8b: valid"]
+    assert one_line(err) == (f"specpilot validate: skipped {tmp_path / 'histogram.csv'}: not YAML files (validate "
+                             f"reads .yaml, .yml, .json)")
+
+
+def test_the_examples_folder_with_its_csv(capsys):
+    files = sorted((REPO / "examples").iterdir())
+    assert any(f.suffix == ".csv" for f in files)  # what the shell gives for examples/*
+    code, out, err = run(capsys, *files)
+    assert code == 0, out + err
+    csv = next(f for f in files if f.suffix == ".csv")
+    assert err == [f"specpilot validate: skipped {csv}: not a YAML file (validate reads .yaml, .yml, .json)"]
+    assert sum(line.endswith(": valid") for line in out) == len(files) - 1
+
+
+def test_a_quoted_glob_is_expanded(capsys, tmp_path):
+    write(tmp_path, "a.yaml", MINIMAL)
+    write(tmp_path, "b.yaml", MINIMAL)
+    code, out, _ = run(capsys, str(tmp_path / "*.yaml"))
+    assert code == 0 and len(out) == 2
+    code, _, err = run(capsys, str(tmp_path / "*.json"))
+    assert code != 0 and one_line(err) == f"specpilot validate: {tmp_path / '*.json'}: matches no file"
+
+
+def test_an_unknown_field_gets_the_nearest_known_one(capsys, tmp_path):
+    path = write(tmp_path, "x.yaml", MINIMAL + "  serving:\n    minReplica: 2\n")
+    code, out, _ = run(capsys, path)
+    assert code == 1
+    assert f"{path}: SpeculativeDeployment/llama-8b: spec.serving.minReplica: unknown field (did you mean " \
+           f"`minReplicas`?)" in out
+
+
+# ----- the operator's tenancy bounds (issue 25) -----
+
+HOSTILE = MINIMAL + """  serving:
+    podOverrides:
+      hostNetwork: true
+      securityContext: {runAsUser: "0"}
+      serviceAccountName: cluster-admin
+"""
+
+
+def test_what_the_operator_refuses_is_not_valid(capsys, tmp_path):
+    path = write(tmp_path, "x.yaml", HOSTILE)
+    code, out, err = run(capsys, path)
+    assert code == 1 and err == []
+    prefix = f"{path}: SpeculativeDeployment/llama-8b: the operator would refuse it (Valid=False, InvalidSpec; nothing " \
+             f"created): "
+    assert out == [
+        prefix + "spec.serving.podOverrides.hostNetwork is not allowed (the pod would share the node's network): "
+                 "remove it, or ask the cluster admin to list hostNetwork in the operator's "
+                 "tenancy.allowedPodOverrideFields",
+        prefix + "spec.serving.podOverrides.securityContext.runAsUser must be a uid written as an integer (got '0'): "
+                 "write it without quotes",
+        prefix + "spec.serving.podOverrides.serviceAccountName is not allowed (the pod would run with another "
+                 "identity's rights): remove it, or ask the cluster admin to list serviceAccountName in the "
+                 "operator's tenancy.allowedPodOverrideFields",
+    ]
+
+
+@pytest.mark.parametrize("values", [
+    "config:\n  tenancy:\n    allowedPodOverrideFields: [hostNetwork, serviceAccountName]\n",
+    "tenancy:\n  allowedPodOverrideFields: [hostNetwork, serviceAccountName]\n",
+], ids=["chart-values", "operator-config"])
+def test_the_admins_bounds_come_from_the_operator_config(capsys, tmp_path, values):
+    path = write(tmp_path, "x.yaml", HOSTILE.replace('{runAsUser: "0"}', "{runAsUser: 4242}"))
+    config = write(tmp_path, "values.yaml", values)
+    assert run(capsys, path)[0] == 1
+    code, out, err = run(capsys, "--operator-config", config, path)
+    assert code == 0 and err == []
+    assert out == [f"{path}: SpeculativeDeployment/llama-8b: valid"]
+
+
+def test_the_charts_own_values_are_an_operator_config(capsys):
+    code, out, err = run(capsys, "--operator-config", REPO / "charts" / "specpilot" / "values.yaml",
+                         REPO / "examples" / "minimal.yaml")
+    assert code == 0 and err == [] and out[0].endswith(": valid")
+
+
+def test_a_refused_prometheus_url_is_a_warning(capsys):
+    path = REPO / "examples" / "llama-70b-h100-h200.yaml"
+    code, out, _ = run(capsys, path)
+    assert code == 0
+    assert out[0] == f"{path}: SpeculativeDeployment/llama-70b: valid"
+    assert out[1].startswith(f"{path}: SpeculativeDeployment/llama-70b: warning: the operator would run it without "
+                             f"reading its Prometheus (MetricsAvailable=False, PrometheusUrlNotAllowed): "
+                             f"spec.metrics.prometheusUrl is refused")
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("a: [\n", ":2:1: not valid YAML"), ("- 1\n", ": is a list: pass the chart's values file"),
+    ("config:\n  tenancy:\n    allowedSecretNames: 5\n",
+     ": not a valid operator config: config.tenancy.allowedSecretNames: Input should be a valid list"),
+])
+def test_an_unusable_operator_config_is_one_line(capsys, tmp_path, text, expected):
+    config = write(tmp_path, "values.yaml", text)
+    code, out, err = run(capsys, "--operator-config", config, REPO / "examples" / "minimal.yaml")
+    assert code == 2 and out == []
+    assert one_line(err).startswith(f"specpilot validate: --operator-config {config}{expected}"), err

@@ -9,6 +9,7 @@ the tests, and the operator's tests on every object it writes.
 from __future__ import annotations
 
 import copy
+import difflib
 from functools import lru_cache
 from typing import Any
 
@@ -90,7 +91,9 @@ def _structure_checks(schema: dict[str, Any], obj: Any, path: str, errors: list[
         if props is not None and not schema.get("x-kubernetes-preserve-unknown-fields"):
             for name in obj:
                 if name not in props:
-                    errors.append(f"{_path(path, name)}: unknown field (kubectl explain lists the known ones)")
+                    near = difflib.get_close_matches(str(name), list(props), n=1, cutoff=0.6)
+                    hint = f"did you mean `{near[0]}`?" if near else "kubectl explain lists the known ones"
+                    errors.append(f"{_path(path, name)}: unknown field ({hint})")
         for name, sub in (props or {}).items():
             if name in obj:
                 _structure_checks(sub, obj[name], _path(path, name), errors)
