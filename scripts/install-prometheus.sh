@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs a real Prometheus server (Debian's `prometheus` package) for the observer's integration tests.
+# Installs a real Prometheus server (Debian's `prometheus` package) for the observer's integration tests;
+# the package also ships promtool, which the alert rules' tests run.
 #
 # The tests start the binary themselves on 127.0.0.1 with a temporary config and TSDB, so only the binary
 # is needed: the package's own service is stopped and disabled where systemd runs it. Idempotent: does
