@@ -72,3 +72,17 @@ def test_profile_users_are_per_namespace_and_forgotten_with_the_deployment():
     ctx.forget("u2")
     assert ctx.users_of_profiles("team-a") == {"p": {"u1"}, "q": {"u1"}}
     assert ctx.users_of_profiles("team-b") == {"p": {"u3"}} and ctx.users_of_profiles("none") == {}
+
+
+def test_profile_users_follow_a_deployment_that_changes_its_profiles():
+    ctx = _ctx()
+    ctx.use_profiles("team-a", "u1", frozenset({"p", "q"}))
+    ctx.use_profiles("team-a", "u1", frozenset({"q", "r"}))  # its status now lists q and r
+    users = ctx.users_of_profiles("team-a")
+    assert users == {"q": {"u1"}, "r": {"u1"}}
+    assert users.get("p", set()) == set()
+    copy = users["q"]
+    copy.add("intruder")  # a lookup hands out a copy: the index is not changed through it
+    assert ctx.users_of_profiles("team-a")["q"] == {"u1"}
+    ctx.forget("u1")
+    assert ctx.users_of_profiles("team-a") == {} and ctx.profile_users == {}

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import threading
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ..config import OperatorConfig
@@ -93,22 +95,40 @@ class Context:
     profile_events: Bounded = field(default_factory=lambda: Bounded(10 * MAX_REMEMBERED))
     """"namespace/profile" -> watch events of the profile and its benchmark Jobs seen by the index handlers."""
 
-    profile_users: dict[str, dict[str, frozenset[str]]] = field(default_factory=dict)
-    """Namespace -> deployment uid -> the profiles its status lists (kept by an index handler, which runs in a
-    worker thread; released on delete). Profiles are shared within a namespace."""
+    profile_users: dict[str, dict[str, set[str]]] = field(default_factory=dict)
+    """Namespace -> profile name -> uids of the deployments whose status lists it (kept by an index handler,
+    which runs in a worker thread, under `_users_lock`; released on delete). Profiles are shared within a
+    namespace. Kept inverted, so a reconciliation looks up its few profiles instead of walking every
+    deployment of the namespace (which made each reconciliation's cost grow with the namespace's size)."""
+    profiles_used: dict[str, tuple[str, frozenset[str]]] = field(default_factory=dict)
+    """Deployment uid -> (namespace, the profiles its status lists): what `use_profiles` last recorded."""
+    _users_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     closing: set[asyncio.Task] = field(default_factory=set)
     """Closes of evicted Prometheus clients still running (held so they are not collected half-way)."""
 
     def use_profiles(self, namespace: str, uid: str, names: frozenset[str]) -> None:
-        self.profile_users.setdefault(namespace, {})[uid] = names
-
-    def users_of_profiles(self, namespace: str) -> dict[str, set[str]]:
-        """Profile name -> uids of the deployments in `namespace` whose status lists it."""
-        users: dict[str, set[str]] = {}
-        for uid, names in list(self.profile_users.get(namespace, {}).items()):  # a snapshot: see profile_users
+        with self._users_lock:
+            self._drop_user(uid)
+            self.profiles_used[uid] = (namespace, names)
+            users = self.profile_users.setdefault(namespace, {})
             for name in names:
                 users.setdefault(name, set()).add(uid)
-        return users
+
+    def _drop_user(self, uid: str) -> None:
+        namespace, names = self.profiles_used.pop(uid, ("", frozenset()))
+        users = self.profile_users.get(namespace, {})
+        for name in names:
+            uids = users.get(name)
+            if uids is not None:
+                uids.discard(uid)
+                if not uids:
+                    del users[name]
+        if namespace in self.profile_users and not users:
+            del self.profile_users[namespace]
+
+    def users_of_profiles(self, namespace: str) -> ProfileUsers:
+        """Profile name -> uids of the deployments in `namespace` whose status lists it (looked up per name)."""
+        return ProfileUsers(self, namespace)
 
     def cache(self, uid: str) -> ObjectCache:
         return self.objects.setdefault(uid, ObjectCache())
@@ -147,6 +167,30 @@ class Context:
         """Drop everything kept for an object once it is deleted."""
         self.objects.pop(uid, None)
         self.written.pop(uid, None)
-        for users in list(self.profile_users.values()):
-            users.pop(uid, None)
+        with self._users_lock:
+            self._drop_user(uid)
 
+
+class ProfileUsers(Mapping):
+    """One namespace's profile name -> user uids, read from the context's inverted index under its lock: each
+    lookup copies one entry, so a reconciliation pays for the profiles it reads, not for the namespace."""
+
+    def __init__(self, ctx: Context, namespace: str) -> None:
+        self._ctx, self._namespace = ctx, namespace
+
+    def __getitem__(self, name: str) -> set[str]:
+        with self._ctx._users_lock:
+            uids = self._ctx.profile_users.get(self._namespace, {}).get(name)
+            if uids is None:
+                raise KeyError(name)
+            return set(uids)
+
+    def _snapshot(self) -> dict[str, set[str]]:
+        with self._ctx._users_lock:
+            return {name: set(uids) for name, uids in self._ctx.profile_users.get(self._namespace, {}).items()}
+
+    def __iter__(self):
+        return iter(self._snapshot())
+
+    def __len__(self) -> int:
+        return len(self._snapshot())
