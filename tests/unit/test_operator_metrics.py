@@ -91,3 +91,23 @@ def test_pools_keep_their_own_series() -> None:
     assert value(metrics, "specpilot_replicas", pool="l4") == 0
     assert value(metrics, "specpilot_num_speculative_tokens", pool="l4") is None
     assert not [l for l, _ in samples(metrics)["specpilot_decision_info"] if l["pool"] == "l4"]
+
+
+def test_a_deleted_deployment_leaves_no_series() -> None:
+    metrics = OperatorMetrics()
+    for deployment in ("chat", "batch"):
+        metrics.record_pool("llm", deployment, serving_pool(), profiled_acceptance=0.8, tpot_slo_ms=40)
+        metrics.metrics_available.labels("llm", deployment).set(0)
+        metrics.decisions.labels("llm", deployment, "h100", "eagle3").inc()
+        metrics.toggles.labels("llm", deployment, "h100", "off").inc()
+    metrics.profiling_jobs.labels("llm", "created").inc()
+    metrics.forget_deployment("llm", "chat")
+    left = {(name, labels.get("deployment")) for name, found in samples(metrics).items() for labels, _ in found
+            if labels.get("namespace") == "llm"}
+    assert not [name for name, deployment in left if deployment == "chat"]
+    assert ("specpilot_decision_info", "batch") in left and ("specpilot_decisions_total", "batch") in left
+    assert ("specpilot_profiling_jobs_total", None) in left  # per namespace, not per deployment
+    # Recreated under the same name, it starts afresh.
+    metrics.record_pool("llm", "chat", serving_pool(), profiled_acceptance=0.8, tpot_slo_ms=40)
+    assert value(metrics, "specpilot_decision_info", method="eagle3", strategy="dynamic",
+                 schedule="1-16:5,17-64:3,65+:0") == 1

@@ -220,6 +220,7 @@ def register(registry: kopf.OperatorRegistry, ctx: Context, *, peering: bool) ->
     @kopf.on.delete(*SDEP, id="forget", optional=True, registry=registry)
     async def on_delete(body: kopf.Body, **_: Any) -> None:
         ctx.forget(body.metadata.uid)
+        ctx.metrics.forget_deployment(body.metadata.namespace, body.metadata.name)
         reported.pop(body.metadata.uid, None)
 
     def spread(interval_s: float):

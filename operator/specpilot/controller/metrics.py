@@ -130,6 +130,26 @@ class OperatorMetrics:
             else:
                 _discard(gauge, labels)
 
+    def forget_deployment(self, namespace: str, deployment: str) -> None:
+        """Drops every series of a deleted SpeculativeDeployment, so no panel shows it and no alert (profiles
+        failed, metrics unavailable) keeps firing for it."""
+        labelled = [(self.decision_info, [*POOL_LABELS, "method", "strategy", "schedule"]),
+                    (self.decisions, [*POOL_LABELS, "method"]), (self.toggles, [*POOL_LABELS, "state"]),
+                    (self.metrics_available, ["namespace", "deployment"]),
+                    (self.tpot_slo_seconds, ["namespace", "deployment"])]
+        labelled += [(gauge, POOL_LABELS) for gauge in (
+            self.desired_replicas, self.speculation_enabled, self.observed_concurrency, self.cost_per_mtok,
+            self.cost_per_mtok_without_sd, self.num_speculative_tokens, self.crossover_concurrency, self.replicas,
+            self.live_acceptance, self.profiled_acceptance, self.profiles_failed, self.observed_tokens_per_second,
+            self.observed_tpot_p95_seconds)]
+        for metric, names in labelled:
+            for family in metric.collect():
+                for sample in family.samples:
+                    if sample.labels.get("namespace") == namespace and sample.labels.get("deployment") == deployment:
+                        _discard(metric, tuple(sample.labels[name] for name in names))
+        for key in [k for k in self._decision_labels if k[:2] == (namespace, deployment)]:
+            del self._decision_labels[key]
+
     def serve(self, port: int, addr: str = "0.0.0.0") -> None:
         start_http_server(port, addr=addr, registry=self.registry)
 
