@@ -17,6 +17,11 @@ DEFAULT_GPU = "H100-SXM"
 DEFAULT_METHODS = "ngram:4,eagle3:4,draft_model:4"
 DEFAULT_TRACE = "diurnal:100:20:3"
 FAST_TRACE = "diurnal:40:8:0.25"
+FLEET_SCENARIOS = ("default", "owned-a100", "loose-slo", "code")
+"""The mixed-fleet scenarios of `--fleet` (sim.mixed.SCENARIOS)."""
+FLEET_FAST_STARTUP_S = 15.0
+"""Replica start-up under --fleet --fast: a day in a quarter-hour is 96x faster than real time, and 120 s
+there would be over three hours of a real day."""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -48,6 +53,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default="out/simulate", help="directory for plots and reports (default out/simulate)")
     p.add_argument("--quiet", action="store_true", help="no progress bar and no table: only the report paths")
     p.add_argument("--fast", action="store_true", help="a small scenario (a quarter-hour trace, 2 replicas) for tests")
+    p.add_argument("--fleet", metavar="SCENARIO", choices=(*FLEET_SCENARIOS, "all"),
+                   help="compare placements of a mixed fleet (A100, H100 and H200 pools sharing one load): today's "
+                        "even split, SD-unaware cost-optimal, specpilot's fleet planner; one of "
+                        f"{', '.join(FLEET_SCENARIOS)} or all (with --fast: a quarter of the load and GPUs "
+                        "over a quarter-hour)")
     p.set_defaults(func=cmd_simulate)
 
 
@@ -77,6 +87,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from rich.console import Console
+
+    if args.fleet:
+        return _run_fleet(args)
 
     from ..perf import DEFAULT_CATALOG, resolve_model
     from .fleet import FleetConfig, FleetSetup
@@ -115,6 +128,51 @@ def _run(args: argparse.Namespace) -> int:
     if not args.quiet:
         for comp in comparisons:
             _print_comparison(console, comp)
+    console.print(f"plots and reports in [bold]{out}/[/]: " + ", ".join(p.name for p in written))
+    return 0
+
+
+def _run_fleet(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from .fleet import FleetConfig
+    from .mixed import PLACEMENT_WORDS, SCENARIOS, compare
+    from .mixed_report import fleet_verdict, table_rows, write_fleet_reports
+
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=max(console.width, 132))
+    names = FLEET_SCENARIOS if args.fleet == "all" else (args.fleet,)
+    config = FleetConfig(max_num_seqs=args.max_num_seqs,
+                         startup_s=FLEET_FAST_STARTUP_S if args.fast else args.startup_s)
+    comparisons = []
+    for name in names:
+        scenario = SCENARIOS[name].fast() if args.fast else SCENARIOS[name]
+        start = time.perf_counter()
+        comparison = compare(scenario, config, seed=args.seed)
+        comparisons.append(comparison)
+        if args.quiet:
+            continue
+        console.print(f"[bold]mixed fleet {scenario.name}[/]: {scenario.description}; trace {scenario.trace}")
+        for pool in comparison.prepared:
+            console.print(f"  {pool.spec.name}: {pool.spec.sku} x{pool.spec.gpus} GPUs at "
+                          f"${pool.setup.gpu_price_per_hour:.2f}/GPU-h, min {pool.spec.min_replicas}; "
+                          f"{pool.sd_method or 'no speculation'} "
+                          f"{pool.planning.dynamic.decision.schedule_summary or ''}".rstrip())
+        rows = table_rows(comparison)
+        table = Table(header_style="bold")
+        for i, column in enumerate(rows[0]):
+            table.add_column(column, justify="left" if i == 0 else "right", no_wrap=True)
+        for row in rows[1:]:
+            table.add_row(*row, style="bold green" if row[0] == "specpilot" else "")
+        console.print(table)
+        console.print(fleet_verdict(comparison).words() + f"  [dim]({time.perf_counter() - start:.1f} s)[/]")
+    if not args.quiet:
+        for placement, words in PLACEMENT_WORDS.items():
+            console.print(f"  [dim]{placement}: {words}[/]")
+    out = Path(args.out)
+    written = write_fleet_reports(comparisons, out)
     console.print(f"plots and reports in [bold]{out}/[/]: " + ", ".join(p.name for p in written))
     return 0
 

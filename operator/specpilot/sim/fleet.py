@@ -495,7 +495,7 @@ class _Fleet:
                 return
 
     def _apply(self, t: float, action: Action) -> None:
-        replicas = int(min(max(action.replicas, 1), self.max_replicas))
+        replicas = int(min(max(action.replicas, 0), self.max_replicas))  # 0: a mixed fleet's idle pool
         self._sync_modes()
         if action.mode not in self.mode_names:
             raise ValueError(f"policy {self.policy.name!r} asked for mode {action.mode!r}; its modes are "

@@ -1,0 +1,416 @@
+"""Mixed fleets: several GPU pools (A100, H100, H200, ...) sharing one load, placed by each policy and served
+request by request.
+
+Each pool is profiled synthetically and decided by the operator's own pool planner (`sim.policies.plan_pool`:
+method and speculation schedule per GPU type), which gives its curve: TPOT per replica at each concurrency
+under the decided schedule, and the SLO-feasible concurrency. Every control interval each placement policy
+sees the deployment's demand (arrival rate over the observation window x mean output tokens) and sets the
+replicas per pool and the share of arrivals each pool gets:
+
+- `even-split`: today's operator: one Service (an even split per pod) and every pool scaled alone by
+  policy.replicas on the load that split gives it (its SLO-feasible capacity under its schedule; the fixed
+  point of the pools' autoscalers, `policy.fleet.even_split_replicas`, each pool starting at one replica),
+  engines speculating as each pool's decision says;
+- `cost-optimal-no-sd`: an SD-unaware cost optimiser (AIBrix-style): the fleet planner with free weights
+  on profiles without speculation, engines without speculation, as such an optimiser deploys them;
+- `specpilot-service`: the fleet planner under the one-Service constraint, engines on their schedules;
+- `specpilot`: the fleet planner with gateway routing (HTTPRoute weights), engines on their schedules.
+
+Arrivals are Poisson; routing by weights or by even per-pod choice thins them into independent Poisson
+streams per pool with rate share x rate, so each pool is served by the request-level simulator
+(`sim.fleet.simulate`) with its own stream and the planned replicas (started with the startup delay,
+drained on scale-down). Shares follow the replicas serving (a planned replica serves `startup_s` after it
+was asked for), as a Service's endpoints and the planner's ready-replica weights do. The fleet's figures
+add the pools': $/Mtok = dollars / tokens, SLO attainment over all arrived requests, GPU-hours.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+
+import numpy as np
+
+from ..perf import DEFAULT_CATALOG
+from ..policy.fleet import (
+    CurvePoint,
+    FleetDemand,
+    FleetPool,
+    FleetSettings,
+    FleetState,
+    Routing,
+    even_split_replicas,
+    plan_fleet,
+)
+from ..policy.replicas import ReplicaState, plan_replicas
+from .connector import EPOCH
+from .fleet import Action, FleetConfig, FleetSetup, Mode, Observation, SimResult, simulate
+from .policies import Candidate, PlanningInputs, PoolPlanning, plan_pool
+from .traces import LoadTrace, parse_trace
+
+__all__ = [
+    "PLACEMENTS",
+    "SCENARIOS",
+    "MixedComparison",
+    "MixedPool",
+    "MixedScenario",
+    "PlacementResult",
+    "PreparedPool",
+    "compare",
+    "place",
+    "prepare",
+]
+
+PLACEMENTS = ("even-split", "cost-optimal-no-sd", "specpilot-service", "specpilot")
+PLACEMENT_WORDS = {
+    "even-split": "today: one Service (even per-pod split), each pool autoscaled alone on its share, with SD",
+    "cost-optimal-no-sd": "cost-optimal placement on profiles without SD (free weights), served without SD",
+    "specpilot-service": "specpilot fleet planner, one Service (even per-pod split), with SD schedules",
+    "specpilot": "specpilot fleet planner, gateway routing (HTTPRoute weights), with SD schedules",
+}
+DEFAULT_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+
+
+@dataclasses.dataclass(frozen=True)
+class MixedPool:
+    name: str
+    sku: str
+    gpus: int
+    """GPUs the pool's nodes have for this deployment (bounds its replicas)."""
+    min_replicas: int = 0
+    price_per_gpu_hour: float | None = None
+    """USD per GPU-hour; the catalog's on-demand price when unset."""
+
+
+@dataclasses.dataclass(frozen=True)
+class MixedScenario:
+    name: str
+    description: str
+    pools: tuple[MixedPool, ...]
+    trace: str
+    slo_tpot_ms: float
+    workload: str = "sharegpt"
+    model_id: str = DEFAULT_MODEL
+    methods: str = "ngram:4,eagle3:4"
+    tensor_parallel_size: int = 1
+
+    def fast(self) -> MixedScenario:
+        """The same fleet and shape at a quarter of the load and GPUs, over a quarter-hour: for tests."""
+        kind, *numbers = self.trace.split(":")
+        if kind != "diurnal":
+            raise ValueError(f"scenario {self.name}: --fast needs a diurnal trace (got {self.trace})")
+        peak, trough = float(numbers[0]) / 4, float(numbers[1]) / 4
+        pools = tuple(dataclasses.replace(p, gpus=max(1, p.gpus // 4)) for p in self.pools)
+        return dataclasses.replace(self, pools=pools, trace=f"diurnal:{peak:g}:{trough:g}:0.25")
+
+
+_DAY = "a day's diurnal load compressed into 3 hours"
+SCENARIOS: dict[str, MixedScenario] = {s.name: s for s in (
+    MixedScenario(
+        "default", f"Llama-3.1-8B, ShareGPT, {_DAY} (40-320 req/s), TPOT SLO 15 ms, catalog prices, "
+                   "8 A100 (one kept), 8 H100 and 8 H200 GPUs",
+        (MixedPool("a100", "A100-80GB-SXM", 8, 1), MixedPool("h100", "H100-SXM", 8),
+         MixedPool("h200", "H200", 8)),
+        "diurnal:320:40:3", 15.0),
+    MixedScenario(
+        "owned-a100", f"the default fleet with owned A100s at $1.00/GPU-h and a 12 ms TPOT SLO: without "
+                      "speculation an A100 holds 7 requests within it, with EAGLE-3 45, so speculation moves "
+                      "the overflow past the H100s from the H200s to the A100s",
+        (MixedPool("a100", "A100-80GB-SXM", 16, 1, 1.0), MixedPool("h100", "H100-SXM", 4),
+         MixedPool("h200", "H200", 8)),
+        "diurnal:240:40:3", 12.0),
+    MixedScenario(
+        "loose-slo", f"the default fleet under a 30 ms TPOT SLO (speculation gains little at capacity), {_DAY}",
+        (MixedPool("a100", "A100-80GB-SXM", 8, 1), MixedPool("h100", "H100-SXM", 8),
+         MixedPool("h200", "H200", 8)),
+        "diurnal:400:40:3", 30.0),
+    MixedScenario(
+        "code", f"HumanEval-like code traffic (high acceptance), TPOT SLO 15 ms, {_DAY}",
+        (MixedPool("a100", "A100-80GB-SXM", 8, 1), MixedPool("h100", "H100-SXM", 8),
+         MixedPool("h200", "H200", 8)),
+        "diurnal:320:40:3", 15.0, workload="humaneval"),
+)}
+
+
+@dataclasses.dataclass
+class PreparedPool:
+    """A pool with its decision: the curves the planners see and the engine mode it serves with."""
+
+    spec: MixedPool
+    setup: FleetSetup
+    planning: PoolPlanning
+    sd_mode: Mode
+    sd_method: str | None
+    sd_pool: FleetPool
+    """As the fleet planner sees it under its decided schedule."""
+    plain_pool: FleetPool
+    """As an SD-unaware optimiser sees it: the baseline's curve."""
+    max_replicas: int
+
+
+def _curve(tpot_ms_at: Callable[[float], float] | None, max_num_seqs: int) -> tuple[CurvePoint, ...]:
+    if tpot_ms_at is None:
+        return ()
+    points, c = [], 1
+    while c <= max_num_seqs:
+        ms = float(tpot_ms_at(float(c)))
+        if math.isfinite(ms) and ms > 0:
+            points.append(CurvePoint(float(c), ms))
+        c *= 2
+    return tuple(points)
+
+
+def prepare(scenario: MixedScenario, trace: LoadTrace, config: FleetConfig, seed: int = 0) -> list[PreparedPool]:
+    """Profile and decide every pool as the operator would."""
+    candidates = tuple(Candidate.parse(text) for text in scenario.methods.split(","))
+    prepared = []
+    tp = scenario.tensor_parallel_size
+    for i, pool in enumerate(scenario.pools):
+        DEFAULT_CATALOG.resolve(pool.sku)
+        hi = pool.gpus // tp
+        if hi < 1:
+            raise ValueError(f"pool {pool.name}: {pool.gpus} GPUs hold no replica of {tp} GPUs")
+        setup = FleetSetup(scenario.model_id, pool.sku, scenario.workload, tp, pool.price_per_gpu_hour)
+        inputs = PlanningInputs(setup, candidates, replicas=max(1, hi // 2), min_replicas=1, max_replicas=hi,
+                                slo_tpot_ms=scenario.slo_tpot_ms, max_num_seqs=config.max_num_seqs,
+                                seed=seed + 17 * i)
+        planning = plan_pool(inputs, trace)
+        chosen, base = planning.chosen, planning.row(planning.dynamic, None)
+        if planning.dynamic.decision.method and chosen.schedule is not None:
+            ks = tuple(chosen.schedule.k_by_batch_size) or (0,)
+            ks = (ks + (ks[-1],) * config.max_num_seqs)[:config.max_num_seqs]
+            mode, method = Mode("schedule", True, ks, method=chosen.method), chosen.method
+        else:
+            mode, method = Mode("no-sd", False, (0,) * config.max_num_seqs), None
+        price = setup.gpu_price_per_hour
+
+        def view(row, pool=pool, price=price, hi=hi) -> FleetPool:
+            return FleetPool(pool.name, price, tp, min(pool.min_replicas, hi), hi,
+                             _curve(row.tpot_ms_at, config.max_num_seqs), row.capacity_concurrency,
+                             gpus_available=pool.gpus)
+
+        prepared.append(PreparedPool(pool, setup, planning, mode, method, view(chosen), view(base), hi))
+    return prepared
+
+
+@dataclasses.dataclass
+class Timeline:
+    """What a placement policy decided at each control tick: replicas and shares per pool."""
+
+    times_s: np.ndarray
+    replicas: dict[str, np.ndarray]
+    shares: dict[str, np.ndarray]
+    cost_per_mtok_planned: np.ndarray
+    reasons: list[str]
+
+
+def place(placement: str, prepared: Sequence[PreparedPool], trace: LoadTrace, output_tokens: float,
+          config: FleetConfig, scenario: MixedScenario) -> Timeline:
+    """Run one placement policy over the trace (open loop on the observed arrival rate)."""
+    if placement not in PLACEMENTS:
+        raise ValueError(f"unknown placement {placement!r}; use one of {', '.join(PLACEMENTS)}")
+    dt, window = config.control_interval_s, config.observation_window_s
+    times = np.arange(0.0, trace.duration_s, dt)
+    routing = Routing.SERVICE if placement in ("even-split", "specpilot-service") else Routing.GATEWAY
+    settings = FleetSettings(routing=routing, tpot_slo_ms=scenario.slo_tpot_ms)
+    plain = placement == "cost-optimal-no-sd"
+    views = [p.plain_pool if plain else p.sd_pool for p in prepared]
+    names = [v.name for v in views]
+    replicas = {n: np.zeros(len(times), dtype=int) for n in names}
+    shares = {n: np.zeros(len(times)) for n in names}
+    cost = np.full(len(times), np.nan)
+    reasons: list[str] = []
+    state: FleetState | None = None
+    windows = {n: ReplicaState() for n in names}
+    current = {n: 0 for n in names}
+    asked: dict[str, list[tuple[float, int]]] = {n: [] for n in names}
+    for i, t in enumerate(times):
+        grid = np.linspace(max(t - window, 0.0), t, 16) if t > 0 else np.array([0.0])
+        demand = FleetDemand(float(trace.rate_rps(grid).mean()) * output_tokens)
+        ready = {n: _ready(asked[n], t, config.startup_s, current[n]) for n in names}
+        pools = [dataclasses.replace(v, current_replicas=current[v.name], ready_replicas=ready[v.name] if i else None)
+                 for v in views]
+        now = EPOCH + timedelta(seconds=float(t))
+        if placement == "even-split":
+            wanted = even_split_replicas(pools, demand, settings)
+            for v in pools:
+                step = plan_replicas(windows[v.name], float(wanted[v.name]), current[v.name] if i else wanted[v.name],
+                                     1.0, 100.0, min(max(v.lower, 1), v.upper), v.upper,
+                                     settings.scale_down_stabilization_seconds, now)
+                windows[v.name], current[v.name] = step.state, step.replicas
+            serving = {n: min(current[n], ready[n]) if i else current[n] for n in names}
+            count = sum(serving.values()) or sum(current.values())
+            basis = serving if sum(serving.values()) else current
+            for n in names:
+                shares[n][i] = basis[n] / count if count else 1 / len(names)
+            reasons.append("even split")
+        else:
+            result = plan_fleet(pools, demand, settings, state, now)
+            state = result.state
+            for p in result.pools:
+                current[p.name] = p.replicas
+                shares[p.name][i] = p.share
+            cost[i] = result.cost_per_mtok if result.cost_per_mtok is not None else np.nan
+            reasons.append(result.reason)
+        for n in names:
+            replicas[n][i] = current[n]
+            if not asked[n] or asked[n][-1][1] != current[n]:
+                asked[n].append((float(t), current[n]))
+    return Timeline(times, replicas, shares, cost, reasons)
+
+
+def _ready(asked: list[tuple[float, int]], t: float, startup_s: float, current: int) -> int:
+    """Replicas serving at t: scale-ups count once `startup_s` has passed, scale-downs at once."""
+    if not asked:
+        return current
+    ready = asked[0][1]  # the first replicas started warm
+    for when, n in asked[1:]:
+        if n < ready or when + startup_s <= t:
+            ready = n
+    return min(ready, current)
+
+
+@dataclasses.dataclass(frozen=True)
+class RoutedTrace(LoadTrace):
+    """The deployment's arrivals thinned by a pool's share, piecewise constant between control ticks."""
+
+    base: LoadTrace | None = None
+    tick_s: float = 15.0
+    shares: tuple[float, ...] = ()
+
+    def rate_rps(self, t_s: np.ndarray) -> np.ndarray:
+        t = np.asarray(t_s, dtype=float)
+        index = np.clip((t // self.tick_s).astype(int), 0, len(self.shares) - 1)
+        return self.base.rate_rps(t) * np.asarray(self.shares)[index]
+
+    def describe(self) -> str:
+        return f"{self.base.describe()}, routed share"
+
+
+@dataclasses.dataclass
+class _ScheduledPolicy:
+    """One pool's engines on the replicas a placement planned for each control tick."""
+
+    name: str
+    method: str | None
+    mode: Mode
+    tick_s: float
+    planned: tuple[int, ...]
+
+    @property
+    def modes(self) -> dict[str, Mode]:
+        return {self.mode.name: self.mode}
+
+    def start(self) -> Action:
+        return Action(self.planned[0], self.mode.name)
+
+    def control(self, observation: Observation) -> Action:
+        i = min(int(round(observation.t_s / self.tick_s)), len(self.planned) - 1)
+        return Action(self.planned[i], self.mode.name)
+
+
+@dataclasses.dataclass
+class PlacementResult:
+    placement: str
+    timeline: Timeline
+    pools: dict[str, SimResult | None]
+    """Each pool's request-level run (None: the pool never ran a replica)."""
+
+    @property
+    def _runs(self) -> list[SimResult]:
+        return [r for r in self.pools.values() if r is not None]
+
+    @property
+    def cost_usd(self) -> float:
+        return sum(r.cost_usd for r in self._runs)
+
+    @property
+    def output_tokens(self) -> float:
+        return sum(r.output_tokens for r in self._runs)
+
+    @property
+    def cost_per_mtok(self) -> float:
+        return self.cost_usd / self.output_tokens * 1e6 if self.output_tokens > 0 else math.inf
+
+    @property
+    def gpu_hours(self) -> float:
+        return sum(r.gpu_hours for r in self._runs)
+
+    @property
+    def requests_arrived(self) -> int:
+        return sum(r.requests_arrived for r in self._runs)
+
+    @property
+    def slo_attainment(self) -> float:
+        arrived = self.requests_arrived
+        return sum(r.tpot_met for r in self._runs) / arrived if arrived else 1.0
+
+    @property
+    def tpot_p95_ms(self) -> float:
+        """The worst pool's p95 TPOT (a fleet percentile would need the pools' histograms merged)."""
+        return max((r.tpot_p95_ms for r in self._runs if r.requests_completed), default=math.nan)
+
+    def mean_shares(self) -> dict[str, float]:
+        return {n: float(s.mean()) for n, s in self.timeline.shares.items()}
+
+    def summary(self) -> dict[str, object]:
+        return {"placement": self.placement, "cost_per_mtok": self.cost_per_mtok, "cost_usd": self.cost_usd,
+                "gpu_hours": self.gpu_hours, "slo_attainment": self.slo_attainment,
+                "tpot_p95_ms_worst_pool": self.tpot_p95_ms, "requests_arrived": self.requests_arrived,
+                "output_tokens": self.output_tokens, "mean_shares": self.mean_shares(),
+                "pools": {n: (r.summary() if r is not None else None) for n, r in self.pools.items()}}
+
+
+@dataclasses.dataclass
+class MixedComparison:
+    scenario: MixedScenario
+    trace: LoadTrace
+    prepared: list[PreparedPool]
+    results: list[PlacementResult]
+
+    def result(self, placement: str) -> PlacementResult:
+        return next(r for r in self.results if r.placement == placement)
+
+    def savings(self, placement: str, against: str) -> float:
+        """Fractional saving in $/Mtok of `placement` against `against` (0.2: 20% cheaper)."""
+        return 1.0 - self.result(placement).cost_per_mtok / self.result(against).cost_per_mtok
+
+    def carrier(self, placement: str) -> str:
+        """The pool that carried the most traffic over the trace under `placement`."""
+        shares = self.result(placement).mean_shares()
+        return max(shares, key=shares.get)
+
+
+def compare(scenario: MixedScenario, config: FleetConfig | None = None, seed: int = 0,
+            placements: Sequence[str] = PLACEMENTS,
+            progress: Callable[[str], None] | None = None) -> MixedComparison:
+    """Every placement over the scenario's trace, each pool served by the request-level simulator."""
+    config = config or FleetConfig()
+    trace = parse_trace(scenario.trace)
+    prepared = prepare(scenario, trace, config, seed)
+    output_tokens = float(prepared[0].setup.lengths.mean_output_tokens)
+    results = []
+    for placement in placements:
+        timeline = place(placement, prepared, trace, output_tokens, config, scenario)
+        runs: dict[str, SimResult | None] = {}
+        for j, pool in enumerate(prepared):
+            name = pool.spec.name
+            planned = timeline.replicas[name]
+            if not planned.any():
+                runs[name] = None
+                continue
+            plain = placement == "cost-optimal-no-sd"
+            mode = Mode("no-sd", False, (0,) * config.max_num_seqs) if plain else pool.sd_mode
+            policy = _ScheduledPolicy(f"{placement}/{name}", None if plain else pool.sd_method, mode,
+                                      config.control_interval_s, tuple(int(n) for n in planned))
+            routed = RoutedTrace(trace.duration_s, base=trace, tick_s=config.control_interval_s,
+                                 shares=tuple(float(s) for s in timeline.shares[name]))
+            if progress:
+                progress(f"{placement}: {name}")
+            # Every placement sees the same arrivals per pool stream seed (the routed rates differ).
+            runs[name] = simulate(policy, routed, pool.setup, config, scenario.slo_tpot_ms,
+                                  max_replicas=pool.max_replicas, seed=seed + 1000 * j)
+        results.append(PlacementResult(placement, timeline, runs))
+    return MixedComparison(scenario, trace, prepared, results)
