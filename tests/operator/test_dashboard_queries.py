@@ -9,12 +9,17 @@ ServiceMonitor does, and the pod's exporter with the namespace and pod labels Ku
 panel's, annotation's and variable's query runs as Grafana would run it (range queries over the test's span, the
 table's instant queries at its end) with the variables set to that deployment, and must return data: a metric
 renamed on either side, or a label a query expects and nobody exports, fails here.
+
+With SPECPILOT_DASHBOARD_CAPTURE=FILE the answers are also written to FILE, from which
+scripts/render_dashboard.py draws the dashboard's picture for the docs (docs/images/dashboard.png).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
+import os
 import random
 import re
 import time
@@ -46,6 +51,7 @@ POD = "llama-h100-7d9f8-a1b2c"
 VARIABLES = {"namespace": NAMESPACE, "deployment": "llama", "pool": "h100", "operator_job": "specpilot",
              "__rate_interval": "15s"}
 WAIT_S = 90.0
+CAPTURE_ENV = "SPECPILOT_DASHBOARD_CAPTURE"
 
 
 class ScrapingPrometheus(PrometheusServer):
@@ -160,6 +166,7 @@ async def test_every_dashboard_query_returns_data(sandbox, operator_config, tmp_
             steps = int((end - started) // 2) + 1
             span = {"start": f"{end - 2 * steps:.3f}", "end": f"{end:.3f}", "step": "2"}
             checked = []
+            answers: dict[str, list] = {}
             for panel in [p for top in board["panels"] for p in (top, *top.get("panels", []))]:
                 for target in panel.get("targets", []):
                     query = substitute(target["expr"])
@@ -169,12 +176,14 @@ async def test_every_dashboard_query_returns_data(sandbox, operator_config, tmp_
                         result = await ask(session, prometheus.url, "query_range", query=query, **span)
                     assert has_data(result), f"panel {panel['title']!r}: no data for {query}"
                     checked.append(query)
+                    answers[f"{panel['id']}/{target['refId']}"] = result
             for annotation in board["annotations"]["list"]:
                 if "expr" in annotation:
                     query = substitute(annotation["expr"])
                     result = await ask(session, prometheus.url, "query_range", query=query, **span)
                     assert has_data(result), f"annotation {annotation['name']!r}: no data for {query}"
                     checked.append(query)
+                    answers[f"annotation/{annotation['name']}"] = result
             for variable in board["templating"]["list"]:
                 if variable["type"] != "query":
                     continue
@@ -184,6 +193,10 @@ async def test_every_dashboard_query_returns_data(sandbox, operator_config, tmp_
                                    **{"match[]": substitute(match[1]), "start": span["start"], "end": span["end"]})
                 assert VARIABLES[variable["name"]] in values, (variable["name"], values)
             assert len(checked) >= 30
+            if os.environ.get(CAPTURE_ENV):
+                Path(os.environ[CAPTURE_ENV]).write_text(json.dumps({
+                    "dashboard_sha256": hashlib.sha256(DASHBOARD.read_bytes()).hexdigest(),
+                    "variables": VARIABLES, "start": float(span["start"]), "end": end, "answers": answers}))
     finally:
         controller_stop.set()
         await controller

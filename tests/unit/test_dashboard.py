@@ -9,8 +9,10 @@ Prometheus scraping the real operator. The chart renders the ConfigMap and the P
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
+import runpy
 from pathlib import Path
 
 import kubernetes_validate
@@ -22,6 +24,10 @@ from specpilot.controller.metrics import OperatorMetrics
 from specpilot.observe import vllm_metrics
 
 DASHBOARD = CHART_DIR / "dashboards" / "specpilot.json"
+CAPTURE = CHART_DIR.parents[1] / "docs" / "images" / "dashboard-data.json"
+REGENERATE = ("regenerate the docs' picture: SPECPILOT_DASHBOARD_CAPTURE=docs/images/dashboard-data.json pytest "
+              "tests/operator/test_dashboard_queries.py, then python scripts/render_dashboard.py "
+              "docs/images/dashboard-data.json docs/images/dashboard.png")
 RULES = CHART_DIR / "rules" / "specpilot-alerts.yaml"
 GRAFANA_BUILTINS = {"__rate_interval", "__interval", "__range"}
 
@@ -259,3 +265,18 @@ def test_every_alert_has_a_runbook_section() -> None:
         for rule in group["rules"]:
             assert rule["alert"] in headings, f"docs/troubleshooting.md has no '### {rule['alert']}' section"
             assert rule["annotations"]["runbook_url"].endswith(f"docs/troubleshooting.md#{rule['alert'].lower()}")
+
+
+def test_the_docs_picture_shows_this_dashboard(tmp_path: Path) -> None:
+    """docs/images/dashboard.png is drawn from answers to this very dashboard's queries (its hash), one per panel
+    query and annotation; and the renderer draws it."""
+    capture = json.loads(CAPTURE.read_text())
+    assert capture["dashboard_sha256"] == hashlib.sha256(DASHBOARD.read_bytes()).hexdigest(), REGENERATE
+    board = dashboard()
+    wanted = {f"{p['id']}/{t['refId']}" for p in panels(board) for t in p.get("targets", [])}
+    wanted |= {f"annotation/{a['name']}" for a in board["annotations"]["list"] if "expr" in a}
+    assert set(capture["answers"]) == wanted, REGENERATE
+    assert all(capture["answers"].values())
+    render = runpy.run_path(str(CHART_DIR.parents[1] / "scripts" / "render_dashboard.py"))["main"]
+    render([str(CAPTURE), str(tmp_path / "dashboard.png")])
+    assert (tmp_path / "dashboard.png").read_bytes().startswith(b"\x89PNG")
