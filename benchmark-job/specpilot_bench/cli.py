@@ -5,8 +5,10 @@ Two ways to say what to measure:
   and publishes its status there (the Job's ServiceAccount);
 - standalone, `--launch --model MODEL [--speculative-config JSON] ...` measures the baseline and the method
   and writes both profiles to `--output` (what `specpilot plan --profile FILE` reads).
-Either way the engine is launched here (`--launch`, one start per K) or already runs beside us
-(`--engine-url`, one run at the K it was started with). The result is always printed as JSON on stdout
+Either way the engine is launched here (`--launch`, one start per K), started per K by the engine
+container's supervisor (`--supervisor-url`, the benchmark Job: the engine runs in its own container, away
+from the tokens this one holds), or already runs beside us (`--engine-url`, one run at the K it was started
+with). `specpilot-bench engine-supervisor ...` runs that supervisor (supervisor.py). The result is always printed as JSON on stdout
 and written to `--output`; on SIGTERM or a failure what was measured is kept, with phase Failed.
 The launched engine is vLLM's OpenAI server unless `--engine-module` names another with its arguments
 and API (the demo's simulated engine). vLLM and torch are imported only when used, so the command runs
@@ -49,8 +51,11 @@ from .engine import (
     EngineStartError,
     LaunchedEngine,
     SidecarEngine,
+    SupervisedEngine,
     free_port,
     launch_command,
+    shut_down_supervisor,
+    supervisor_heartbeat,
 )
 from .metrics import scrape
 from .profiles import (
@@ -144,6 +149,11 @@ def build_parser() -> argparse.ArgumentParser:
     mode = engine.add_mutually_exclusive_group()
     mode.add_argument("--launch", action="store_true", help="start the engine here, once per K (default)")
     mode.add_argument("--engine-url", help="use the engine already running there (sidecar): one run at its K")
+    mode.add_argument("--supervisor-url", help="ask the engine supervisor there (the Job's engine container, "
+                      "`specpilot-bench engine-supervisor`) to start the engine for each K; the engine serves on "
+                      "the same host at --engine-port")
+    engine.add_argument("--engine-port", type=int, default=8000, help="with --supervisor-url: the port the "
+                        "supervised engine serves on (default 8000)")
     engine.add_argument("--num-speculative-tokens", type=int, help="sidecar: the K the engine runs with (checked "
                         "against its /metrics; default: the method's K, 0 for the baseline)")
     engine.add_argument("--engine-module", default=os.environ.get(ENGINE_MODULE_ENV) or VLLM_SERVER_MODULE,
@@ -329,9 +339,20 @@ def _engine_args(args: argparse.Namespace) -> list[str]:
     return list(args.engine_arg) + shlex.split(args.engine_args)
 
 
+def supervised_engine_url(supervisor_url: str, engine_port: int) -> str:
+    """The supervised engine's base URL: the supervisor's host (the pod's loopback) at the engine's port."""
+    from urllib.parse import urlsplit
+
+    host = urlsplit(supervisor_url).hostname or "127.0.0.1"
+    return f"http://{host}:{engine_port}"
+
+
 def _engine(args: argparse.Namespace, target: Target, k: int, index: int):
     if args.engine_url:
         return SidecarEngine(args.engine_url, args.engine_start_timeout)
+    if args.supervisor_url:
+        return SupervisedEngine(args.supervisor_url, supervised_engine_url(args.supervisor_url, args.engine_port),
+                                k, args.engine_start_timeout)
     spec = target.spec
     config = run_speculative_config(spec.method, k, target.schedule) if k else None
     extra = _engine_args(args)
@@ -506,6 +527,10 @@ async def _profile(args: argparse.Namespace) -> int:
         task.cancel()
 
     loop.add_signal_handler(signal.SIGTERM, on_sigterm)
+    from .supervisor import HEARTBEAT_S
+
+    heartbeat = (asyncio.create_task(supervisor_heartbeat(args.supervisor_url, HEARTBEAT_S))
+                 if args.supervisor_url else None)
     code = 0
     try:
         await task
@@ -525,6 +550,9 @@ async def _profile(args: argparse.Namespace) -> int:
         code = 1
     finally:
         loop.remove_signal_handler(signal.SIGTERM)
+        if heartbeat is not None:
+            heartbeat.cancel()
+            await shut_down_supervisor(args.supervisor_url)
     return finalize(args, targets, code)
 
 
@@ -556,6 +584,11 @@ def finalize(args: argparse.Namespace, targets: list[Target], code: int) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["engine-supervisor"]:
+        from .supervisor import main as supervisor_main
+
+        return supervisor_main(argv[1:])
     args = build_parser().parse_args(argv)
     if not args.profile_name and not args.model:
         build_parser().error("say what to profile: --profile-name NAME --namespace NS, or --model MODEL")

@@ -1,4 +1,5 @@
-"""The vLLM engine under test: launched as a subprocess (`--launch`) or already running beside us (sidecar).
+"""The vLLM engine under test: launched as a subprocess (`--launch`), started by the engine container's
+supervisor (`--supervisor-url`, the benchmark Job: supervisor.py), or already running beside us (`--engine-url`).
 
 The launched engine is `python -m MODULE` with vLLM's server arguments: vLLM's OpenAI server by default,
 or any module that takes the same arguments and speaks the same API (`specpilot.sandbox.engine`, the
@@ -8,6 +9,9 @@ Either way we wait for /health and the model list, with a timeout, and learn the
 max model length and the engine version. A launched engine writes its log to a file we keep; if it dies
 or never gets healthy, `EngineStartError` quotes the log's last lines (a method this build does not
 support and a bad speculative config both end there).
+
+A supervised or sidecar engine runs code the tenant chose, beside no token: everything it answers is
+untrusted, so every read of it here is bounded in size and time.
 """
 
 from __future__ import annotations
@@ -31,6 +35,22 @@ import aiohttp
 LOG_TAIL_LINES = 25
 VLLM_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 """vLLM's OpenAI server, the engine launched unless another module is named."""
+
+
+MAX_CONTROL_BYTES = 64 * 1024
+"""Largest answer read from the engine's /v1/models and /version or from the supervisor."""
+CONTROL_TIMEOUT_S = 10
+"""Per-request timeout towards the engine container while it starts and stops."""
+SUPERVISOR_STOP_TIMEOUT_S = 60
+"""The supervisor stops an engine within 30 s (SIGTERM, then SIGKILL)."""
+
+
+async def bounded_json(response: aiohttp.ClientResponse, limit: int = MAX_CONTROL_BYTES) -> Any:
+    """The JSON body of an untrusted answer, refused (ValueError) when it is longer than `limit` bytes."""
+    body = await response.content.read(limit + 1)
+    if len(body) > limit:
+        raise ValueError(f"the answer from {response.url} is longer than {limit} bytes")
+    return json.loads(body)
 
 
 class EngineStartError(RuntimeError):
@@ -91,37 +111,49 @@ def _die_with_parent() -> None:
 
 
 async def wait_until_ready(base_url: str, timeout_s: float, process: subprocess.Popen | None = None,
-                           log_path: Path | None = None) -> EngineInfo:
-    """Poll /health then /v1/models until both answer; fail fast if the launched process exits."""
+                           log_path: Path | None = None, supervisor: SupervisedEngine | None = None) -> EngineInfo:
+    """Poll /health then /v1/models until both answer; fail fast if the launched (or supervised) engine exits."""
     deadline = time.monotonic() + timeout_s
 
-    def failure(reason: str) -> EngineStartError:
-        tail = log_tail(log_path) if log_path else ""
-        where = f"\nEngine log {log_path} ends with:\n{tail}" if tail else ""
+    def failure(reason: str, tail: str | None = None) -> EngineStartError:
+        if tail is None:
+            tail = log_tail(log_path) if log_path else ""
+        where = f"\nEngine log {log_path or '(engine container)'} ends with:\n{tail}" if tail else ""
         return EngineStartError(f"{reason}{where}")
 
     # Poll fast first (a simulated or cached engine is up in a second), backing off to once a second.
     interval = 0.1
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=CONTROL_TIMEOUT_S)) as session:
         while True:
             if process is not None and process.poll() is not None:
                 raise failure(f"the engine exited with code {process.returncode} before it became ready")
-            with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
+            if supervisor is not None:
+                state = await supervisor.state(session)
+                if state.get("exitCode") is not None or state.get("k") != supervisor.k:
+                    raise failure(f"the engine for k={supervisor.k} exited with code {state.get('exitCode')} "
+                                  "before it became ready", str(state.get("logTail") or "")[-8000:])
+            with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError, ValueError, TypeError,
+                                     KeyError, IndexError, AttributeError):
                 async with session.get(f"{base_url}/health") as health:
                     if health.status == 200:
                         async with session.get(f"{base_url}/v1/models") as models:
-                            data = (await models.json()).get("data") or []
+                            data = (await bounded_json(models)).get("data") or []
                         if data:
                             version = None
-                            with contextlib.suppress(aiohttp.ClientError, ValueError):
+                            with contextlib.suppress(aiohttp.ClientError, ValueError, AttributeError):
                                 async with session.get(f"{base_url}/version") as v:
-                                    version = (await v.json()).get("version")
-                            return EngineInfo(base_url, data[0]["id"], data[0].get("max_model_len"), version)
+                                    version = (await bounded_json(v)).get("version")
+                            return EngineInfo(base_url, str(data[0]["id"])[:512], _int_or_none(
+                                data[0].get("max_model_len")), None if version is None else str(version)[:256])
             if time.monotonic() > deadline:
                 raise failure(f"the engine at {base_url} was not ready within {timeout_s:.0f} s "
                               "(raise --engine-start-timeout if it is still loading)")
             await asyncio.sleep(interval)
             interval = min(1.0, interval * 1.5)
+
+
+def _int_or_none(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 class LaunchedEngine:
@@ -188,3 +220,84 @@ class SidecarEngine:
 
     async def __aexit__(self, *exc: object) -> None:
         return None
+
+
+class SupervisedEngine:
+    """The engine of one run, started by the engine container's supervisor (supervisor.py) over loopback: the
+    bench asks only for the run's k; the command line is the supervisor's, set by the operator. The engine
+    serves at `engine_url` (the pod's loopback), which the bench's own arguments name."""
+
+    def __init__(self, supervisor_url: str, engine_url: str, k: int, start_timeout_s: float = 900) -> None:
+        self.supervisor_url = supervisor_url.rstrip("/")
+        self.base_url = engine_url.rstrip("/")
+        self.k = k
+        self.start_timeout_s = start_timeout_s
+        self.start_s: float | None = None
+        self.log_path: Path | None = None
+
+    async def state(self, session: aiohttp.ClientSession) -> dict[str, Any]:
+        """The supervisor's view of the engine; {} while it does not answer (it may still be starting)."""
+        with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+            async with session.get(f"{self.supervisor_url}/engine") as r:
+                state = await bounded_json(r)
+                if r.status == 200 and isinstance(state, dict):
+                    return state
+        return {"k": self.k}
+
+    async def _request_start(self) -> None:
+        deadline = time.monotonic() + self.start_timeout_s
+        last = "no answer"
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=SUPERVISOR_STOP_TIMEOUT_S)) as session:
+            while time.monotonic() < deadline:
+                try:
+                    async with session.put(f"{self.supervisor_url}/engine", json={"k": self.k}) as r:
+                        answer = await bounded_json(r)
+                        if r.status == 200:
+                            return
+                        error = answer.get("error") if isinstance(answer, dict) else answer
+                        raise EngineStartError(f"the engine supervisor at {self.supervisor_url} refused the run at "
+                                               f"k={self.k}: HTTP {r.status}: {str(error)[:500]}")
+                except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
+                    last = f"{type(exc).__name__}: {str(exc)[:200]}"
+                await asyncio.sleep(0.5)
+        raise EngineStartError(f"the engine supervisor at {self.supervisor_url} did not answer within "
+                               f"{self.start_timeout_s:.0f} s ({last}): is the engine container running?")
+
+    async def __aenter__(self) -> EngineInfo:
+        started = time.monotonic()
+        await self._request_start()
+        try:
+            info = await wait_until_ready(self.base_url, self.start_timeout_s, supervisor=self)
+        except BaseException:
+            await self.stop()
+            raise
+        self.start_s = time.monotonic() - started
+        return info
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def stop(self) -> None:
+        """Ask the supervisor to stop the engine (best effort: the pod ends it anyway when the bench exits)."""
+        with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=SUPERVISOR_STOP_TIMEOUT_S)) as s:
+                async with s.delete(f"{self.supervisor_url}/engine") as r:
+                    await r.content.read(MAX_CONTROL_BYTES)
+
+
+async def supervisor_heartbeat(supervisor_url: str, interval_s: float) -> None:
+    """Call the engine supervisor every `interval_s` while the bench runs (it exits when the calls stop)."""
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=CONTROL_TIMEOUT_S)) as session:
+        while True:
+            with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
+                async with session.get(f"{supervisor_url.rstrip('/')}/healthz") as r:
+                    await r.content.read(MAX_CONTROL_BYTES)
+            await asyncio.sleep(interval_s)
+
+
+async def shut_down_supervisor(supervisor_url: str) -> None:
+    """Tell the engine supervisor the bench is done: it stops the engine and exits 0, so the pod completes."""
+    with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=SUPERVISOR_STOP_TIMEOUT_S)) as s:
+            async with s.post(f"{supervisor_url.rstrip('/')}/shutdown") as r:
+                await r.content.read(MAX_CONTROL_BYTES)

@@ -177,3 +177,43 @@ async def test_sidecar_run_states_the_engine_k(tiny_models, tmp_path, launch_eng
     check_speculative_run(status["runs"][0], 2)
     # One of the method's two runs is in: the profile waits for the other Job.
     assert status["phase"] == "Running"
+
+
+def test_the_engine_container_shape_measures_the_real_engine(tiny_models, tmp_path, crds, engine_env,
+                                                             cpu_engine_args):
+    """The benchmark pod's shape: the engine supervisor (the engine container, its own process and environment)
+    starts the real vLLM engine for each k the bench asks for; the bench, which alone has the result token,
+    measures it over loopback. Neither process shares the other's environment."""
+    from specpilot.api import seal
+    from specpilot_bench.engine import free_port, launch_command
+
+    config = {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 1, "prompt_lookup_max": 4}
+    control, engine_port = free_port(), free_port()
+    engine_command = launch_command(str(tiny_models.target), engine_port, engine_args=list(cpu_engine_args))
+    configs = [a for k in (1, 2) for a in
+               ("--config-for-k", f"{k}={json.dumps({**config, 'num_speculative_tokens': k})}")]
+    engine_container_env = {k: v for k, v in engine_env.items() if k != seal.TOKEN_ENV}
+    log = tmp_path / "supervisor.log"
+    with log.open("w") as out:
+        supervisor = subprocess.Popen(
+            [*BENCH, "engine-supervisor", "--listen", f"127.0.0.1:{control}", "--log-dir", str(tmp_path / "logs"),
+             *configs, "--", *engine_command], stdout=out, stderr=subprocess.STDOUT, env=engine_container_env)
+    try:
+        proc, docs = bench(["--supervisor-url", f"http://127.0.0.1:{control}", "--engine-port", str(engine_port),
+                            "--model", str(tiny_models.target), "--speculative-config", json.dumps(config),
+                            "--skip-baseline", *LEVELS], tmp_path / "supervised.json",
+                           {**engine_env, seal.TOKEN_ENV: "only-the-bench-has-it"})
+        assert proc.returncode == 0, proc.stderr[-3000:] + log.read_text()[-3000:]
+        assert supervisor.wait(60) == 0  # the bench said it was done: the engine stopped, the pod completes
+    finally:
+        if supervisor.poll() is None:
+            supervisor.kill()
+    (doc,) = docs
+    check_valid(crds, doc)
+    status = doc["status"]
+    assert status["phase"] == "Succeeded" and status["engineStarts"] == 2
+    assert [r["numSpeculativeTokens"] for r in status["runs"]] == [1, 2]
+    check_speculative_run(status["runs"][1], 2)
+    started = sorted((tmp_path / "logs").glob("*.log"))
+    assert [p.name for p in started] == ["01-k1.log", "02-k2.log"]
+    assert '"num_speculative_tokens":2' in started[1].read_text().splitlines()[0].replace(" ", "")

@@ -57,3 +57,37 @@ async def test_a_job_past_its_active_deadline_is_stopped_and_fails_for_good(sand
         await task
         await kubelet.shutdown()
     assert kubelet.running_processes() == 0
+
+
+async def test_a_benchmark_pod_runs_as_two_processes_and_only_the_bench_gets_the_token(sandbox, tmp_path,
+                                                                                        monkeypatch):
+    """The kubelet runs the engine container's supervisor and the bench container as separate processes, each
+    with its own environment: the result token reaches the bench's and never the engine's (a tenant's engine
+    code reads its own process's environment and its parent's, nothing else)."""
+    from specpilot.api import seal
+    from specpilot.api.deployment import SpeculativeDeploymentSpec
+    from specpilot.manifests.benchmark import benchmark_job
+    from tests.conftest import load_example
+    from tests.unit.test_manifests_objects import profile_spec_for
+
+    spec = SpeculativeDeploymentSpec.model_validate(load_example("minimal.yaml")["spec"])
+    profile = profile_spec_for(spec, spec.methods[0])
+    job = benchmark_job(profile_name="p", namespace=NAMESPACE, profile_spec=profile, spec=spec,
+                        pool=spec.gpu_pools[0], bench_image="bench:1", result_token="t0k3n",
+                        owner={"apiVersion": "specpilot.io/v1alpha1", "kind": "SpeculationProfile", "name": "p",
+                               "uid": "u"})
+    spawned: list[tuple[list[str], dict[str, str]]] = []
+    kubelet = Kubelet(sandbox, tmp_path / "kubeconfig", tmp_path, SimSettings(time_scale=2))
+    monkeypatch.setattr(kubelet, "_spawn", lambda command, log_name, **env: spawned.append((command, env)) or
+                        subprocess.Popen([sys.executable, "-c", "pass"]))
+    kubelet._spawn_job(job)
+    (engine, engine_env), (bench, bench_env) = spawned
+    assert engine[2:4] == ["specpilot_bench", "engine-supervisor"]
+    assert engine[engine.index("--") + 1:][1:3] == ["-m", "specpilot.sandbox.engine"]
+    assert bench[2] == "specpilot_bench" and "engine-supervisor" not in bench
+    assert seal.TOKEN_ENV not in engine_env and bench_env[seal.TOKEN_ENV] == "t0k3n"
+    # both on the Job's own pod IP: the bench reaches the supervisor and the engine where they listen
+    listen = engine[engine.index("--listen") + 1]
+    assert bench[bench.index("--supervisor-url") + 1] == f"http://{listen}"
+    host = listen.rpartition(":")[0]
+    assert engine[engine.index("--host") + 1] == host and host != "127.0.0.1"

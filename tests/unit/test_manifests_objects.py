@@ -16,6 +16,7 @@ from specpilot.api import ScheduleRange, SpeculationProfileSpec, SpeculativeDepl
 from specpilot.api.deployment import DEFAULT_CONCURRENCY_LEVELS
 from specpilot.api.profile import ProfileTarget
 from specpilot.manifests import names
+from specpilot.api import seal
 from specpilot.manifests.benchmark import WORKLOAD_FILE, bench_args, bench_engine_model, benchmark_job
 from specpilot.manifests.engine import engine_args, engine_config_hash
 from specpilot.manifests.rbac import bench_rbac
@@ -85,6 +86,10 @@ def engine_of(pod_spec: dict, field: str = "containers") -> dict:
 
 def bench_of(pod_spec: dict) -> dict:
     return next(c for c in pod_spec["containers"] if c["name"] == "bench")
+
+
+def bench_engine_of(pod_spec: dict) -> dict:
+    return next(c for c in pod_spec["containers"] if c["name"] == "engine")
 
 
 def flag_value(args: list[str], flag: str) -> str:
@@ -373,10 +378,11 @@ def test_benchmark_job_validates_with_the_pools_placement(example, pool_index, m
     assert pod_spec["restartPolicy"] == "Never"
     assert pod_spec.get("nodeSelector", {}) == pool.node_selector
     assert pod_spec.get("tolerations", []) == [t.dump() for t in pool.tolerations]
-    gpu_holder = bench_of(pod_spec)  # the bench starts the engine in its own container
+    gpu_holder = bench_engine_of(pod_spec)  # the engine container holds the GPUs; the bench measures it over loopback
     assert gpu_holder["resources"]["limits"][pool.gpu_resource_name] == str(spec.model.tensor_parallel_size)
     assert {"name": "dshm", "mountPath": "/dev/shm"} in gpu_holder["volumeMounts"]
     bench = bench_of(pod_spec)
+    assert pool.gpu_resource_name not in (bench.get("resources") or {}).get("limits", {})
     assert bench["image"] == BENCH_IMAGE and bench["command"] == ["specpilot-bench"]
     args = bench["args"]
     assert flag_value(args, "--profile-name") == name
@@ -385,33 +391,100 @@ def test_benchmark_job_validates_with_the_pools_placement(example, pool_index, m
     assert flag_value(args, "--sku") == "H100-SXM"
 
 
-def test_launch_mode_passes_the_engine_command_line_to_the_bench():
+def test_the_engine_container_runs_the_supervisor_with_the_engine_command_line():
     spec = spec_of("realistic")
     job, ctx = job_for("realistic", 0, spec.methods[0])
     pod_spec = job["spec"]["template"]["spec"]
-    assert "initContainers" not in pod_spec
-    args = bench_of(pod_spec)["args"]
-    head = args[:args.index("--engine-start-timeout") + 2]
-    assert head == [
-        "--profile-name", ctx["name"], "--namespace", NAMESPACE, "--job-name", job["metadata"]["name"], "--launch",
-        "--model", "meta-llama/Llama-3.3-70B-Instruct",
-        "--speculative-config", '{"method":"ngram","num_speculative_tokens":4,"prompt_lookup_max":5,'
-                                '"prompt_lookup_min":2}',
-        "--tensor-parallel-size", "4", "--max-model-len", "16384",
-        "--levels", ",".join(map(str, DEFAULT_CONCURRENCY_LEVELS)), "--requests-per-level", "64", "--workload", "sharegpt",
-        "--output-len", "256", "--temperature", "0.0", "--seed", "0", "--sku", "H100-SXM",
-        "--engine-image", "vllm/vllm-openai:v0.32.0", "--engine-start-timeout", "3600",
-    ]
-    assert all(a.startswith("--engine-arg=") for a in args[len(head):])
-    passed = [a.removeprefix("--engine-arg=") for a in args[len(head):]]
-    # the bench sets model, K, its own loopback port, TP and context per run; everything else goes through
-    assert passed == ["--served-model-name", "llama-3.3-70b", "--gpu-memory-utilization", "0.9",
-                      "--enable-prefix-caching", "--max-num-seqs=256"]
+    assert [c["name"] for c in pod_spec["initContainers"]] == ["supervisor-install"]
+    assert [c["name"] for c in pod_spec["containers"]] == ["bench", "engine"]
+    engine = bench_engine_of(pod_spec)
+    assert engine["image"] == "vllm/vllm-openai:v0.32.0"
+    assert engine["command"] == ["python3", "/specpilot-supervisor/supervisor.py"]
+    args = engine["args"]
+    configs = [args[i + 1] for i, a in enumerate(args) if a == "--config-for-k"]
+    assert [c.split("=", 1)[0] for c in configs] == ["1", "2", "3", "4"]
+    assert json.loads(configs[-1].split("=", 1)[1]) == {"method": "ngram", "num_speculative_tokens": 4,
+                                                       "prompt_lookup_max": 5, "prompt_lookup_min": 2}
+    command = args[args.index("--") + 1:]
+    assert command == ["python3", "-m", "vllm.entrypoints.openai.api_server",
+                       "--model", "meta-llama/Llama-3.3-70B-Instruct", "--served-model-name", "llama-3.3-70b",
+                       "--tensor-parallel-size", "4", "--max-model-len", "16384", "--gpu-memory-utilization", "0.9",
+                       "--port", "8000", "--enable-prefix-caching", "--max-num-seqs=256", "--host", "127.0.0.1"]
+    bench_args_ = bench_of(pod_spec)["args"]
+    assert flag_value(bench_args_, "--supervisor-url") == "http://127.0.0.1:8090"
+    assert flag_value(bench_args_, "--engine-port") == "8000"
+    assert "--launch" not in bench_args_ and not any(a.startswith("--engine-arg") for a in bench_args_)
 
 
-def test_baseline_launch_job_has_no_speculative_config():
+def test_baseline_engine_container_runs_only_k0():
     job, _ = job_for("minimal", 0, None)
-    assert "--speculative-config" not in bench_of(job["spec"]["template"]["spec"])["args"]
+    pod_spec = job["spec"]["template"]["spec"]
+    assert "--speculative-config" not in bench_of(pod_spec)["args"]
+    assert "--config-for-k" not in bench_engine_of(pod_spec)["args"]
+
+
+def test_only_the_bench_holds_a_token_and_it_takes_nothing_of_the_tenants():
+    doc = copy.deepcopy(EXAMPLES["realistic"]["spec"])
+    doc["model"]["env"] = [{"name": "VLLM_LOGGING_LEVEL", "value": "DEBUG"}]
+    doc["profiling"]["podOverrides"] = {
+        "volumes": [{"name": "weights", "persistentVolumeClaim": {"claimName": "w"}}],
+        "containers": [{"name": "engine", "env": [{"name": "EXTRA", "value": "1"}],
+                            "volumeMounts": [{"name": "weights", "mountPath": "/models"}]}],
+    }
+    spec = SpeculativeDeploymentSpec.model_validate(doc)
+    profile = profile_spec_for(spec, spec.methods[0])
+    job = benchmark_job(profile_name="p", namespace=NAMESPACE, profile_spec=profile, spec=spec,
+                        pool=spec.gpu_pools[0], bench_image=BENCH_IMAGE, owner=profile_owner("p"),
+                        result_token="t0k3n")
+    validate(job)
+    pod_spec = job["spec"]["template"]["spec"]
+    assert pod_spec["automountServiceAccountToken"] is False
+    assert "shareProcessNamespace" not in pod_spec
+    bench, engine = bench_of(pod_spec), bench_engine_of(pod_spec)
+    everyone = pod_spec["containers"] + pod_spec["initContainers"]
+    holders = [c["name"] for c in everyone if any(m["name"] == "kube-api-access" for m in c.get("volumeMounts", []))]
+    assert holders == ["bench"]
+    token_env = [c["name"] for c in everyone if any(e["name"] == seal.TOKEN_ENV for e in c.get("env", []))]
+    assert token_env == ["bench"]
+    # the tenant's env and mounts reach the engine, never the bench
+    assert {"name": "EXTRA", "value": "1"} in engine["env"]
+    assert {"name": "VLLM_LOGGING_LEVEL", "value": "DEBUG"} in engine["env"]
+    assert "/models" in [m["mountPath"] for m in engine["volumeMounts"]]
+    assert {e["name"] for e in bench["env"]} == {"HOME", "USER", "POD_NAMESPACE", seal.TOKEN_ENV}
+    assert {m["name"] for m in bench["volumeMounts"]} == {"bench-home", "kube-api-access"}
+    assert bench["image"] == BENCH_IMAGE
+
+
+def test_overrides_cannot_put_the_token_beside_the_engine(monkeypatch):
+    """Whatever the overrides say (even past a tenancy check that let them through), the token volume and the
+    result token stay in the bench container, and the tenant's env and mounts stay out of it."""
+    from specpilot.api.tenancy import TenancyPolicy
+    from specpilot.manifests import benchmark
+
+    monkeypatch.setattr(benchmark, "refuse", lambda problems: None)
+
+    doc = copy.deepcopy(EXAMPLES["realistic"]["spec"])
+    doc["profiling"]["podOverrides"] = {
+        "shareProcessNamespace": True,
+        "containers": [{"name": "engine", "volumeMounts": [
+            {"name": "kube-api-access", "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount"}],
+            "env": [{"name": seal.TOKEN_ENV, "value": "x"}]},
+                       {"name": "bench", "env": [{"name": "OPENSSL_CONF", "value": "/x"}],
+                        "volumeMounts": [{"name": "home", "mountPath": "/usr/lib/python3/sitecustomize.py"}]}],
+    }
+    spec = SpeculativeDeploymentSpec.model_validate(doc)
+    profile = profile_spec_for(spec, spec.methods[0])
+    policy = TenancyPolicy(allowed_pod_override_fields=["*"])
+    job = benchmark_job(profile_name="p", namespace=NAMESPACE, profile_spec=profile, spec=spec,
+                        pool=spec.gpu_pools[0], bench_image=BENCH_IMAGE, owner=profile_owner("p"),
+                        result_token="t0k3n", tenancy=policy)
+    pod_spec = job["spec"]["template"]["spec"]
+    engine, bench = bench_engine_of(pod_spec), bench_of(pod_spec)
+    assert "kube-api-access" not in [m["name"] for m in engine["volumeMounts"]]
+    assert seal.TOKEN_ENV not in [e["name"] for e in engine["env"]]
+    assert "OPENSSL_CONF" not in [e["name"] for e in bench["env"]]
+    assert "/usr/lib/python3/sitecustomize.py" not in [m["mountPath"] for m in bench["volumeMounts"]]
+    assert "shareProcessNamespace" not in pod_spec
 
 
 def test_profile_engine_is_one_data_parallel_rank_of_the_profiled_identity():
@@ -419,9 +492,9 @@ def test_profile_engine_is_one_data_parallel_rank_of_the_profiled_identity():
     doc["model"]["dataParallelSize"] = 2
     spec = SpeculativeDeploymentSpec.model_validate(doc)
     job, ctx = job_for("realistic", 0, spec.methods[0], spec=spec)
-    bench = bench_of(job["spec"]["template"]["spec"])
-    assert not any(a.startswith("--engine-arg=--data-parallel-size") for a in bench["args"])
-    assert bench["resources"]["limits"]["nvidia.com/gpu"] == "4"
+    engine = bench_engine_of(job["spec"]["template"]["spec"])
+    assert "--data-parallel-size" not in engine["args"]
+    assert engine["resources"]["limits"]["nvidia.com/gpu"] == "4"
     model = bench_engine_model(spec, ctx["profile"])
     assert (model.id, model.tensor_parallel_size, model.image) == (
         ctx["profile"].model.id, ctx["profile"].model.tensor_parallel_size, ctx["profile"].engine_image)
@@ -441,13 +514,13 @@ def test_custom_workload_mounts_the_configmap_key():
     assert flag_value(bench["args"], "--output-len") == "128"
 
 
-def test_profiling_pod_overrides_merge_but_keep_the_bench_identity():
+def test_profiling_pod_overrides_merge_into_the_engine_and_keep_the_bench_identity():
     doc = copy.deepcopy(EXAMPLES["realistic"]["spec"])
     doc["profiling"]["podOverrides"] = {
         "priorityClassName": "batch-low",
         "volumes": [{"name": "weights", "persistentVolumeClaim": {"claimName": "llama-70b-weights"}}],
-        "containers": [{"name": "bench", "env": [{"name": "BENCH_LOG_LEVEL", "value": "debug"}],
-                        "volumeMounts": [{"name": "weights", "mountPath": "/models"}]}],
+        "containers": [{"name": "engine", "env": [{"name": "VLLM_LOGGING_LEVEL", "value": "DEBUG"}],
+                            "volumeMounts": [{"name": "weights", "mountPath": "/models"}]}],
     }
     spec = SpeculativeDeploymentSpec.model_validate(doc)
     job, _ = job_for("realistic", 0, spec.methods[1], spec=spec)
@@ -456,18 +529,18 @@ def test_profiling_pod_overrides_merge_but_keep_the_bench_identity():
     assert pod_spec["priorityClassName"] == "batch-low"
     assert pod_spec["serviceAccountName"] == "specpilot-bench"
     assert pod_spec["restartPolicy"] == "Never"
-    bench = bench_of(pod_spec)
-    assert "/models" in [m["mountPath"] for m in bench["volumeMounts"]]
-    assert bench["image"] == BENCH_IMAGE
-    assert {"name": "BENCH_LOG_LEVEL", "value": "debug"} in bench["env"]
+    engine = bench_engine_of(pod_spec)
+    assert "/models" in [m["mountPath"] for m in engine["volumeMounts"]]
+    assert {"name": "VLLM_LOGGING_LEVEL", "value": "DEBUG"} in engine["env"]
+    assert engine["command"] == ["python3", "/specpilot-supervisor/supervisor.py"]
+    assert bench_of(pod_spec)["image"] == BENCH_IMAGE
 
 
 def test_bench_args_are_the_jobs_arguments():
     spec = spec_of("minimal")
     profile = profile_spec_for(spec, spec.methods[0])
-    model = bench_engine_model(spec, profile)
-    args = bench_args(profile_name="p", namespace="ns", profile_spec=profile, engine_model=model, port=8000)
-    assert "--launch" in args and flag_value(args, "--job-name") == names.bench_job_name("p")
+    args = bench_args(profile_name="p", namespace="ns", profile_spec=profile, port=8000)
+    assert flag_value(args, "--supervisor-url") and flag_value(args, "--job-name") == names.bench_job_name("p")
     assert json.loads(flag_value(args, "--speculative-config"))["num_speculative_tokens"] == 4
 
 
@@ -478,7 +551,8 @@ def test_the_bench_parses_what_the_job_passes(example, pool_index, method):
     parsed = build_bench_parser().parse_args(bench_of(job["spec"]["template"]["spec"])["args"])
     assert (parsed.profile_name, parsed.namespace, parsed.job_name) == (ctx["name"], NAMESPACE,
                                                                         job["metadata"]["name"])
-    assert parsed.launch and parsed.engine_url is None and parsed.num_speculative_tokens is None
+    assert parsed.supervisor_url and not parsed.launch and parsed.engine_url is None
+    assert parsed.num_speculative_tokens is None and parsed.no_calibration
     assert (parsed.model, parsed.tensor_parallel_size, parsed.max_model_len) == (
         profile.model.id, profile.model.tensor_parallel_size, profile.model.max_model_len)
     assert parsed.levels == profile.concurrency_levels
@@ -491,9 +565,7 @@ def test_the_bench_parses_what_the_job_passes(example, pool_index, method):
         assert json.loads(parsed.speculative_config) == method.speculative_config(None)
     else:
         assert parsed.speculative_config is None
-    owned = {"--model", "--speculative-config", "--port", "--host", "--tensor-parallel-size", "--max-model-len"}
-    assert not owned & {a.split("=", 1)[0] for a in parsed.engine_arg}
-    assert parsed.engine_arg
+    assert not parsed.engine_arg  # the engine's command line is the engine container's, not the bench's
 
 
 # ----- RBAC -----

@@ -59,10 +59,9 @@ def test_a_refinement_job_carries_the_bench_flags_and_its_own_name():
     parsed = build_bench_parser().parse_args(args)
     assert parsed.job_name == job["metadata"]["name"] and parsed.profile_name == name
     assert (parsed.levels, parsed.ks, parsed.repeat, parsed.append) == ([32, 64], [0, 1], 3, True)
-    assert parsed.launch
-    # the engine arguments stay last, as in the profile's own Job
-    first_engine_arg = next(i for i, a in enumerate(args) if a.startswith("--engine-arg="))
-    assert args.index("--append") < first_engine_arg
+    assert parsed.supervisor_url and not parsed.launch
+    # the engine's command line is the engine container's: the bench carries none
+    assert not any(a.startswith("--engine-arg") for a in args)
 
 
 def test_without_a_round_the_job_is_the_profiles_benchmark_job():

@@ -1,9 +1,19 @@
 """The benchmark Job that measures one SpeculationProfile on one GPU pool.
 
-One pod: `specpilot-bench` starts and restarts the engine itself for each run (baseline, or K=1 and the
-method's maximum K), so one Job measures the whole profile. (A per-run Job with the engine as a native
-sidecar was built here once but never used by the operator, and is removed; `specpilot-bench --engine-url`
-still measures an engine that is already running, by hand.)
+One pod, two containers, one trust boundary (docs/security.md):
+- `engine` runs the profile's engine image with the tenant's environment, mounts and resources, the GPUs, and
+  no token of any kind. Its process is the engine supervisor (specpilot_bench/supervisor.py, copied into a
+  shared emptyDir by the `supervisor-install` init container from the benchmark image), which starts the
+  engine for each run (baseline, or K=1 and the method's K) with the command line and the per-k
+  `--speculative-config` the operator wrote into its arguments.
+- `bench` runs `specpilot-bench` from the operator's benchmark image. It alone mounts the ServiceAccount
+  token (a projected volume; the pod does not automount one) and carries the result token; it takes no
+  tenant environment, volumes or mounts, asks the supervisor over loopback for each run's engine, and
+  measures the engine over loopback with its own clock. When it is done it tells the supervisor, which stops
+  the engine and exits, so the pod completes (a bench that died without saying so stops calling, and the
+  supervisor gives up after --idle-exit-s).
+No shared process namespace: the engine cannot read the bench's environment or memory. (`specpilot-bench
+--engine-url` still measures an engine that is already running, by hand; `--launch` starts it itself.)
 
 `bench_args` is the single list of flags the operator passes to `specpilot-bench`; a unit test parses
 every Job's arguments with the bench's own parser, so the two cannot drift apart silently.
@@ -20,6 +30,7 @@ from ..api.profile import SpeculationProfileSpec
 from ..api.tenancy import TenancyPolicy, profiling_problems, refuse, serving_problems
 from . import names
 from .engine import (
+    ENGINE_COMMAND,
     MODEL_FLAG,
     SPECULATIVE_CONFIG_FLAG,
     engine_env,
@@ -29,12 +40,14 @@ from .engine import (
 from .merge import deep_merge
 from .pod import (
     STARTUP_BUDGET_SECONDS,
+    TOKEN_VOLUME,
     dshm_mount,
     dshm_volume,
     gpu_resources,
     harden,
     home_mount,
     home_volume,
+    identity_env,
     owner_reference,
     pool_placement,
     restore_container,
@@ -46,19 +59,22 @@ from .pod import (
 
 BENCH_COMMAND = ["specpilot-bench"]
 BENCH_CONTAINER = names.BENCH_CONTAINER
+ENGINE_CONTAINER = names.ENGINE_CONTAINER
+SUPERVISOR_INSTALL_CONTAINER = names.SUPERVISOR_INSTALL_CONTAINER
+SUPERVISOR_VOLUME = "engine-supervisor"
+SUPERVISOR_DIR = "/specpilot-supervisor"
+SUPERVISOR_SCRIPT = f"{SUPERVISOR_DIR}/supervisor.py"
+SUPERVISOR_PORT = 8090
+"""Loopback port of the engine supervisor's control endpoint (the bench's --supervisor-url)."""
+ENGINE_HOST = "127.0.0.1"
+"""The benchmark engine and its supervisor listen on the pod's loopback only: the bench is their one client."""
+BENCH_HOME_VOLUME = "bench-home"
 WORKLOAD_VOLUME = "workload"
 WORKLOAD_DIR = "/workload"
 WORKLOAD_FILE_NAME = "prompts.jsonl"
 WORKLOAD_FILE = f"{WORKLOAD_DIR}/{WORKLOAD_FILE_NAME}"
 TTL_SECONDS_AFTER_FINISHED = 86400
 """Finished Jobs stay a day for `kubectl logs`; the results are in the profile's status."""
-BENCH_OWNED_ENGINE_FLAGS = frozenset({
-    MODEL_FLAG, SPECULATIVE_CONFIG_FLAG, "--port", "--host", "--tensor-parallel-size", "--max-model-len",
-})
-"""Engine flags a launching bench sets itself for each run (model, K, a free loopback port, and the profile's
-tensor parallelism and context length), so they are not passed to it as `--engine-arg`."""
-
-
 def bench_engine_model(spec: SpeculativeDeploymentSpec, profile_spec: SpeculationProfileSpec) -> ModelSpec:
     """The engine a profile measures: the profile's identity (model, revision, TP, context, image) with the
     deployment's other settings (served name, token). Extra args, env, resources and memory share come from
@@ -80,27 +96,13 @@ def bench_engine_model(spec: SpeculativeDeploymentSpec, profile_spec: Speculatio
     return spec.model.model_copy(update=update)
 
 
-def _without_flags(args: list[str], flags: frozenset[str]) -> list[str]:
-    """`args` minus each flag in `flags` and its value (`--flag value` or `--flag=value`)."""
-    kept: list[str] = []
-    skip_value = False
-    for arg in args:
-        if skip_value:
-            skip_value = False
-        elif arg in flags:
-            skip_value = True
-        elif arg.split("=", 1)[0] not in flags:
-            kept.append(arg)
-    return kept
-
-
-def bench_args(*, profile_name: str, namespace: str, profile_spec: SpeculationProfileSpec, engine_model: ModelSpec,
-               port: int) -> list[str]:
+def bench_args(*, profile_name: str, namespace: str, profile_spec: SpeculationProfileSpec, port: int) -> list[str]:
     """Arguments of `specpilot-bench` for one Job (its parser: `specpilot_bench.cli.build_parser`).
 
     With --profile-name the bench reads what to measure from the profile itself; the flags that
-    describe the measurement are passed too, so a Job's command line says what it measures and runs
-    standalone as it is. Options with a None value are left out.
+    describe the measurement are passed too, so a Job's command line says what it measures. The engine is
+    the engine container's (--supervisor-url on the pod's loopback, serving at --engine-port `port`); the
+    bench has no GPU, so it calibrates nothing (--no-calibration). Options with a None value are left out.
     """
     workload = profile_spec.workload
     method_config = speculative_config_json(profile_spec.method)
@@ -109,7 +111,9 @@ def bench_args(*, profile_name: str, namespace: str, profile_spec: SpeculationPr
         ("--profile-name", profile_name),
         ("--namespace", namespace),
         ("--job-name", names.bench_job_name(profile_name)),
-        ("--launch", True),
+        ("--supervisor-url", f"http://{ENGINE_HOST}:{SUPERVISOR_PORT}"),
+        ("--engine-port", str(port)),
+        ("--no-calibration", True),
         (MODEL_FLAG, target.id),
         (SPECULATIVE_CONFIG_FLAG, method_config),
         ("--tensor-parallel-size", str(target.tensor_parallel_size)),
@@ -132,9 +136,21 @@ def bench_args(*, profile_name: str, namespace: str, profile_spec: SpeculationPr
             args.append(flag)
         elif value is not None:
             args += [flag, value]
-    engine = model_engine_args(engine_model, method=None, port=port)
-    args += [f"--engine-arg={arg}" for arg in _without_flags(engine, BENCH_OWNED_ENGINE_FLAGS)]
     return args
+
+
+def supervisor_args(profile_spec: SpeculationProfileSpec, engine_model: ModelSpec, port: int,
+                    home_dir: str) -> list[str]:
+    """Arguments of the engine supervisor (specpilot_bench/supervisor.py): its loopback control address, the
+    `--speculative-config` of every k a run of this profile may ask for (1..K: a refinement round may measure
+    any of them), and after `--` the engine's command line, which is the profile's engine on the pod's
+    loopback without speculation (the supervisor adds the run's config)."""
+    args = ["--listen", f"{ENGINE_HOST}:{SUPERVISOR_PORT}", "--log-dir", f"{home_dir}/engine-logs"]
+    method = profile_spec.method
+    for k in range(1, (method.num_speculative_tokens if method else 0) + 1):
+        args += ["--config-for-k", f"{k}={speculative_config_json(method, k)}"]
+    engine = model_engine_args(engine_model, method=None, port=port)
+    return [*args, "--", *ENGINE_COMMAND, *engine, "--host", ENGINE_HOST]
 
 
 def benchmark_job(*, profile_name: str, namespace: str, profile_spec: SpeculationProfileSpec,
@@ -171,23 +187,39 @@ def benchmark_job(*, profile_name: str, namespace: str, profile_spec: Speculatio
     model = bench_engine_model(spec, profile_spec)
     port = spec.serving.port
     gpu_count = model.tensor_parallel_size
-    env = with_identity_env(engine_env(model), security)
-    args = bench_args(profile_name=profile_name, namespace=namespace, profile_spec=profile_spec,
-                      engine_model=model, port=port)
+    args = bench_args(profile_name=profile_name, namespace=namespace, profile_spec=profile_spec, port=port)
     job_name = names.bench_job_name(profile_name)
     if refine_round is not None:
         job_name = names.refine_job_name(profile_name, refine_round, refine_part)
         args = _refinement_args(args, job_name, levels, ks, repeat, append)
-    owned_bench = {"name": BENCH_CONTAINER, "image": bench_image, "command": list(BENCH_COMMAND), "args": args}
-    bench_env = [*env, {"name": seal.TOKEN_ENV, "value": result_token}] if result_token else env
-    bench: dict[str, Any] = {**owned_bench, "env": bench_env,
-                             "volumeMounts": [home_mount(security), token_mount()]}
-    volumes = [dshm_volume(), home_volume(), token_volume()]
+
+    # The bench: the operator's image, the tokens, nothing of the tenant's.
+    bench_env = [*identity_env(security), {"name": "POD_NAMESPACE", "value": namespace}]
+    if result_token:
+        bench_env.append({"name": seal.TOKEN_ENV, "value": result_token})
+    bench_mounts = [{"name": BENCH_HOME_VOLUME, "mountPath": security.home_dir}, token_mount()]
+    volumes = [dshm_volume(), home_volume(), {"name": BENCH_HOME_VOLUME, "emptyDir": {}}, token_volume(),
+               {"name": SUPERVISOR_VOLUME, "emptyDir": {}}]
     workload_file = profile_spec.workload.file
     if workload_file is not None:
         volumes.append({"name": WORKLOAD_VOLUME, "configMap": {
             "name": workload_file.name, "items": [{"key": workload_file.key, "path": WORKLOAD_FILE_NAME}]}})
-        bench["volumeMounts"].append({"name": WORKLOAD_VOLUME, "mountPath": WORKLOAD_DIR, "readOnly": True})
+        bench_mounts.append({"name": WORKLOAD_VOLUME, "mountPath": WORKLOAD_DIR, "readOnly": True})
+    owned_bench = {"name": BENCH_CONTAINER, "image": bench_image, "command": list(BENCH_COMMAND), "args": args,
+                   "env": bench_env, "volumeMounts": bench_mounts}
+
+    # The engine: the profile's engine image under the supervisor, the tenant's env and mounts, the GPUs, no token.
+    owned_engine = {"name": ENGINE_CONTAINER, "image": model.image,
+                    "command": ["python3", SUPERVISOR_SCRIPT],
+                    "args": supervisor_args(profile_spec, model, port, security.home_dir)}
+    engine: dict[str, Any] = {**owned_engine, "env": with_identity_env(engine_env(model), security),
+                              "volumeMounts": [dshm_mount(), home_mount(security),
+                                               {"name": SUPERVISOR_VOLUME, "mountPath": SUPERVISOR_DIR,
+                                                "readOnly": True}],
+                              "resources": gpu_resources(model.resources, pool.gpu_resource_name, gpu_count)}
+    install = {"name": SUPERVISOR_INSTALL_CONTAINER, "image": bench_image, "command": ["python3", "-c", (
+        "import shutil, specpilot_bench.supervisor as s; shutil.copyfile(s.__file__, "
+        f"{SUPERVISOR_SCRIPT!r})")], "volumeMounts": [{"name": SUPERVISOR_VOLUME, "mountPath": SUPERVISOR_DIR}]}
 
     pod_spec: dict[str, Any] = {
         "serviceAccountName": names.BENCH_SERVICE_ACCOUNT,
@@ -197,17 +229,20 @@ def benchmark_job(*, profile_name: str, namespace: str, profile_spec: Speculatio
         "enableServiceLinks": False,
         **pool_placement(pool),
         "volumes": volumes,
+        "initContainers": [install],
+        "containers": [{**owned_bench, "resources": {}}, engine],
     }
-    bench["resources"] = gpu_resources(model.resources, pool.gpu_resource_name, gpu_count)
-    bench["volumeMounts"].insert(0, dshm_mount())
-    pod_spec["containers"] = [bench]
 
     pod_spec = deep_merge(pod_spec, spec.profiling.pod_overrides)
     pod_spec["serviceAccountName"] = names.BENCH_SERVICE_ACCOUNT
     pod_spec["automountServiceAccountToken"] = False
     pod_spec["enableServiceLinks"] = False
     pod_spec["restartPolicy"] = "Never"
-    restore_container(pod_spec, owned_bench, gpu_resource_name=pool.gpu_resource_name, gpu_count=gpu_count)
+    pod_spec.pop("shareProcessNamespace", None)
+    restore_container(pod_spec, owned_bench)
+    restore_container(pod_spec, install, field="initContainers")
+    restore_container(pod_spec, owned_engine, gpu_resource_name=pool.gpu_resource_name, gpu_count=gpu_count)
+    _keep_tokens_in_bench(pod_spec)
     restore_placement(pod_spec, pool)
     harden(pod_spec, policy)
 
@@ -231,6 +266,21 @@ def benchmark_job(*, profile_name: str, namespace: str, profile_spec: Speculatio
             "template": {"metadata": {"labels": dict(labels)}, "spec": pod_spec},
         },
     }
+
+
+def _keep_tokens_in_bench(pod_spec: dict[str, Any]) -> None:
+    """After the tenant's overrides: the supervisor install runs last among the init containers (after any of
+    the tenant's), and no container but the bench mounts the ServiceAccount token volume or carries the result
+    token, whatever the overrides said."""
+    init = pod_spec.get("initContainers") or []
+    pod_spec["initContainers"] = sorted(init, key=lambda c: c.get("name") == SUPERVISOR_INSTALL_CONTAINER)
+    for field in ("containers", "initContainers"):
+        for container in pod_spec.get(field) or []:
+            if container.get("name") == BENCH_CONTAINER and field == "containers":
+                continue
+            container["volumeMounts"] = [m for m in container.get("volumeMounts") or []
+                                         if m.get("name") != TOKEN_VOLUME]
+            container["env"] = [e for e in container.get("env") or [] if e.get("name") != seal.TOKEN_ENV]
 
 
 def _check_refinement(profile_spec: SpeculationProfileSpec, refine_round: int | None, levels: Sequence[int] | None,

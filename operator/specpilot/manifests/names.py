@@ -20,7 +20,9 @@ takes no tenant environment, volumes or mounts."""
 ENGINE_CONTAINER = "engine"
 """The engine container of a serving pod, and of a benchmark pod (there it runs the tenant's engine image, with
 the tenant's environment and mounts, and no token of any kind)."""
-OWNED_CONTAINER_NAMES = frozenset({BENCH_CONTAINER, ENGINE_CONTAINER})
+SUPERVISOR_INSTALL_CONTAINER = "supervisor-install"
+"""The benchmark pod's init container that copies the engine supervisor into the engine container's reach."""
+OWNED_CONTAINER_NAMES = frozenset({BENCH_CONTAINER, ENGINE_CONTAINER, SUPERVISOR_INSTALL_CONTAINER})
 """Container names specpilot's pods use for their own containers: a tenant's extra container may not reuse them."""
 
 BENCH_SERVICE_ACCOUNT = "specpilot-bench"

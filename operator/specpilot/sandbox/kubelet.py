@@ -1,9 +1,12 @@
 """The sandbox's kubelet and workload controllers: run what the operator creates as local processes.
 
-For every benchmark Job it runs the Job's own `specpilot-bench` command line as a process, launching the
-simulated engine (`specpilot.sandbox.engine`) of the GPU type the Job's node selector lands on, on a
-virtual clock the bench's load generator reads too (`sandbox.clock`), so a profile holds the twin's figures
-however slow or busy the host is. It reports each Job's outcome in its status with the Job controller's
+For every benchmark Job it runs the pod's two containers as two processes, each with its own environment
+as the containers have: the `engine` container's supervisor (its own arguments, with the simulated engine
+`specpilot.sandbox.engine` of the GPU type the Job's node selector lands on in place of vLLM's server) and
+the `bench` container's `specpilot-bench` command line, which alone gets the result token. Both listen and
+connect on the Job's own loopback address (its "pod IP"), so Jobs never collide on the pod's fixed ports. The
+engine runs on a virtual clock the bench's load generator reads too (`sandbox.clock`), so a profile holds
+the twin's figures however slow or busy the host is. It reports each Job's outcome in its status with the Job controller's
 retry-and-give-up behaviour. For every serving Deployment it runs one simulated engine per replica with the
 pod's own engine arguments, each on its own loopback address (its "pod IP"), publishes Pod objects the
 operator scrapes, rolls pods on a template change by the Deployment's maxSurge and maxUnavailable (by
@@ -29,6 +32,7 @@ import aiohttp
 
 from ..api import seal
 from ..manifests.names import ANNOTATION_ENGINE_CONFIG as ENGINE_CONFIG_ANNOTATION
+from ..manifests.names import BENCH_CONTAINER, ENGINE_CONTAINER
 from ..perf.catalog import DEFAULT_CATALOG, UnknownGpuError
 from .apiserver import SandboxApiServer
 from .clock import CLOCK_FILE_ENV
@@ -81,6 +85,8 @@ class Kubelet:
     sim: SimSettings = field(default_factory=SimSettings)
     pods: dict[str, list[PodProcess]] = field(default_factory=dict)
     jobs: dict[str, JobRun] = field(default_factory=dict)
+    job_engines: dict[str, subprocess.Popen] = field(default_factory=dict)
+    """Job name -> its engine container's process (the supervisor, and the engine it starts)."""
     # Pod IPs are loopback addresses; start each kubelet at a random one so two sandboxes never collide.
     _ips: itertools.count = field(default_factory=lambda: itertools.count(random.randrange(1_000_000)))
 
@@ -120,32 +126,60 @@ class Kubelet:
 
     # ----- Jobs -----
 
-    def _bench_command(self, job: dict) -> list[str]:
+    def _job_containers(self, job: dict, ip: str) -> tuple[list[str], list[str]]:
+        """The command lines of a benchmark pod's bench and engine containers as local processes on `ip`."""
         pod = job["spec"]["template"]["spec"]
-        bench = pod["containers"][0]
+        containers = {c.get("name"): c for c in pod.get("containers") or []}
+        bench = containers[BENCH_CONTAINER]
+        bench_args = list(bench.get("args", []))
+        supervisor_url = _flag(bench_args, "--supervisor-url")
+        if supervisor_url is not None:
+            bench_args = _with_flag(bench_args, "--supervisor-url", _on_host(supervisor_url, ip))
+        bench_command = [sys.executable, "-m", "specpilot_bench", *bench_args,
+                         "--kubeconfig", str(self.kubeconfig), "--no-calibration",
+                         "--log-dir", str(self.workdir / "bench-logs")]
+        engine = containers.get(ENGINE_CONTAINER)
+        if engine is None:
+            return bench_command, []
+        args = list(engine.get("args", []))
+        split = args.index("--")
+        supervisor, command = args[:split], args[split + 1:]
+        listen = _flag(supervisor, "--listen") or "127.0.0.1:8090"
+        supervisor = _with_flag(_with_flag(supervisor, "--listen", f"{ip}:{listen.rpartition(':')[2]}"),
+                                "--log-dir", str(self.workdir / "engine-logs"))
+        # vLLM's server (`python3 -m vllm.entrypoints.openai.api_server`) becomes the simulated GPU
+        module_at = command.index("-m") + 2 if "-m" in command else 1
+        engine_args = _with_flag(command[module_at:], "--host", ip)
         sku = self._sku_for(pod.get("nodeSelector") or {})
-        engine_args = [f"--engine-arg={a}" for a in self._sim_args(sku)]
-        return [sys.executable, "-m", "specpilot_bench", *bench.get("args", []),
-                "--kubeconfig", str(self.kubeconfig), "--engine-module", ENGINE_MODULE, "--no-calibration",
-                "--log-dir", str(self.workdir / "bench-logs"), *engine_args]
+        engine_command = [sys.executable, "-m", "specpilot_bench", "engine-supervisor", *supervisor, "--",
+                          sys.executable, "-m", ENGINE_MODULE, *engine_args, *self._sim_args(sku)]
+        return bench_command, engine_command
 
     def _spawn_job(self, job: dict) -> subprocess.Popen:
+        """Start the Job's pod: the engine container's process, then the bench's; returns the bench's."""
         name = job["metadata"]["name"]
         clocks = self.workdir / "clocks"
         clocks.mkdir(exist_ok=True)
+        clock = {CLOCK_FILE_ENV: str(clocks / f"{name}.clock")}
+        bench_command, engine_command = self._job_containers(job, self._next_ip())
+        if engine_command:
+            _stop(self.job_engines.pop(name, None))
+            self.job_engines[name] = self._spawn(engine_command, f"job-{name}-engine.log", **clock)
         # Of the bench container's environment only the result token is passed on (the rest points at
-        # cluster paths); with it the bench seals its results as in a cluster.
+        # cluster paths); with it the bench seals its results as in a cluster. The engine never gets it.
         token = seal.token_of(job)
-        return self._spawn(self._bench_command(job), f"job-{name}.log",
-                           **{CLOCK_FILE_ENV: str(clocks / f"{name}.clock")},
-                           **({seal.TOKEN_ENV: token} if token else {}))
+        return self._spawn(bench_command, f"job-{name}.log", **clock, **({seal.TOKEN_ENV: token} if token else {}))
+
+    def _stop_job(self, name: str, run: JobRun) -> None:
+        _stop(run.process)
+        _stop(self.job_engines.get(name))
 
     async def _sync_jobs(self) -> None:
         loop = asyncio.get_running_loop()
         live = {j["metadata"]["name"]: j for j in self.api.objects("jobs")}
         for name, run in list(self.jobs.items()):
             if name not in live:
-                _stop(run.process)
+                self._stop_job(name, run)
                 del self.jobs[name]
         for name, job in live.items():
             run = self.jobs.get(name)
@@ -159,7 +193,7 @@ class Kubelet:
             if deadline is not None and loop.time() - run.started_at > float(deadline) / self.sim.time_scale:
                 # As the Job controller: past activeDeadlineSeconds (simulated time) the running pod is
                 # terminated and the Job fails for good, whatever retries it had left.
-                _stop(run.process)  # kept in the run: shutdown() waits for it to exit
+                self._stop_job(name, run)  # kept in the run: shutdown() waits for it to exit
                 run.done = True
                 await self._patch_job(job, {"active": 0, "failed": run.failures + 1, "conditions": [
                     {"type": "Failed", "status": "True", "reason": "DeadlineExceeded",
@@ -173,6 +207,8 @@ class Kubelet:
             if code is None:
                 continue
             run.process = None
+            # The bench told the supervisor it is done; a supervisor left behind goes with the pod.
+            _wait(self.job_engines.pop(name, None), timeout_s=5)
             if code == 0:
                 run.done = True
                 await self._patch_job(job, {"active": 0, "succeeded": 1, "completionTime": _now(), "conditions": [
@@ -295,19 +331,22 @@ class Kubelet:
         return [f"http://{p.ip}:{p.port}" for p in self.pods.get((namespace, deployment), []) if p.ready]
 
     async def shutdown(self) -> None:
-        for run in self.jobs.values():
-            _stop(run.process)
+        for name, run in self.jobs.items():
+            self._stop_job(name, run)
         for pods in self.pods.values():
             for pod in pods:
                 _stop(pod.process)
         for run in self.jobs.values():
             _wait(run.process)
+        for process in self.job_engines.values():
+            _wait(process)
         for pods in self.pods.values():
             for pod in pods:
                 _wait(pod.process)
 
     def running_processes(self) -> int:
         alive = [r.process for r in self.jobs.values() if r.process is not None and r.process.poll() is None]
+        alive += [p for p in self.job_engines.values() if p.poll() is None]
         alive += [p.process for ps in self.pods.values() for p in ps if p.process.poll() is None]
         return len(alive)
 
@@ -335,6 +374,27 @@ def _flag(args: list[str], flag: str) -> str | None:
         if arg.startswith(flag + "="):
             return arg.split("=", 1)[1]
     return None
+
+
+def _with_flag(args: list[str], flag: str, value: str) -> list[str]:
+    """`args` with `flag`'s value (`--flag v` or `--flag=v`) replaced by `value`, or the flag appended."""
+    out = list(args)
+    for i, arg in enumerate(out):
+        if arg == flag and i + 1 < len(out):
+            out[i + 1] = value
+            return out
+        if arg.startswith(flag + "="):
+            out[i] = f"{flag}={value}"
+            return out
+    return [*out, flag, value]
+
+
+def _on_host(url: str, host: str) -> str:
+    """`url` with its host replaced by `host` (the Job's pod IP in place of the pod's loopback)."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(netloc=f"{host}:{parts.port}" if parts.port else host))
 
 
 def _now() -> str:
