@@ -164,7 +164,8 @@ def speculative_deployment_crd() -> dict[str, Any]:
         {"name": "Concurrency", "type": "number", "jsonPath": ".status.observedConcurrency",
          "description": "Observed mean concurrency per replica"},
         {"name": "$/Mtok", "type": "number", "jsonPath": ".status.costPerMtok",
-         "description": "Predicted dollars per million output tokens"},
+         "description": "Dollars per million output tokens: the fleet's under its placement (two or more pools), "
+                        "else the cheapest pool's predicted"},
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     ]
     return _crd("speculativedeployments", "speculativedeployment", "SpeculativeDeployment", "sdep", schema, columns)

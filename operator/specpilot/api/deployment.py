@@ -726,6 +726,40 @@ class PoolStatus(StatusModel):
     replica_targets: list[ReplicaTarget] = Field(default_factory=list, max_length=MAX_REPLICA_TARGETS)
     """The replica targets of the scale-down stabilisation window that can still hold a scale-down
     (oldest first, each higher than every later one): kept in status so a restarted operator holds them."""
+    traffic_share: float | None = Field(default=None, ge=0, le=1)
+    """Fleet placement (two or more pools): the fraction of the deployment's traffic planned for this pool."""
+    fleet_target_replicas: int | None = Field(default=None, ge=0)
+    """Fleet placement: the replicas the fleet's cheapest placement asks of this pool (`replicas` follows it up
+    at once and down after the stabilisation window)."""
+    load_tokens_per_second: float | None = None
+    """Fleet placement: output tokens per second this pool's share of the demand comes to."""
+    cost_per_mtok: float | None = None
+    """Fleet placement: dollars per million output tokens of this pool at the load it gets."""
+    full: bool | None = None
+    """Fleet placement: every replica the pool's GPUs (allocatable on its nodes) or maxReplicas allow runs."""
+    fleet_reason: Text = ""
+    """Fleet placement: why this pool got its replicas and share, in words."""
+    fleet_targets: list[ReplicaTarget] = Field(default_factory=list, max_length=MAX_REPLICA_TARGETS)
+    """Fleet placement: the scale-down stabilisation window of the fleet's targets for this pool."""
+
+
+class FleetStatus(StatusModel):
+    """Fleet placement of a deployment with two or more pools (policy.fleet)."""
+
+    routing: str = Field(default="service", max_length=16)
+    """How traffic is split: service (one Service, an even split per pod: the planner plans under it)."""
+    demand_tokens_per_second: float | None = None
+    """The deployment's observed demand in output tokens per second (served plus backlog)."""
+    cost_per_mtok: float | None = None
+    """The fleet's dollars per million output tokens at that demand (every replica of every pool paid)."""
+    slo_feasible: bool | None = None
+    """False: the demand exceeds what every allowed replica holds within the SLO."""
+    reason: Text = ""
+    """The placement in words."""
+    planned_at: datetime | None = None
+    """When the placement was computed."""
+    shares_moved_at: datetime | None = None
+    """When a pool's share last moved by two percentage points or more (a FleetSharesMoved Event)."""
 
 
 class HistoryEntry(StatusModel):
@@ -761,8 +795,12 @@ class SpeculativeDeploymentStatus(StatusModel):
     observed_concurrency: float | None = None
     """Mean concurrency per replica over all pools."""
     cost_per_mtok: float | None = None
-    """The lowest of the pools' decision.costPerMtokWithSd: predicted dollars per million output tokens of the
-    cheapest pool under its decision, at its expected load (not weighted across pools)."""
+    """With two or more pools: the fleet's dollars per million output tokens under its placement (fleet.costPerMtok)
+    once the pools are profiled and load is observed; otherwise the lowest of the pools'
+    decision.costPerMtokWithSd: predicted dollars per million output tokens of the cheapest pool under its
+    decision, at its expected load."""
+    fleet: FleetStatus | None = None
+    """Fleet placement across the pools (two or more pools)."""
     history: list[HistoryEntry] = Field(default_factory=list, max_length=64)
     """The last decision changes (bounded)."""
 

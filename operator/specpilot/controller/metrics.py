@@ -83,7 +83,27 @@ class OperatorMetrics:
         self.tpot_slo_seconds = Gauge(
             "specpilot_tpot_slo_seconds", "The deployment's TPOT SLO (spec.policy.tpotSloMs).",
             ["namespace", "deployment"], registry=r)
+        self.traffic_share = Gauge(
+            "specpilot_traffic_share", "Fraction of the deployment's traffic the fleet placement plans for the pool "
+            "(two or more pools).", POOL_LABELS, registry=r)
+        self.fleet_cost_per_mtok = Gauge(
+            "specpilot_fleet_cost_per_million_tokens_dollars", "The fleet's $/Mtok under its placement at the "
+            "observed demand (two or more pools).", ["namespace", "deployment"], registry=r)
         self._decision_labels: dict[tuple[str, str, str], tuple[str, str, str]] = {}
+
+    def record_fleet(self, namespace: str, deployment: str, pools: list[PoolStatus],
+                     cost_per_mtok: float | None) -> None:
+        """The fleet placement's gauges: each pool's planned share and the fleet's $/Mtok (absent when unknown)."""
+        for pool in pools:
+            labels = (namespace, deployment, pool.name)
+            if pool.traffic_share is not None:
+                self.traffic_share.labels(*labels).set(pool.traffic_share)
+            else:
+                _discard(self.traffic_share, labels)
+        if cost_per_mtok is not None:
+            self.fleet_cost_per_mtok.labels(namespace, deployment).set(cost_per_mtok)
+        else:
+            _discard(self.fleet_cost_per_mtok, (namespace, deployment))
 
     def record_pool(self, namespace: str, deployment: str, pool: PoolStatus, profiled_acceptance: float | None,
                     tpot_slo_ms: float | None) -> None:
@@ -136,12 +156,13 @@ class OperatorMetrics:
         labelled = [(self.decision_info, [*POOL_LABELS, "method", "strategy", "schedule"]),
                     (self.decisions, [*POOL_LABELS, "method"]), (self.toggles, [*POOL_LABELS, "state"]),
                     (self.metrics_available, ["namespace", "deployment"]),
-                    (self.tpot_slo_seconds, ["namespace", "deployment"])]
+                    (self.tpot_slo_seconds, ["namespace", "deployment"]),
+                    (self.fleet_cost_per_mtok, ["namespace", "deployment"])]
         labelled += [(gauge, POOL_LABELS) for gauge in (
             self.desired_replicas, self.speculation_enabled, self.observed_concurrency, self.cost_per_mtok,
             self.cost_per_mtok_without_sd, self.num_speculative_tokens, self.crossover_concurrency, self.replicas,
             self.live_acceptance, self.profiled_acceptance, self.profiles_failed, self.observed_tokens_per_second,
-            self.observed_tpot_p95_seconds)]
+            self.observed_tpot_p95_seconds, self.traffic_share)]
         for metric, names in labelled:
             for family in metric.collect():
                 for sample in family.samples:

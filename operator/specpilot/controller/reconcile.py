@@ -9,6 +9,7 @@ returns, and assembles the deployment's conditions.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from pydantic import ValidationError
 
 from ..api.base import format_validation_error
 from ..api.deployment import (
+    Autoscaling,
     HistoryEntry,
     Phase,
     PoolStatus,
@@ -30,7 +32,8 @@ from ..manifests import names
 from ..manifests.serving import pod_monitor, service, serving_deployment
 from ..observe.model import MetricsUnavailable
 from ..perf.catalog import GpuCatalog
-from ..policy.planner import PoolInputs, PoolProfiles, plan_pool, profiled_acceptance
+from ..policy.placement import FleetMember, FleetOutcome, clear_plan, place_fleet, write_plan
+from ..policy.planner import PoolInputs, PoolOutcome, PoolProfiles, plan_pool, profiled_acceptance
 from . import desired
 from .context import Context
 from .kube import NotFound
@@ -46,8 +49,8 @@ from .profiles import (
     start_refinement,
 )
 
-__all__ = ["JOB_UID_ANNOTATION", "REPROFILE_ANNOTATION", "Context", "Event", "PoolReadings", "Result", "reconcile",
-           "reconcile_pool"]
+__all__ = ["JOB_UID_ANNOTATION", "REPROFILE_ANNOTATION", "Context", "Event", "PoolReadings", "PoolStep", "Result",
+           "apply_pool_step", "plan_pool_step", "reconcile", "reconcile_pool"]
 
 log = logging.getLogger("specpilot.reconcile")
 
@@ -111,12 +114,19 @@ async def reconcile(ctx: Context, body: dict, nodes: list[dict], profiles: dict[
                        "PrometheusUrlNotAllowed" if url_refused else "MetricsUnavailable")
     old_pools = {p.name: p for p in old.pools}
     status.pools = []
+    steps = []
     for view in views:
         pool_old = old_pools.get(view.pool.name) or PoolStatus(name=view.pool.name)
-        pool = await reconcile_pool(ctx, body, spec, view, needed, states, profiles, jobs, profile_users or {},
-                                     pool_old, now, events, observe and not url_refused, metrics)
+        steps.append((view, pool_old, await plan_pool_step(
+            ctx, body, spec, view, needed, states, profiles, jobs, profile_users or {}, pool_old, now, events,
+            observe and not url_refused, metrics)))
+    fleet = _place_fleet(ctx, spec, steps, nodes, old, now, events) if len(views) >= 2 else None
+    status.fleet = fleet.fleet if fleet is not None else None
+    for view, pool_old, step in steps:
+        pool = await apply_pool_step(ctx, body, spec, view, pool_old, step, events)
         status.pools.append(pool)
         _record_decision_change(ctx, status, pool_old, pool, namespace, name, now, events)
+    ctx.metrics.record_fleet(namespace, name, status.pools, status.fleet.cost_per_mtok if status.fleet else None)
     await _reconcile_service(ctx, body, spec)
 
     ready = sum(1 for n in needed if states.get(n.name) == "Succeeded")
@@ -130,6 +140,8 @@ async def reconcile(ctx: Context, body: dict, nodes: list[dict], profiles: dict[
     costs = [p.decision.cost_per_mtok_with_sd for p in status.pools
              if p.decision and p.decision.cost_per_mtok_with_sd]
     status.cost_per_mtok = round(min(costs), 4) if costs else None
+    if status.fleet is not None and status.fleet.cost_per_mtok is not None:
+        status.cost_per_mtok = status.fleet.cost_per_mtok
     _conditions(ctx, status, old, views, ready, len(needed), failed, metrics, namespace, name, generation, now,
                 events)
     return Result(status.dump(), events)
@@ -232,6 +244,27 @@ async def reconcile_pool(ctx: Context, body: dict, spec: SpeculativeDeploymentSp
     """One pool: gather its inputs (its Deployment, a due observation, its validated profiles, its refinement
     Jobs), plan (`policy.planner.plan_pool`), and execute the plan: re-measure a drifted profile, start
     refinement Jobs, apply the Deployment, count. The executor the simulator's agreement test drives."""
+    step = await plan_pool_step(ctx, body, spec, view, needed, states, profiles, jobs, users, old, now, events,
+                                observe, metrics)
+    return await apply_pool_step(ctx, body, spec, view, old, step, events)
+
+
+@dataclass
+class PoolStep:
+    """A pool planned and not yet applied: the fleet placement may still change its replicas."""
+
+    pool: PoolStatus
+    outcome: PoolOutcome
+    current: dict | None
+    """The pool's Deployment as read (None: none yet)."""
+    profiles: PoolProfiles
+
+
+async def plan_pool_step(ctx: Context, body: dict, spec: SpeculativeDeploymentSpec, view: desired.PoolView,
+                         needed: list[desired.NeededProfile], states: dict[str, str], profiles: dict[str, dict],
+                         jobs: dict[str, dict], users: dict[str, set[str]], old: PoolStatus, now: datetime,
+                         events: list[Event], observe: bool, metrics: PoolReadings) -> PoolStep:
+    """The first half of `reconcile_pool`: read, plan, re-measure and refine; the Deployment is not applied."""
     meta = body["metadata"]
     namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
     current = None
@@ -266,9 +299,17 @@ async def reconcile_pool(ctx: Context, body: dict, spec: SpeculativeDeploymentSp
             await start_refinement(ctx, spec, namespace, name, view.pool, need, profiles[job.profile], job,
                                    pool.refinement.round, jobs)
     events.extend(Event(e.type, e.reason, e.message) for e in outcome.events)
-    labels = (namespace, name, view.pool.name)
     if outcome.toggled:
-        ctx.metrics.toggles.labels(*labels, outcome.toggled).inc()
+        ctx.metrics.toggles.labels(namespace, name, view.pool.name, outcome.toggled).inc()
+    return PoolStep(pool, outcome, current, pool_profiles)
+
+
+async def apply_pool_step(ctx: Context, body: dict, spec: SpeculativeDeploymentSpec, view: desired.PoolView,
+                          old: PoolStatus, step: PoolStep, events: list[Event]) -> PoolStatus:
+    """The second half of `reconcile_pool`: apply the pool's Deployment as planned, record its rollout, count."""
+    meta = body["metadata"]
+    namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
+    pool, outcome, current, pool_profiles = step.pool, step.outcome, step.current, step.profiles
     if outcome.serve is None:
         return pool
     serve = outcome.serve
@@ -285,6 +326,53 @@ async def reconcile_pool(ctx: Context, body: dict, spec: SpeculativeDeploymentSp
     ctx.metrics.record_pool(namespace, name, pool, profiled[0][0] if profiled and profiled[0] else None,
                             spec.policy.tpot_slo_ms)
     return pool
+
+
+def _place_fleet(ctx: Context, spec: SpeculativeDeploymentSpec,
+                 steps: list[tuple[desired.PoolView, PoolStatus, PoolStep]], nodes: list[dict],
+                 old: SpeculativeDeploymentStatus, now: datetime, events: list[Event]) -> FleetOutcome | None:
+    """Fleet placement across the pools (`policy.placement`): the plan's replicas replace each placed pool's own
+    (internal autoscaling writes them; external publishes them in desiredReplicas)."""
+    by_name = {(n.get("metadata") or {}).get("name"): n for n in nodes}
+    members = []
+    for view, _, step in steps:
+        current = step.current or {}
+        replicas = (current.get("spec") or {}).get("replicas")
+        ready = (current.get("status") or {}).get("readyReplicas") if step.current is not None else None
+        serve = step.outcome.serve
+        members.append(FleetMember(
+            spec=view.pool, status=step.pool, price_per_gpu_hour=_price(ctx, spec, view),
+            gpus_available=_allocatable_gpus(view, by_name), current_replicas=int(replicas) if replicas is not None
+            else None, ready_replicas=int(ready or 0) if step.current is not None else None,
+            per_pool_replicas=serve.replicas if serve is not None and serve.replicas is not None
+            else step.pool.desired_replicas))
+    outcome = place_fleet(spec, members, old.fleet, now)
+    external = spec.serving.autoscaling == Autoscaling.EXTERNAL.value
+    for _, _, step in steps:
+        if outcome is None or outcome.plan is None or step.outcome.serve is None:
+            clear_plan(step.pool)
+            continue
+        replicas = write_plan(step.pool, outcome.plan, external)
+        step.outcome.serve = dataclasses.replace(step.outcome.serve, replicas=None if external else replicas)
+    if outcome is not None:
+        events.extend(Event(*event) for event in outcome.events)
+    return outcome
+
+
+def _allocatable_gpus(view: desired.PoolView, nodes: dict[str, dict]) -> int | None:
+    """GPUs the pool's ready nodes can allocate (status.allocatable[gpuResourceName]); None when no node says."""
+    total, known = 0, False
+    for info in view.nodes:
+        if not info.ready:
+            continue
+        value = ((nodes.get(info.name) or {}).get("status") or {}).get("allocatable", {}).get(
+            view.pool.gpu_resource_name)
+        try:
+            total += int(str(value))
+            known = True
+        except (TypeError, ValueError):
+            continue
+    return total if known else None
 
 
 def _refine_job_states(old: PoolStatus, namespace: str, jobs: dict[str, dict]) -> dict[str, str]:

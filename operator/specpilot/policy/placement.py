@@ -1,0 +1,174 @@
+"""Fleet placement of one SpeculativeDeployment: its pools' statuses in, the fleet planner's plan back into them.
+
+The operator's reconciliation plans every pool first (`policy.planner.plan_pool`: decision, schedule, today's
+per-pool replicas), then, for a deployment with two or more pools, calls `place_fleet`, which builds the fleet
+planner's inputs (`policy.fleet`) from what the pools' statuses hold: the TPOT curve of each decision under its
+schedule (`decision.tpotCurve`) and its SLO-feasible concurrency, the price, the GPUs the pool's nodes have,
+the replicas running and ready, and the deployment's demand (the pools' observed output tokens/s and requests
+in flight). The plan's replicas replace the per-pool ones (internal autoscaling writes them, external only
+publishes them in desiredReplicas), and each pool's status shows its share, load, $/Mtok and why.
+
+A pool without a curve yet (not profiled) keeps today's per-pool replicas. Without any observed load, or with a
+pool whose price is unknown, nothing is placed and the fleet's reason says why. Pure: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from datetime import datetime
+
+from ..api.deployment import Autoscaling, FleetStatus, GpuPool, PoolStatus, ReplicaTarget, SpeculativeDeploymentSpec
+from .replicas import ReplicaState
+from .fleet import (
+    SHARE_MOVE,
+    CurvePoint,
+    FleetDemand,
+    FleetPlan,
+    FleetPool,
+    FleetSettings,
+    FleetState,
+    Routing,
+    plan_fleet,
+)
+
+__all__ = ["FleetMember", "FleetOutcome", "clear_plan", "fleet_demand", "place_fleet", "write_plan"]
+
+
+@dataclasses.dataclass(frozen=True)
+class FleetMember:
+    """One pool of the deployment as the reconciliation found it, after its own planner ran."""
+
+    spec: GpuPool
+    status: PoolStatus
+    price_per_gpu_hour: float
+    gpus_available: int | None
+    """Allocatable GPUs on the pool's nodes (None: unknown)."""
+    current_replicas: int | None
+    ready_replicas: int | None
+    per_pool_replicas: int | None
+    """What the pool's own planner would run (today's behaviour): kept for a pool without a curve."""
+
+
+@dataclasses.dataclass
+class FleetOutcome:
+    fleet: FleetStatus
+    replicas: dict[str, int]
+    """Replicas per placed pool (empty: nothing placed, every pool keeps its own planner's)."""
+    events: list[tuple[str, str, str]] = dataclasses.field(default_factory=list)
+    """(type, reason, message) to announce."""
+    plan: FleetPlan | None = None
+
+
+def fleet_demand(statuses: Sequence[PoolStatus]) -> FleetDemand | None:
+    """The deployment's demand from its pools' last observations: output tokens/s summed, requests in flight
+    (running + waiting per replica x replicas) summed; None when no pool has been observed."""
+    tokens, in_flight, seen = 0.0, 0.0, False
+    for pool in statuses:
+        observed = pool.observed
+        if observed is None:
+            continue
+        if observed.generation_tokens_per_second is not None:
+            tokens += max(observed.generation_tokens_per_second, 0.0)
+            seen = True
+        if observed.concurrency is not None:
+            in_flight += (observed.concurrency + (observed.waiting or 0.0)) * max(pool.replicas, 1)
+            seen = True
+    return FleetDemand(tokens, in_flight) if seen else None
+
+
+def _curve(status: PoolStatus) -> tuple[CurvePoint, ...]:
+    decision = status.decision
+    if decision is None or decision.source in ("none", "prior") or not status.capacity_concurrency_per_replica:
+        return ()
+    points, last = [], 0.0
+    for point in decision.tpot_curve:
+        if point.concurrency > last and point.ms > 0:
+            points.append(CurvePoint(float(point.concurrency), float(point.ms)))
+            last = point.concurrency
+    return tuple(points)
+
+
+def _bounds(spec: SpeculativeDeploymentSpec, pool: GpuPool) -> tuple[int, int]:
+    lo = pool.min_replicas if pool.min_replicas is not None else spec.serving.min_replicas
+    hi = pool.max_replicas if pool.max_replicas is not None else spec.serving.max_replicas
+    return lo, max(lo, hi)
+
+
+def place_fleet(spec: SpeculativeDeploymentSpec, members: Sequence[FleetMember], previous: FleetStatus | None,
+                now: datetime) -> FleetOutcome | None:
+    """The fleet's placement, or None when the deployment has fewer than two pools with a GPU type or its
+    replicas are fixed (serving.autoscaling: none)."""
+    members = [m for m in members if m.status.sku is not None]
+    if len(members) < 2 or spec.serving.autoscaling == Autoscaling.NONE.value:
+        return None
+    unpriced = [m.spec.name for m in members if not m.price_per_gpu_hour > 0]
+    if unpriced:
+        return FleetOutcome(FleetStatus(
+            reason=f"no price for pool(s) {', '.join(unpriced)}: set spec.gpuPools[].pricePerGpuHour (or the "
+                   f"operator's gpuPricesPerHour); each pool scales on its own meanwhile", planned_at=now), {})
+    demand = fleet_demand([m.status for m in members])
+    if demand is None:
+        return FleetOutcome(FleetStatus(reason="waiting for load metrics: each pool scales on its own meanwhile",
+                                        planned_at=now), {})
+    gpus_per_replica = spec.model.tensor_parallel_size * spec.model.data_parallel_size
+    pools, state_targets, incumbent, shares = [], {}, {}, {}
+    for m in members:
+        lo, hi = _bounds(spec, m.spec)
+        current = m.current_replicas if m.current_replicas is not None else lo
+        pools.append(FleetPool(
+            m.spec.name, m.price_per_gpu_hour, gpus_per_replica, lo, hi, _curve(m.status),
+            m.status.capacity_concurrency_per_replica, gpus_available=m.gpus_available,
+            current_replicas=current, ready_replicas=m.ready_replicas,
+            held_replicas=m.per_pool_replicas if m.per_pool_replicas is not None else current))
+        state_targets[m.spec.name] = ReplicaState(tuple((t.time, t.replicas) for t in m.status.fleet_targets))
+        if m.status.fleet_target_replicas is not None:
+            incumbent[m.spec.name] = m.status.fleet_target_replicas
+        if m.status.traffic_share is not None:
+            shares[m.spec.name] = m.status.traffic_share
+    settings = FleetSettings(
+        routing=Routing.SERVICE, tpot_slo_ms=spec.policy.tpot_slo_ms, ttft_slo_ms=spec.policy.ttft_slo_ms,
+        target_utilization_percent=spec.serving.target_utilization_percent,
+        min_gain_percent=spec.policy.min_gain_percent,
+        scale_down_stabilization_seconds=spec.serving.scale_down_stabilization_seconds)
+    # The incumbent is kept only when every placed pool has one (a new pool re-plans the whole fleet).
+    planned_names = {p.name for p in pools if p.curve}
+    state = FleetState(targets=state_targets,
+                       replicas=incumbent if planned_names <= set(incumbent) else {}, shares=shares)
+    plan = plan_fleet(pools, demand, settings, state, now)
+    events = []
+    moved_at = previous.shares_moved_at if previous else None
+    if plan.shares_moved:
+        moved_at = now
+        words = ", ".join(f"{p.name} {shares.get(p.name, 0.0):.0%} -> {p.share:.0%}" for p in plan.pools
+                          if abs(p.share - shares.get(p.name, 0.0)) >= SHARE_MOVE)
+        events.append(("Normal", "FleetSharesMoved", f"{words}: {plan.reason}"))
+    fleet = FleetStatus(routing=plan.routing.value, demand_tokens_per_second=round(plan.demand_tokens_per_second, 3),
+                        cost_per_mtok=round(plan.cost_per_mtok, 4) if plan.cost_per_mtok is not None else None,
+                        slo_feasible=plan.slo_feasible, reason=plan.reason, planned_at=now, shares_moved_at=moved_at)
+    return FleetOutcome(fleet, {p.name: p.replicas for p in plan.pools}, events, plan)
+
+
+def write_plan(status: PoolStatus, plan: FleetPlan, external: bool) -> int:
+    """The pool's placement into its status; returns the replicas to run (`desiredReplicas` when external)."""
+    placed = plan.pool(status.name)
+    status.traffic_share = round(placed.share, 4)
+    status.fleet_target_replicas = placed.target if placed.planned else None
+    status.load_tokens_per_second = round(placed.load_tokens_per_second, 3)
+    status.cost_per_mtok = round(placed.cost_per_mtok, 4) if placed.cost_per_mtok is not None else None
+    status.full = placed.full
+    status.fleet_reason = placed.reason
+    targets = plan.state.targets.get(status.name)
+    status.fleet_targets = [ReplicaTarget(time=t, replicas=n) for t, n in targets.recent] if targets else []
+    status.desired_replicas = placed.replicas
+    if not external:
+        status.replicas = placed.replicas
+    return placed.replicas
+
+
+def clear_plan(status: PoolStatus) -> None:
+    """A pool no longer placed (one pool left, or nothing to place on): today's per-pool fields only."""
+    status.traffic_share = status.fleet_target_replicas = status.load_tokens_per_second = None
+    status.cost_per_mtok = status.full = None
+    status.fleet_reason = ""
+    status.fleet_targets = []

@@ -1,0 +1,131 @@
+"""Fleet placement of a deployment (policy.placement): pool statuses in, shares and replicas back into them."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from specpilot.api.deployment import (
+    Decision,
+    GpuPool,
+    ObservedLoad,
+    PoolStatus,
+    SpeculativeDeploymentSpec,
+    TpotPoint,
+)
+from specpilot.controller.metrics import OperatorMetrics
+from specpilot.policy.placement import FleetMember, clear_plan, fleet_demand, place_fleet, write_plan
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+LEVELS = (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+def spec(**serving) -> SpeculativeDeploymentSpec:
+    return SpeculativeDeploymentSpec.model_validate({
+        "model": {"id": "meta-llama/Llama-3.1-8B-Instruct"},
+        "methods": [{"method": "ngram", "numSpeculativeTokens": 4}],
+        "gpuPools": [{"name": n, "nodeSelector": {"pool": n}} for n in ("a100", "h100", "h200")],
+        "policy": {"tpotSloMs": 30},
+        "serving": {"minReplicas": 0, "maxReplicas": 8, "scaleDownStabilizationSeconds": 300, **serving}})
+
+
+def status(name: str, base_ms: float, slope: float, tokens: float = 0.0, concurrency: float = 0.0,
+           replicas: int = 1, profiled: bool = True) -> PoolStatus:
+    curve = [TpotPoint(concurrency=c, ms=base_ms * (1 + slope * c)) for c in LEVELS]
+    decision = Decision(method="ngram", source="profile", tpot_curve=curve) if profiled else \
+        Decision(method=None, source="none", reason="waiting for profiles")
+    return PoolStatus(name=name, sku=name.upper(), decision=decision, replicas=replicas,
+                      capacity_concurrency_per_replica=128.0 if profiled else None,
+                      observed=ObservedLoad(concurrency=concurrency, waiting=0.0,
+                                            generation_tokens_per_second=tokens))
+
+
+def members(statuses: list[PoolStatus], prices=(1.8, 2.5, 3.5), gpus=(None, None, None), current=1):
+    return [FleetMember(spec=GpuPool(name=s.name, node_selector={"pool": s.name}), status=s, price_per_gpu_hour=p,
+                        gpus_available=g, current_replicas=current, ready_replicas=current,
+                        per_pool_replicas=current)
+            for s, p, g in zip(statuses, prices, gpus, strict=True)]
+
+
+def fleet(tokens_each: float, **kw):
+    return [status("a100", 14.0, 0.02, tokens_each), status("h100", 8.0, 0.012, tokens_each),
+            status("h200", 7.0, 0.01, tokens_each)]
+
+
+def test_demand_sums_the_pools_observations():
+    demand = fleet_demand([status("a", 10, 0.01, 1000.0, 4.0, replicas=2), status("b", 10, 0.01, 500.0, 2.0)])
+    assert demand.tokens_per_second == 1500.0 and demand.requests_in_flight == 4.0 * 2 + 2.0
+    assert fleet_demand([PoolStatus(name="a")]) is None
+
+
+def test_placement_writes_shares_replicas_and_reasons_into_the_statuses():
+    statuses = fleet(6000.0)
+    outcome = place_fleet(spec(), members(statuses), None, T0)
+    assert outcome.fleet.cost_per_mtok > 0 and outcome.fleet.slo_feasible
+    assert "fleet $" in outcome.fleet.reason and outcome.fleet.routing == "service"
+    total = 0.0
+    for s in statuses:
+        replicas = write_plan(s, outcome.plan, external=False)
+        assert s.replicas == replicas == s.desired_replicas == outcome.replicas[s.name]
+        total += s.traffic_share
+        assert s.fleet_reason.startswith(s.name)
+    assert abs(total - 1.0) < 1e-3
+    metrics = OperatorMetrics()
+    metrics.record_fleet("team", "llama", statuses, outcome.fleet.cost_per_mtok)
+    shares = [metrics.registry.get_sample_value("specpilot_traffic_share",
+                                                {"namespace": "team", "deployment": "llama", "pool": s.name})
+              for s in statuses]
+    assert abs(sum(shares) - 1.0) < 1e-3
+    assert metrics.registry.get_sample_value("specpilot_fleet_cost_per_million_tokens_dollars",
+                                             {"namespace": "team", "deployment": "llama"}) == outcome.fleet.cost_per_mtok
+
+
+def test_external_autoscaling_only_publishes_the_fleet_replicas():
+    statuses = fleet(6000.0)
+    outcome = place_fleet(spec(autoscaling="external"), members(statuses), None, T0)
+    for s in statuses:
+        s.replicas = 1
+        write_plan(s, outcome.plan, external=True)
+        assert s.replicas == 1 and s.desired_replicas == outcome.replicas[s.name]
+
+
+def test_shares_move_with_demand_and_announce_it():
+    low = fleet(500.0)
+    first = place_fleet(spec(), members(low), None, T0)
+    for s in low:
+        write_plan(s, first.plan, external=False)
+    high = [s.model_copy(update={"observed": ObservedLoad(concurrency=60.0, generation_tokens_per_second=20_000.0)})
+            for s in low]
+    later = place_fleet(spec(), members(high), first.fleet, T0 + timedelta(seconds=30))
+    assert sum(later.replicas.values()) > sum(first.replicas.values())
+    assert [e for e in later.events if e[1] == "FleetSharesMoved"]
+    assert later.fleet.shares_moved_at == T0 + timedelta(seconds=30)
+
+
+def test_gpus_of_the_nodes_bound_a_pool_and_it_is_marked_full():
+    statuses = fleet(30_000.0)
+    outcome = place_fleet(spec(), members(statuses, gpus=(None, None, 2)), None, T0)
+    h200 = outcome.plan.pool("h200")
+    assert h200.replicas == 2 and h200.full
+    write_plan(statuses[2], outcome.plan, external=False)
+    assert statuses[2].full and "GPUs its nodes have are taken" in statuses[2].fleet_reason
+
+
+def test_unprofiled_pool_keeps_its_own_replicas():
+    statuses = [status("a100", 14.0, 0.02, 3000.0), status("h100", 8.0, 0.012, 3000.0),
+                status("h200", 7.0, 0.01, 3000.0, profiled=False)]
+    outcome = place_fleet(spec(), members(statuses, current=2), None, T0)
+    assert outcome.replicas["h200"] == 2 and not outcome.plan.pool("h200").planned
+
+
+def test_nothing_is_placed_without_load_price_or_a_second_pool():
+    quiet = [PoolStatus(name=n, sku=n.upper()) for n in ("a100", "h100")]
+    outcome = place_fleet(spec(), members([*quiet, status("h200", 7, 0.01)])[:2], None, T0)
+    assert outcome.replicas == {} and "waiting for load metrics" in outcome.fleet.reason
+    unpriced = place_fleet(spec(), members(fleet(100.0), prices=(1.8, 0.0, 3.5)), None, T0)
+    assert unpriced.replicas == {} and "pricePerGpuHour" in unpriced.fleet.reason
+    assert place_fleet(spec(), members(fleet(100.0))[:1], None, T0) is None
+    assert place_fleet(spec(autoscaling="none"), members(fleet(100.0)), None, T0) is None
+    placed = fleet(100.0)[0]
+    write_plan(placed, place_fleet(spec(), members(fleet(100.0)), None, T0).plan, external=False)
+    clear_plan(placed)
+    assert placed.traffic_share is None and placed.fleet_targets == [] and placed.fleet_reason == ""
