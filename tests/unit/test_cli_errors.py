@@ -49,3 +49,21 @@ def test_demo_refuses_an_unwritable_output_without_running(tmp_path: Path) -> No
     assert done.returncode == 2
     assert "cannot write its report" in done.stdout + done.stderr
     assert "Traceback" not in done.stdout + done.stderr
+
+
+def test_malloc_arenas_are_capped_unless_the_environment_says_otherwise(monkeypatch) -> None:
+    from specpilot.controller import cli
+
+    calls = []
+
+    class Libc:
+        def mallopt(self, param, value):
+            calls.append((param, value))
+            return 1
+
+    monkeypatch.setattr(cli.ctypes, "CDLL", lambda name: Libc())
+    monkeypatch.delenv("MALLOC_ARENA_MAX", raising=False)
+    assert cli.limit_malloc_arenas() is True
+    assert calls == [(-8, cli.MALLOC_ARENAS)]
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "4")
+    assert cli.limit_malloc_arenas() is False and len(calls) == 1
