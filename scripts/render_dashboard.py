@@ -66,15 +66,20 @@ def draw_timeseries(ax, panel: dict, answers: dict, start: float, marks) -> None
     dashed = dashed_patterns(panel)
     custom = panel["fieldConfig"]["defaults"].get("custom", {})
     stepped = custom.get("lineInterpolation") == "stepAfter"
+    lines = []
     for target in panel["targets"]:
         for series in answers.get(f"{panel['id']}/{target['refId']}", []):
-            name = legend(target["legendFormat"], series["metric"])
-            points = [(t - start, float(v)) for t, v in series["values"] if math.isfinite(float(v))]
-            if not points:
-                continue
-            xs, ys = zip(*points)
-            style = "--" if any(re.fullmatch(p, name) for p in dashed) else "-"
-            ax.plot(xs, ys, style, label=name, linewidth=1.6, drawstyle="steps-post" if stepped else "default")
+            points = {t - start: float(v) for t, v in series["values"] if math.isfinite(float(v))}
+            if points:
+                lines.append((legend(target["legendFormat"], series["metric"]), points))
+    if custom.get("stacking", {}).get("mode") == "normal":
+        times = sorted({t for _, points in lines for t in points})
+        ax.stackplot(times, *[[points.get(t, 0.0) for t in times] for _, points in lines],
+                     labels=[name for name, _ in lines], step="post" if stepped else None, alpha=0.7)
+    for name, points in [] if custom.get("stacking", {}).get("mode") == "normal" else lines:
+        style = "--" if any(re.fullmatch(p, name) for p in dashed) else "-"
+        ax.plot(list(points), list(points.values()), style, label=name, linewidth=1.6,
+                drawstyle="steps-post" if stepped else "default")
     for x, color, _ in marks:
         ax.axvline(x, color=color, linewidth=0.8, alpha=0.6)
     unit = panel["fieldConfig"]["defaults"].get("unit")

@@ -112,6 +112,8 @@ def test_the_dashboard_shows_what_the_issue_asks_per_pool() -> None:
         "Profiling Jobs": ["specpilot_profiling_jobs_total", "specpilot_profiles_failed"],
         "Reconcile latency": ["specpilot_reconcile_duration_seconds_bucket"],
         "Reconcile errors": ["specpilot_reconcile_errors_total"],
+        "Traffic share per pool": ["specpilot_traffic_share"],
+        "Fleet $ per million output tokens": ["specpilot_fleet_cost_per_million_tokens_dollars"],
     }
     for title, metrics in wanted.items():
         assert title in by_title, title
