@@ -64,7 +64,8 @@ def test_promtool_unit_tests_pass(rendered_rules: Path) -> None:
 
 def test_promtool_unit_tests_fail_when_a_rule_breaks(rendered_rules: Path) -> None:
     """The unit tests see a rule change: a threshold moved from half the profile's acceptance to a tenth."""
-    rendered_rules.write_text(rendered_rules.read_text().replace("0.5 * specpilot_profiled", "0.1 * specpilot_profiled"))
+    rules = rendered_rules.read_text()
+    rendered_rules.write_text(rules.replace("0.5 * specpilot_profiled", "0.1 * specpilot_profiled"))
     shutil.copy(UNIT_TESTS, rendered_rules.parent / UNIT_TESTS.name)
     result = run("test", "rules", UNIT_TESTS.name, cwd=rendered_rules.parent)
     assert result.returncode != 0 and "SpecpilotAcceptanceDrift" in result.stdout + result.stderr

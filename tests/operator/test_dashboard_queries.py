@@ -4,8 +4,9 @@ a serving pod's vLLM-named metrics.
 The operator (`specpilot run`, metrics on a loopback port) runs a SpeculativeDeployment with two pools (so the fleet
 placement shares traffic between them) against the sandbox API server through its life: profiled, decided, served
 with speculation at low load (live acceptance observed), then speculation toggled off at high load (the restart
-strategy), with one reconciliation failing on a refused status write. Prometheus (Debian's binary) scrapes the operator as job "specpilot" with honor_labels, as the chart's
-ServiceMonitor does, and the pod's exporter with the namespace and pod labels Kubernetes discovery gives. Then each
+strategy), with one reconciliation failing on a refused status write. Prometheus (Debian's binary) scrapes the
+operator as job "specpilot" with honor_labels, as the chart's ServiceMonitor does, and each pod's exporter with the
+namespace and pod labels Kubernetes discovery gives. Then each
 panel's, annotation's and variable's query runs as Grafana would run it (range queries over the test's span, the
 table's instant queries at its end) with the variables set to that deployment, and must return data: a metric
 renamed on either side, or a label a query expects and nobody exports, fails here.

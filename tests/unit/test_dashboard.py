@@ -4,7 +4,8 @@ it and the alert rules.
 Offline: the dashboard's JSON is loaded, every PromQL query (panels, annotations, variables) is extracted and each
 metric it names must be one the operator exports (controller.metrics) or one vLLM serves (observe.vllm_metrics),
 so renaming a metric fails here; tests/operator/test_dashboard_queries.py runs the same queries against a real
-Prometheus scraping the real operator. The chart renders the ConfigMap and the PrometheusRule only when their values say so.
+Prometheus scraping the real operator. The chart renders the ConfigMap and the PrometheusRule only when their
+values say so.
 """
 
 from __future__ import annotations

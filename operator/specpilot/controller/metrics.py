@@ -141,7 +141,8 @@ class OperatorMetrics:
                 (self.cost_per_mtok_without_sd, decision.cost_per_mtok_without_sd if decision else None),
                 (self.crossover_concurrency, decision.crossover_concurrency if decision else None),
                 (self.live_acceptance, live),
-                (self.observed_tokens_per_second, pool.observed.generation_tokens_per_second if pool.observed else None),
+                (self.observed_tokens_per_second,
+                 pool.observed.generation_tokens_per_second if pool.observed else None),
                 (self.observed_tpot_p95_seconds, pool.observed.tpot_p95_ms / 1000
                  if pool.observed and pool.observed.tpot_p95_ms is not None else None),
                 (self.profiled_acceptance, profiled_acceptance if decision and decision.method else None)):
