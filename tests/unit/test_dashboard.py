@@ -283,3 +283,20 @@ def test_the_docs_picture_shows_this_dashboard(tmp_path: Path) -> None:
     render = runpy.run_path(str(CHART_DIR.parents[1] / "scripts" / "render_dashboard.py"))["main"]
     render([str(CAPTURE), str(tmp_path / "dashboard.png")])
     assert (tmp_path / "dashboard.png").read_bytes().startswith(b"\x89PNG")
+
+
+@pytest.mark.helm
+def test_the_install_notes_name_the_dashboard_and_the_rules_when_on(helm_tools: HelmTools) -> None:
+    def notes(*assignments: str) -> str:
+        args = ["install", "sp", CHART_DIR, "--namespace", "specpilot-system", "--dry-run=client"]
+        for assignment in assignments:
+            args += ["--set", assignment]
+        result = helm_tools.helm_run(*args)
+        assert result.returncode == 0, result.stderr
+        return result.stdout.split("NOTES:", 1)[1]
+
+    on = notes("grafanaDashboard.enabled=true", "prometheusRule.enabled=true")
+    assert "ConfigMap\n   sp-specpilot-dashboard in namespace specpilot-system" in on
+    assert "PrometheusRule sp-specpilot holds the alerts" in on
+    off = notes()
+    assert "dashboard" not in off and "PrometheusRule" not in off
