@@ -69,7 +69,7 @@ from .profiles import (
     run_speculative_config,
     validation,
 )
-from .sweep import Slo, fit_prompts, sweep
+from .sweep import EngineDisagrees, Slo, fit_prompts, sweep
 from .workloads import WORKLOADS, load_prompts
 
 DEFAULT_LEVELS = [1, 2, 4, 8]
@@ -544,6 +544,9 @@ async def _profile(args: argparse.Namespace) -> int:
         code = 1
     except EngineStartError as exc:
         profiler.fail("EngineStartFailed", str(exc))
+        code = 1
+    except EngineDisagrees as exc:
+        profiler.fail("EngineDisagrees", str(exc))
         code = 1
     except Exception as exc:  # noqa: BLE001 - whatever broke, publish what was measured and say why
         profiler.fail("BenchmarkFailed", f"{type(exc).__name__}: {exc}")

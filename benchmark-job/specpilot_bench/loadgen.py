@@ -24,6 +24,9 @@ import aiohttp
 
 CLOCK_FILE_ENV = "SPECPILOT_SIM_CLOCK_FILE"
 """Names a simulated engine's virtual clock (`specpilot.sandbox.clock`); unset in a cluster."""
+EXTRA_CHUNKS = 16
+"""Chunks a stream may carry beyond its max_tokens (a chunk with no text while the detokenizer waits for the rest
+of a character); every further one is refused, so an engine cannot stream forever."""
 REQUEST_TIMEOUT_S = 6 * 60 * 60
 """A whole level's requests may queue behind each other on a slow engine; vLLM's generator allows the same."""
 
@@ -113,6 +116,10 @@ async def send_completion(session: aiohttp.ClientSession, api_url: str, model_id
                     output.error = f"the engine aborted the stream: {_error_text(data)}"
                     return output
                 if data.get("choices"):
+                    if chunks >= request.expected_output_len + EXTRA_CHUNKS:
+                        output.error = (f"the engine streamed more than {chunks} chunks for max_tokens "
+                                        f"{request.expected_output_len}: the stream is not what was asked for")
+                        return output
                     now = clock()
                     if chunks == 0:
                         output.ttft = now - start

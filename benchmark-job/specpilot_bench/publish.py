@@ -4,6 +4,9 @@ The Job's ServiceAccount (in-cluster config) may get and patch `speculationprofi
 namespace, nothing more. Each publish reads the object, merges this Job's runs into what other Jobs of
 the same profile already published, and patches the status with the resourceVersion it read, so a
 concurrent writer makes the API answer 409 and we merge again. Transient errors retry with backoff.
+What a Job publishes is its measured result and its seal (api.seal), never `phase`, `reason`, `message` or
+`attempts`: those are the operator's, which derives them from the Job's state and the seal check (a Job's
+failure is its exit code; its explanation is in its log and the printed result).
 A launching Job publishes after each run and at the end: each publish adds only the engine starts made
 since its previous one. A refinement Job (`--append`) appends its points to the stored runs of the same K
 instead of replacing them (`profiles.merged_status`); each publish then adds only the points measured since
@@ -25,6 +28,8 @@ from specpilot.api.profile import SpeculationProfile, SpeculationProfileStatus
 from .profiles import merged_status
 
 PLURAL = "speculationprofiles"
+OPERATOR_FIELDS = frozenset({"phase", "reason", "message", "attempts"})
+"""Status fields only the operator writes (it decides a profile's phase); the bench leaves them as they are."""
 RETRYABLE_STATUS = {409, 429, 500, 502, 503, 504}
 
 
@@ -110,7 +115,7 @@ class ProfileStore:
             current = self._get()
             merged = merged_status(current.get("status"), unpublished, expected_ks, append=self.append).dump()
             merged["seal"] = seal.seal(self.token, merged) if self.token else None
-            body: dict[str, Any] = {"status": merged}
+            body: dict[str, Any] = {"status": {k: v for k, v in merged.items() if k not in OPERATOR_FIELDS}}
             version = current.get("metadata", {}).get("resourceVersion")
             if version:
                 # Optimistic concurrency: a writer in between makes the API answer 409, and we merge again.

@@ -1,5 +1,10 @@
 """The concurrency sweep of one engine start: per level a warm-up, then N requests, measured both sides.
 
+The engine runs code the tenant chose, so what it reports is checked against what the bench saw: throughput and
+latency are the load generator's own timings of the streams; the output tokens a request reports may not exceed
+what it asked for; and the engine's accepted-token counter may not claim more than its streams showed (tokens
+beyond one per chunk; `counters_problem`). A level that fails either is refused (`EngineDisagrees`).
+
 The client side is a load generator that streams /v1/completions, keeps `concurrency` requests in flight
 and returns per-request TTFT, ITL, latency and output tokens: vLLM's own (`vllm.benchmarks.serve.benchmark`,
 what `vllm bench serve` runs, called as a library with our prompts) where vLLM is installed, as in the Job's
@@ -47,8 +52,59 @@ DEFAULT_WARMUP_REQUESTS = 4
 """Warm-up requests per level unless --warmup-requests says otherwise (at most the level's concurrency): enough
 to run the level's code paths once. A full wave would not reach steady state either (the warm-up is awaited
 before the measured requests start, which then arrive together); MIN_WAVES of measured requests see to that."""
+ACCEPTANCE_CROSSCHECK_TOLERANCE = 0.10
+"""How far (relative) the engine's accepted-token counter may exceed what its streams showed before the level is
+refused (see `counters_problem`)."""
 TOKENIZE_PARALLELISM = 16
 """/tokenize calls in flight while the prompts are fitted (one at a time costs a round trip per prompt)."""
+
+
+class EngineDisagrees(RuntimeError):
+    """What the engine reports (its counters, its usage) disagrees with what its streams showed the bench: the
+    engine runs code the tenant chose, so the result is refused rather than published."""
+
+
+def stream_accepted_tokens(result: dict[str, Any]) -> int:
+    """Draft tokens the streams show accepted: per successful request, its output tokens beyond one per streamed
+    chunk (a decode step sends a request one chunk carrying its token and the drafts accepted with it; the first
+    chunk is the prefill's token). Chunks are 1 + the request's inter-token gaps, which both load generators
+    record per chunk. A server that merges steps into one chunk (a slow reader) makes this larger, never smaller."""
+    total = 0
+    for n, itl, error in zip(result["output_lens"], result["itls"], result["errors"], strict=False):
+        if error is None or error == "":
+            total += max(0, int(n) - (1 + len(itl)))
+    return total
+
+
+def counters_problem(concurrency: int, result: dict[str, Any], deltas: ServerDeltas, warmup_tokens: int) -> str | None:
+    """Why the engine's acceptance counters cannot be what it served at this level (None: they agree).
+
+    One-sided: the accepted-token counter (its delta over the level, warm-up included) may not exceed the
+    accepted tokens the streams showed by more than ACCEPTANCE_CROSSCHECK_TOLERANCE, plus the warm-up requests'
+    tokens and one token per request (their first chunks). Streams merged by a slow reader only raise the
+    streams' figure, so an honest engine passes; an engine that claims more acceptance than it delivered does not."""
+    server = deltas.num_accepted_tokens
+    if not server:
+        return None
+    seen = stream_accepted_tokens(result)
+    completed = int(result.get("completed") or 0)
+    allowed = seen * (1 + ACCEPTANCE_CROSSCHECK_TOLERANCE) + warmup_tokens + completed
+    if server <= allowed:
+        return None
+    return (f"at concurrency {concurrency} the engine's vllm:spec_decode_num_accepted_tokens_total rose by {server}, "
+            f"but its streams showed {seen} accepted tokens (output tokens beyond one per chunk over "
+            f"{completed} requests; allowed up to {allowed:.0f}: +{ACCEPTANCE_CROSSCHECK_TOLERANCE:.0%}, "
+            f"{warmup_tokens} warm-up tokens and one per request): the engine's acceptance is not what it served")
+
+
+def output_problem(concurrency: int, result: dict[str, Any], requests: Sequence[CompletionRequest]) -> str | None:
+    """Why the output tokens the engine reported cannot be true (None: plausible): more than a request's
+    max_tokens (the bench asked for exactly that many)."""
+    for i, (n, request) in enumerate(zip(result["output_lens"], requests, strict=False)):
+        if n and n > request.expected_output_len:
+            return (f"at concurrency {concurrency} the engine reported {n} output tokens for request {i}, which asked "
+                    f"for at most {request.expected_output_len} (max_tokens): its usage is not what it served")
+    return None
 
 
 def default_warmup(concurrency: int) -> int:
@@ -284,7 +340,13 @@ async def measure_level(base_url: str, model_id: str, requests: Sequence[Complet
                                     ignore_eos)
         after = await scrape(session, base_url)
     # Warm-up requests land between the two scrapes too; they are few and shaped like the level's.
-    return level_point(concurrency, result, server_deltas(before, after), load)
+    deltas = server_deltas(before, after)
+    warmup_tokens = warmup_requests * (requests[0].expected_output_len if requests else 0)
+    problem = output_problem(concurrency, result, requests) or counters_problem(concurrency, result, deltas,
+                                                                                warmup_tokens)
+    if problem:
+        raise EngineDisagrees(problem)
+    return level_point(concurrency, result, deltas, load)
 
 
 async def sweep(run: Run, base_url: str, model_id: str,

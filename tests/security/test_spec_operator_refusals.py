@@ -117,3 +117,36 @@ async def test_a_result_not_written_by_the_profiles_own_job_is_refused(sandbox, 
 
     failed = await _refused(sandbox, name, "UnsealedResult")
     assert "not written by" in failed["message"]
+
+
+async def test_a_forged_failed_phase_is_ignored_reported_and_the_decision_kept(sandbox, operator):  # noqa: F811
+    """The benchmark identity (any benchmark pod of the namespace, tenant engine code included before the pod
+    split) may patch profiles' status. A forged `status.phase: Failed` on a profile the operator accepted must
+    not remove the decision resting on it: the operator's verdict stands, the change is restored and reported
+    in an UnsealedStatusChange Warning Event, and no ProfilingFailed is made up for it."""
+    from tests.operator.scenario import publish_results
+
+    target = await _eagle3_profile_measuring(sandbox)
+    assert len(await publish_results(sandbox, "H100-SXM")) == 2
+    decided = await sandbox.wait_for(
+        lambda: ((status(sandbox).get("pools") or [{}])[0].get("decision") or {}).get("method"), what="a decision")
+    assert decided == "eagle3"
+    name = target["metadata"]["name"]
+    await sandbox.wait_for(lambda: "specpilot.io/verdict" in (sandbox.get(
+        "speculationprofiles", NAMESPACE, name)["metadata"].get("annotations") or {}), what="the operator's verdict")
+
+    await sandbox.patch("speculationprofiles", NAMESPACE, name,
+                        {"status": {"phase": "Failed", "reason": "BackoffLimitExceeded", "message": "forged"}},
+                        subresource="status")
+
+    warning = await sandbox.wait_for(lambda: events(sandbox, "UnsealedStatusChange"),
+                                     what="an UnsealedStatusChange Event")
+    assert warning[0]["type"] == "Warning" and name in warning[0]["message"] and "Failed" in warning[0]["message"]
+    restored = await sandbox.wait_for(
+        lambda: (sandbox.get("speculationprofiles", NAMESPACE, name)["status"].get("phase") == "Succeeded"
+                 and sandbox.get("speculationprofiles", NAMESPACE, name)["status"]), what="the phase restored")
+    assert restored["message"] != "forged"
+    await asyncio.sleep(2)  # timer ticks: the decision stays, nothing failed
+    assert ((status(sandbox).get("pools") or [{}])[0].get("decision") or {}).get("method") == "eagle3"
+    assert events(sandbox, "ProfilingFailed") == []
+    assert len(events(sandbox, "UnsealedStatusChange")) == 1

@@ -112,3 +112,68 @@ def test_what_changes_a_measurement_changes_the_profile(path, value):
 ])
 def test_what_does_not_change_a_measurement_keeps_the_profile(path, value):
     assert _identity_name(**{path: value}) == _identity_name()
+
+
+# ----- tight bounds from the claimed SKU and model (issue 25) -----
+
+def test_ten_times_the_measured_throughput_is_refused():
+    """A lying engine streaming 10x what the GPU did: far below the old 4 x 4-bit bound, above the tight one."""
+    body = _profile("eagle3", "H100-SXM")
+    for run in body["status"]["runs"]:
+        for point in run["points"]:
+            point["outputThroughput"] *= 10
+    problems = result_problems(body)
+    assert problems and all("above the physical bound" in p for p in problems), problems
+    assert "1.25 x the memory/compute roofline of H100-SXM" in problems[0]
+
+
+def test_the_bound_at_concurrency_1_is_the_bandwidth_roofline_with_a_stated_margin():
+    from specpilot.perf.plausibility import THROUGHPUT_MARGIN, bound_table
+
+    table = bound_table()
+    # Llama-3.1-8B (7.5B streamed bf16 parameters) on an H100 (3.35 TB/s): 2.25 ms per step at least
+    assert THROUGHPUT_MARGIN == 1.25
+    assert round(table["H100-SXM"][0]) == 279 and round(table["H100-SXM"][1]) == 1395
+    assert table["H100-SXM"][1] < 17850 / 10  # the old bound at K=4
+    assert round(table["B200"][0]) == 666 and round(table["L40S"][0]) == 72
+
+
+@pytest.mark.parametrize("value", [-0.0, 0.0])
+def test_a_non_positive_throughput_is_refused(value):
+    body = _profile("eagle3")
+    for run in body["status"]["runs"]:
+        for point in run["points"]:
+            point["outputThroughput"] = value
+    problems = result_problems(body)
+    assert problems and ("cannot be negative" in problems[0] or "must have a positive throughput" in problems[0])
+
+
+def test_a_concurrency_beyond_the_spec_is_refused():
+    body = _profile("eagle3")
+    body["status"]["runs"][1]["points"][0]["concurrency"] = 10**9
+    problems = result_problems(body)
+    assert any("concurrency is 1000000000, more than the profile's spec asked for" in p for p in problems), problems
+
+
+def test_an_unknown_sku_or_model_keeps_a_generous_bound_and_says_so():
+    body = _profile("eagle3")
+    body["spec"]["sku"] = "cpu"
+    point = body["status"]["runs"][0]["points"][0]
+    point["outputThroughput"] = 1e9
+    problems = result_problems(body)
+    assert problems and "SKU 'cpu' not in the catalog, so a generous bound" in problems[0], problems
+    body = _profile("eagle3")
+    body["spec"]["model"]["id"] = "/models/tiny-llama"
+    assert result_problems(body) == []
+
+
+def test_a_quantized_engine_is_bounded_at_4_bits():
+    from specpilot.api.profile import SpeculationProfile
+    from specpilot.perf.plausibility import throughput_bound
+
+    plain = SpeculationProfile.model_validate(_profile("eagle3"))
+    body = _profile("eagle3")
+    body["spec"]["engine"] = {"extraArgs": ["--quantization", "fp8"]}
+    bound = throughput_bound(SpeculationProfile.model_validate(body))
+    assert bound.quantized and bound.bytes_per_weight == 0.5
+    assert bound.ceiling(1, 0) == pytest.approx(4 * throughput_bound(plain).ceiling(1, 0))

@@ -417,6 +417,80 @@ def test_launch_starts_the_named_engine_module_with_vllms_args(tmp_path, crds):
         assert "--time-scale=10" in received and received[received.index("--sku") + 1] == "H100-SXM"
 
 
+class LyingEngine(FakeEngine):
+    """Claims every draft accepted (K+1 tokens per step in its counters) but streams one token per chunk: what a
+    tenant's engine code could do to make speculation look better than it served. With `inflate_usage`, its
+    usage reports ten times the tokens instead."""
+
+    def __init__(self, k: int, inflate_usage: bool = False) -> None:
+        super().__init__(k=k)
+        self.inflate_usage = inflate_usage
+
+    async def _stream(self, request: web.Request, payload: dict, finished) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+
+        async def send(data: dict | str) -> None:
+            await response.write(f"data: {data if isinstance(data, str) else json.dumps(data)}\n\n".encode())
+
+        n = payload["max_tokens"]
+        for _ in range(n):  # one token per chunk, as without speculation
+            await send({"choices": [{"index": 0, "text": " tok"}]})
+        steps = -(-n // (self.k + 1))  # what the counters claim: every draft accepted
+        self.drafts += steps
+        for j in range(self.k):
+            self.accepted_per_position[j] += steps
+        self.generation_tokens += n
+        usage = n * 10 if self.inflate_usage else n
+        await send({"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": usage}})
+        finished()
+        await send("[DONE]")
+        return response
+
+
+@pytest.mark.parametrize("inflate_usage", [False, True], ids=["acceptance-counters", "usage"])
+async def test_a_lying_engine_is_refused_with_its_reason(monkeypatch, inflate_usage):
+    """The bench measures what it can see: counters claiming more accepted drafts than the streams carried, or
+    usage claiming more tokens than were asked for, refuse the level with the reason."""
+    from specpilot_bench.sweep import EngineDisagrees, measure_level
+
+    monkeypatch.setenv(DISABLE_VLLM_ENV, "1")
+    engine = LyingEngine(k=3, inflate_usage=inflate_usage)
+    async with serving(engine) as url:
+        with pytest.raises(EngineDisagrees) as refused:
+            await measure_level(url, MODEL, requests(8, max_tokens=32), 1, 2, Slo(), 0.0, True)
+    text = str(refused.value)
+    if inflate_usage:
+        assert "reported 320 output tokens for request 0, which asked for at most 32" in text
+    else:
+        assert "vllm:spec_decode_num_accepted_tokens_total rose by" in text and "streams showed 0" in text
+
+
+async def test_an_honest_speculating_engine_passes_the_cross_check(monkeypatch):
+    from specpilot_bench.sweep import measure_level
+
+    monkeypatch.setenv(DISABLE_VLLM_ENV, "1")
+    async with serving(FakeEngine(k=3)) as url:
+        point = await measure_level(url, MODEL, requests(8, max_tokens=32), 1, 2, Slo(), 0.0, True)
+    assert point.num_accepted_tokens and point.output_throughput > 0
+
+
+def test_the_cross_check_allows_streams_merged_by_a_slow_reader():
+    """A slow reader gets several steps in one chunk: the streams then show more accepted tokens than the
+    counters, which is no lie."""
+    from specpilot_bench.sweep import counters_problem
+
+    result = {"output_lens": [32, 32], "itls": [[0.01] * 3, [0.01] * 3], "errors": ["", ""], "completed": 2}
+    def deltas(accepted: int) -> ServerDeltas:
+        return ServerDeltas(generation_tokens=64, num_drafts=8, num_draft_tokens=24, num_accepted_tokens=accepted,
+                            accepted_per_position=[], preemptions=0)
+
+    honest = deltas(40)
+    assert counters_problem(4, result, honest, warmup_tokens=0) is None
+    lying = deltas(200)
+    assert "rose by 200" in counters_problem(4, result, lying, warmup_tokens=0)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Serve the fake engine as `python -m test_bench_loadgen` with vLLM's server arguments."""
     parser = argparse.ArgumentParser()

@@ -124,8 +124,22 @@ class FakeApi:
         return self.obj
 
     def patch_namespaced_custom_object_status(self, group, version, namespace, plural, name, body):
-        self.patches += 1
-        self.obj = {"metadata": {"resourceVersion": str(self.patches + 1)}, "status": body["status"]}
+        self.patches += 1  # a merge patch, as the API server applies it
+        self.obj = {"metadata": {"resourceVersion": str(self.patches + 1)},
+                    "status": {**self.obj["status"], **body["status"]}}
+
+
+def test_the_bench_never_writes_the_operators_fields():
+    """phase, reason, message and attempts are the operator's: a Job's publish leaves them as they are, whatever
+    the bench concluded (issue 25: a forged phase from the benchmark identity is what the operator ignores)."""
+    api = FakeApi({"phase": "Running", "reason": "Measuring", "attempts": 1})
+    store = ProfileStore(api, "p", "ns", token="t")
+    failed = SpeculationProfileStatus(phase=ProfilePhase.FAILED, reason="EngineStartFailed", message="log tail",
+                                      runs=[Run(num_speculative_tokens=0, points=[pt(1)])])
+    store.publish(failed, [0])
+    stored = api.obj["status"]
+    assert (stored["phase"], stored["reason"], stored["attempts"]) == ("Running", "Measuring", 1)
+    assert "message" not in stored and stored["runs"][0]["points"] and stored["seal"]
 
 
 def test_the_store_appends_each_point_once_across_publishes():

@@ -2,6 +2,13 @@
 and their Jobs (bounded per pool), re-measure stale or requested ones, mirror Job failures and refuse
 implausible results. Level-triggered: from whatever it finds, with the profile's status and annotations as
 the only record.
+
+The operator alone decides a profile's phase. A benchmark Job writes only its sealed result; the phase, reason
+and message follow from the Job's state and the seal check as the operator observes them, and the operator's
+verdict is kept in an annotation (desired.VERDICT_ANNOTATION), which the benchmark identity cannot write. A
+status.phase someone else wrote (any pod with the benchmark ServiceAccount may patch profiles' status) is
+ignored, reported in an UnsealedStatusChange Warning Event and restored; every failure the operator decides
+carries a ProfilingFailed Event, and the deployment's conditions count it.
 """
 
 from __future__ import annotations
@@ -101,8 +108,10 @@ async def reconcile_profiles(ctx: Context, spec: SpeculativeDeploymentSpec, name
     for need in needed:
         if need.name in states:
             continue
-        profile = await _current_profile(ctx, namespace, need, _as_left_here(ctx, namespace, profiles.get(need.name)),
-                                         reprofile, max_age, now, events)
+        stored = _as_left_here(ctx, namespace, profiles.get(need.name))
+        if stored is not None:
+            stored = await _owned(ctx, namespace, need, stored, events)
+        profile = await _current_profile(ctx, namespace, need, stored, reprofile, max_age, now, events)
         current[need.name] = profile
         phase = (profile.get("status") or {}).get("phase") or "Pending"
         job = _current_job(jobs.get(f"{namespace}/{names.bench_job_name(need.name)}"), profile)
@@ -120,6 +129,8 @@ async def reconcile_profiles(ctx: Context, spec: SpeculativeDeploymentSpec, name
                                         {"reason": reason, "message": f"result refused: {shown}; {RETRY_HINT}"},
                                         f"{reason}: {shown}")
         elif phase == "Succeeded":
+            if desired.verdict_of(profile) is None:
+                await _accept_result(ctx, namespace, need, profile, events)
             uid = (job or {}).get("metadata", {}).get("uid")
             if uid and uid not in ctx.counted_jobs:
                 ctx.counted_jobs[uid] = True
@@ -131,6 +142,43 @@ async def reconcile_profiles(ctx: Context, spec: SpeculativeDeploymentSpec, name
         for need in desired.jobs_allowed(queue, running.get(pool, 0), max_parallel):
             await _start_job(ctx, spec, namespace, sdep_name, view_pool, need, current[need.name])
     return states
+
+
+async def _owned(ctx: Context, namespace: str, need: desired.NeededProfile, profile: dict,
+                 events: list[Event]) -> dict:
+    """The profile as the operator reads it (desired.owned_view). A decision in status.phase that the operator
+    did not make is reported and restored; a status behind the operator's verdict is brought up to it."""
+    view = desired.owned_view(profile)
+    if view.written is None:
+        return view.profile
+    verdict = desired.verdict_of(profile)
+    if view.forged:
+        said = f"the operator's verdict is {verdict['phase']}" if verdict else "the operator has decided nothing yet"
+        events.append(Event("Warning", "UnsealedStatusChange",
+                            f"{need.name}: status.phase was set to {view.written} by someone other than the operator "
+                            f"({said}); ignored and restored. Only the operator decides a profile's phase; a "
+                            f"benchmark Job writes only its sealed result"))
+    if verdict is not None:
+        restored = {"phase": verdict["phase"], "reason": verdict["reason"], "message": verdict["message"]}
+    elif view.forged:
+        restored = {"phase": "Running" if view.phase == "Succeeded" else view.phase}
+    else:
+        return view.profile
+    await ctx.kube.patch("speculationprofiles", namespace, need.name, {"status": restored}, subresource="status")
+    return view.profile
+
+
+async def _accept_result(ctx: Context, namespace: str, need: desired.NeededProfile, profile: dict,
+                         events: list[Event]) -> None:
+    """Record the operator's verdict on a complete, sealed and plausible result: Succeeded."""
+    reason = "Measured"
+    message = "the benchmark Job's sealed result passed the operator's checks"
+    await ctx.kube.patch("speculationprofiles", namespace, need.name, {"metadata": {"annotations": {
+        desired.VERDICT_ANNOTATION: desired.verdict_annotation("Succeeded", reason, message)}}})
+    await ctx.kube.patch("speculationprofiles", namespace, need.name,
+                         {"status": {"phase": "Succeeded", "reason": reason, "message": message}},
+                         subresource="status")
+    events.append(Event("Normal", "Profiled", f"{need.key} on {need.sku} ({need.name}): result accepted"))
 
 
 async def _current_profile(ctx: Context, namespace: str, need: desired.NeededProfile, profile: dict | None,
@@ -177,6 +225,12 @@ async def _follow_job(ctx: Context, namespace: str, need: desired.NeededProfile,
         return await _fail_profile(ctx, namespace, need, profile, events, {"reason": "NoResult", "message": message},
                                    f"NoResult: {message}")
     failures = int((job.get("status") or {}).get("failed") or 0)
+    if phase == "Pending" and int((job.get("status") or {}).get("active") or 0) > 0 and not failures:
+        await ctx.kube.patch("speculationprofiles", namespace, need.name,
+                             {"status": {"phase": "Running", "reason": "Measuring",
+                                         "message": f"the benchmark Job {job['metadata']['name']} is running"}},
+                             subresource="status")
+        return "Running"
     if failures and (profile.get("status") or {}).get("attempts", 0) != failures:
         await ctx.kube.patch("speculationprofiles", namespace, need.name,
                              {"status": {"attempts": failures, "reason": "Retrying",
@@ -243,19 +297,26 @@ def _as_left_here(ctx: Context, namespace: str, profile: dict | None) -> dict | 
     if not version or left is None or version not in left[1]:
         return profile
     if left[0] == "Failed":
-        return {**profile, "status": {**(profile.get("status") or {}), "phase": "Failed"}}
+        status = profile.get("status") or {}
+        annotations = {**(meta.get("annotations") or {}), desired.VERDICT_ANNOTATION: desired.verdict_annotation(
+            "Failed", status.get("reason"), status.get("message"))}
+        return {**profile, "metadata": {**meta, "annotations": annotations}, "status": {**status, "phase": "Failed"}}
     return _restarted(profile)
 
 
 async def _fail_profile(ctx: Context, namespace: str, need: desired.NeededProfile, profile: dict,
                         events: list[Event], status: dict, event_message: str) -> str:
-    """Mark a profile Failed for good (with `status`'s reason and message), say so in a ProfilingFailed
-    Warning Event and count it; returns the new phase. Remembers the version it failed (_as_left_here)."""
+    """Mark a profile Failed for good (with `status`'s reason and message): the operator's verdict first (the
+    annotation), then the status that mirrors it; say so in a ProfilingFailed Warning Event and count it; returns
+    the new phase. Remembers the versions it wrote over (_as_left_here)."""
+    between = await ctx.kube.patch("speculationprofiles", namespace, need.name, {"metadata": {"annotations": {
+        desired.VERDICT_ANNOTATION: desired.verdict_annotation("Failed", status.get("reason"), status.get("message"))}}})
     await ctx.kube.patch("speculationprofiles", namespace, need.name, {"status": {"phase": "Failed", **status}},
                          subresource="status")
-    version = (profile.get("metadata") or {}).get("resourceVersion")
-    if version:
-        ctx.left_at[f"{namespace}/{need.name}"] = ("Failed", (version,))
+    versions = tuple(v for v in ((profile.get("metadata") or {}).get("resourceVersion"),
+                                 ((between or {}).get("metadata") or {}).get("resourceVersion")) if v)
+    if versions:
+        ctx.left_at[f"{namespace}/{need.name}"] = ("Failed", versions)
     events.append(Event("Warning", "ProfilingFailed", f"{need.key} on {need.sku}: {event_message}"))
     ctx.metrics.profiling_jobs.labels(namespace, "failed").inc()
     return "Failed"
@@ -279,9 +340,10 @@ async def _create_profile(ctx: Context, namespace: str, need: desired.NeededProf
 
 
 def _restarted(profile: dict) -> dict:
-    """How a profile looks right after `_restart_profile`: Pending, with no current Job."""
+    """How a profile looks right after `_restart_profile`: Pending, with no current Job and no verdict."""
     meta = dict(profile.get("metadata") or {})
-    meta["annotations"] = {**(meta.get("annotations") or {}), JOB_UID_ANNOTATION: ""}
+    meta["annotations"] = {k: v for k, v in {**(meta.get("annotations") or {}), JOB_UID_ANNOTATION: ""}.items()
+                           if k != desired.VERDICT_ANNOTATION}
     return {**profile, "metadata": meta, "status": {"phase": "Pending"}}
 
 
@@ -290,7 +352,8 @@ async def restart_profile(ctx: Context, namespace: str, name: str, profile: dict
     Remembers the versions it wrote over (_as_left_here): a reconciliation that still sees the profile as it
     was, or as the first patch left it, does not restart it again (deleting the Job just created)."""
     await ctx.kube.delete("jobs", namespace, names.bench_job_name(name))
-    annotations: dict[str, str | None] = {JOB_UID_ANNOTATION: None, seal.NONCE_ANNOTATION: None}
+    annotations: dict[str, str | None] = {JOB_UID_ANNOTATION: None, seal.NONCE_ANNOTATION: None,
+                                          desired.VERDICT_ANNOTATION: None}
     if reprofile:
         annotations[REPROFILE_ANNOTATION] = reprofile
     between = await ctx.kube.patch("speculationprofiles", namespace, name, {"metadata": {"annotations": annotations}})
