@@ -24,14 +24,22 @@ from specpilot.api.profile import SpeculationProfile
 from specpilot.api.validate import validate_custom_resource
 from specpilot.config import OperatorConfig
 from specpilot.controller.desired import profile_spec
-from specpilot.manifests.benchmark import BENCH_CONTAINER, benchmark_job
+from specpilot.manifests.benchmark import BENCH_CONTAINER, ENGINE_CONTAINER, benchmark_job
 from specpilot.policy.refine import initial_levels, spent_levels
+from specpilot_bench.engine import free_port
 
 pytestmark = pytest.mark.vllm
 
 RESOURCE = "specpilot.io/v1alpha1/speculationprofiles"
 NAMESPACE = "profiling"
 NAME = "cpu-baseline-test"
+
+
+def _replaced(args: list[str], flag: str, value: str) -> list[str]:
+    """`args` with `flag`'s value replaced (the pod's fixed loopback ports become free ones here)."""
+    out = list(args)
+    out[out.index(flag) + 1] = value
+    return out
 
 
 def kubeconfig(path: Path, server: str) -> Path:
@@ -82,22 +90,26 @@ async def test_sigterm_mid_sweep_publishes_a_partial_failed_profile(api, tiny_mo
     stored = json.loads(json.dumps(emulator.objects[RESOURCE, NAMESPACE, NAME].raw))
     assert validate_custom_resource(crds["SpeculationProfile"], stored) == []
     status = stored["status"]
-    assert status["phase"] == "Failed" and status["reason"] == "Interrupted"
-    assert status["jobName"] == "bench-job-1" and status["attempts"] == 1
+    # The bench publishes what it measured; the phase, reason and attempts are the operator's (it fails the
+    # profile from the Job's state), so the stored ones are untouched.
+    assert (status["phase"], status.get("reason"), status["attempts"]) == ("Pending", None, 1)
+    assert status["jobName"] == "bench-job-1"
     (run,) = status["runs"]
     measured = [p["concurrency"] for p in run["points"]]
     assert measured[:1] == [1] and len(measured) < 3
     assert status["engineStarts"] == 1 and status["kvCapacityTokens"] > 0
-    # The same partial result was printed and written.
-    assert json.loads(stdout)[0]["status"]["phase"] == "Failed"
+    # The same partial result was printed and written, saying why it stopped.
+    printed = json.loads(stdout)[0]["status"]
+    assert printed["phase"] == "Failed" and printed["reason"] == "Interrupted"
     assert json.loads(output.read_text())[0]["status"]["runs"][0]["points"] == run["points"]
 
 
 async def test_eagle3_profile_measured_by_the_operators_job(api, tiny_models, cpu_engine_args, engine_env, tmp_path,
                                                            crds):
     # An eagle3 candidate with the tiny EAGLE-3 head, profiled on a CPU pool as the operator profiles it: its
-    # SpeculationProfile spec, its benchmark Job, and that Job's bench command line run as it is (launch
-    # mode: one engine start at k=1, one at K), plus a kubeconfig and the local paths a pod would not need.
+    # SpeculationProfile spec, its benchmark Job, and that Job's two containers run as they are, each as its
+    # own process with its own environment: the engine container's supervisor (one engine start at k=1, one
+    # at K) and the bench, plus a kubeconfig, free loopback ports and the local paths a pod would not need.
     emulator, url = api
     spec = SpeculativeDeploymentSpec.model_validate({
         "model": {"id": str(tiny_models.target), "servedName": "tiny", "maxModelLen": 512,
@@ -119,20 +131,38 @@ async def test_eagle3_profile_measured_by_the_operators_job(api, tiny_models, cp
                         pool=spec.gpu_pools[0], bench_image=config.benchmark_image,
                         owner={"apiVersion": "specpilot.io/v1alpha1", "kind": "SpeculationProfile", "name": name,
                                "uid": "u1"})
-    (bench,) = [c for c in job["spec"]["template"]["spec"]["containers"] if c["name"] == BENCH_CONTAINER]
+    containers = {c["name"]: c for c in job["spec"]["template"]["spec"]["containers"]}
+    bench, engine = containers[BENCH_CONTAINER], containers[ENGINE_CONTAINER]
     logs = tmp_path / "logs"
-    command = [sys.executable, "-m", "specpilot_bench", *bench["args"],
-               "--kubeconfig", str(kubeconfig(tmp_path / "kubeconfig", url)), "--log-dir", str(logs),
-               "--output", str(tmp_path / "result.json"), "--no-calibration"]
-    proc = await asyncio.to_thread(subprocess.run, command, env=engine_env, capture_output=True, text=True,
-                                   timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    control, engine_port = free_port(), free_port()
+    supervisor_args, engine_command = engine["args"][:engine["args"].index("--")], \
+        engine["args"][engine["args"].index("--") + 1:]
+    assert engine["command"][0] == engine_command[0] == "python3"
+    supervisor_args = _replaced(_replaced(supervisor_args, "--listen", f"127.0.0.1:{control}"), "--log-dir", str(logs))
+    engine_command = [sys.executable, *_replaced(engine_command[1:], "--port", str(engine_port))]
+    supervisor = subprocess.Popen([sys.executable, "-m", "specpilot_bench", "engine-supervisor", *supervisor_args,
+                                   "--", *engine_command], env=engine_env, stdout=subprocess.DEVNULL,
+                                  stderr=(tmp_path / "supervisor.log").open("w"))
+    bench_args = _replaced(_replaced(bench["args"], "--supervisor-url", f"http://127.0.0.1:{control}"),
+                           "--engine-port", str(engine_port))
+    command = [sys.executable, "-m", "specpilot_bench", *bench_args,
+               "--kubeconfig", str(kubeconfig(tmp_path / "kubeconfig", url)),
+               "--output", str(tmp_path / "result.json")]
+    try:
+        proc = await asyncio.to_thread(subprocess.run, command, env=engine_env, capture_output=True, text=True,
+                                       timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:] + (tmp_path / "supervisor.log").read_text()[-3000:]
+        assert await asyncio.to_thread(supervisor.wait, 60) == 0
+    finally:
+        if supervisor.poll() is None:
+            supervisor.kill()
 
     stored = json.loads(json.dumps(emulator.objects[RESOURCE, NAMESPACE, name].raw))
     assert validate_custom_resource(crds["SpeculationProfile"], stored) == []
     assert stored["spec"]["method"]["method"] == "eagle3"
     status = stored["status"]
-    assert status["phase"] == "Succeeded" and status["engineStarts"] == 2
+    assert status["phase"] == "Pending" and status["engineStarts"] == 2  # the operator decides the phase
+    assert json.loads((tmp_path / "result.json").read_text())[0]["status"]["phase"] == "Succeeded"
     assert status["jobName"] == job["metadata"]["name"]
     runs = status["runs"]
     assert [r["numSpeculativeTokens"] for r in runs] == [1, 3]
@@ -171,7 +201,7 @@ async def test_a_refinement_round_appends_a_repeated_level_to_a_real_profile(api
                                     capture_output=True, text=True, timeout=400)
     assert first.returncode == 0, first.stderr[-3000:]
     before = json.loads(json.dumps(emulator.objects[RESOURCE, NAMESPACE, name].raw))["status"]
-    assert before["phase"] == "Succeeded"
+    assert before["phase"] == "Pending"  # the operator's to decide; the bench wrote its runs
     assert [p["concurrency"] for p in before["runs"][0]["points"]] == [1, 2]
 
     second = await asyncio.to_thread(
@@ -182,7 +212,7 @@ async def test_a_refinement_round_appends_a_repeated_level_to_a_real_profile(api
     assert validate_custom_resource(crds["SpeculationProfile"], stored) == []
     assert stored["spec"]["concurrencyLevels"] == [1, 2]  # the spec is the operator's: untouched
     status = stored["status"]
-    assert status["phase"] == "Succeeded" and status["engineStarts"] == 2 and status["jobName"] == "refine-1"
+    assert status["phase"] == "Pending" and status["engineStarts"] == 2 and status["jobName"] == "refine-1"
     (run,) = status["runs"]
     points = run["points"]
     assert [p["concurrency"] for p in points] == [1, 2, 2, 3, 2, 3]  # interleaved
