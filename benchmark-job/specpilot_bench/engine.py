@@ -45,9 +45,22 @@ SUPERVISOR_STOP_TIMEOUT_S = 60
 """The supervisor stops an engine within 30 s (SIGTERM, then SIGKILL)."""
 
 
+async def read_bounded(response: aiohttp.ClientResponse, limit: int) -> bytes:
+    """The body of an untrusted answer, at most `limit` + 1 bytes of it (more means: longer than `limit`)."""
+    chunks: list[bytes] = []
+    size = 0
+    while size <= limit:
+        chunk = await response.content.read(min(65536, limit + 1 - size))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
+
+
 async def bounded_json(response: aiohttp.ClientResponse, limit: int = MAX_CONTROL_BYTES) -> Any:
     """The JSON body of an untrusted answer, refused (ValueError) when it is longer than `limit` bytes."""
-    body = await response.content.read(limit + 1)
+    body = await read_bounded(response, limit)
     if len(body) > limit:
         raise ValueError(f"the answer from {response.url} is longer than {limit} bytes")
     return json.loads(body)

@@ -107,11 +107,21 @@ def server_deltas(before: MetricsSnapshot, after: MetricsSnapshot) -> ServerDelt
     )
 
 
+MAX_METRICS_BYTES = 16 * 2**20
+"""Largest /metrics body read (decompressed): vLLM's is tens of KiB. The engine runs code the tenant chose,
+so an endless or inflating body is cut here and refused."""
+
+
 async def scrape(session: aiohttp.ClientSession, base_url: str) -> MetricsSnapshot:
-    """GET {base_url}/metrics and parse it."""
+    """GET {base_url}/metrics and parse it (at most MAX_METRICS_BYTES, within 30 s)."""
     async with session.get(f"{base_url}/metrics", timeout=aiohttp.ClientTimeout(total=30)) as resp:
         resp.raise_for_status()
-        return parse_metrics(await resp.text())
+        from .engine import read_bounded
+
+        body = await read_bounded(resp, MAX_METRICS_BYTES)
+        if len(body) > MAX_METRICS_BYTES:
+            raise ValueError(f"{base_url}/metrics is longer than {MAX_METRICS_BYTES} bytes: not a vLLM engine's")
+        return parse_metrics(body.decode("utf-8", errors="replace"))
 
 
 @dataclass

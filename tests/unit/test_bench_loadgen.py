@@ -491,6 +491,35 @@ def test_the_cross_check_allows_streams_merged_by_a_slow_reader():
     assert "rose by 200" in counters_problem(4, result, lying, warmup_tokens=0)
 
 
+async def test_an_endless_metrics_body_is_cut_and_refused(monkeypatch):
+    """/metrics comes from the engine container: a body past the bound is refused, not read to the end."""
+    from specpilot_bench import metrics
+
+    monkeypatch.setattr(metrics, "MAX_METRICS_BYTES", 100_000)
+
+    async def endless(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse()
+        await response.prepare(request)
+        for _ in range(10_000):  # 1 GB if read to the end
+            await response.write(b"#" * 100_000 + b"\n")
+        return response
+
+    app = web.Application()
+    app.router.add_get("/metrics", endless)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        import aiohttp
+
+        async with aiohttp.ClientSession() as session:
+            with pytest.raises(ValueError, match="longer than 100000 bytes"):
+                await metrics.scrape(session, f"http://127.0.0.1:{runner.addresses[0][1]}")
+    finally:
+        await runner.cleanup()
+
+
 def main(argv: list[str] | None = None) -> None:
     """Serve the fake engine as `python -m test_bench_loadgen` with vLLM's server arguments."""
     parser = argparse.ArgumentParser()
