@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime, timedelta
 
 from specpilot.api.deployment import (
@@ -36,11 +37,13 @@ def status(name: str, base_ms: float, slope: float, tokens: float = 0.0, concurr
     return PoolStatus(name=name, sku=name.upper(), decision=decision, replicas=replicas,
                       capacity_concurrency_per_replica=128.0 if profiled else None,
                       observed=ObservedLoad(concurrency=concurrency, waiting=0.0,
+                                            requests_in_flight=concurrency * replicas,
                                             generation_tokens_per_second=tokens))
 
 
 def members(statuses: list[PoolStatus], prices=(1.8, 2.5, 3.5), gpus=(None, None, None), current=1):
-    return [FleetMember(spec=GpuPool(name=s.name, node_selector={"pool": s.name}), status=s, price_per_gpu_hour=p,
+    return [FleetMember(spec=GpuPool(name=s.name, node_selector={"pool": s.name}), status=s, previous=s,
+                        price_per_gpu_hour=p,
                         gpus_available=g, current_replicas=current, ready_replicas=current,
                         per_pool_replicas=current)
             for s, p, g in zip(statuses, prices, gpus, strict=True)]
@@ -53,7 +56,7 @@ def fleet(tokens_each: float, **kw):
 
 def test_demand_sums_the_pools_observations():
     demand = fleet_demand([status("a", 10, 0.01, 1000.0, 4.0, replicas=2), status("b", 10, 0.01, 500.0, 2.0)])
-    assert demand.tokens_per_second == 1500.0 and demand.requests_in_flight == 4.0 * 2 + 2.0
+    assert demand.tokens_per_second == 1500.0 and demand.requests_in_flight == 4.0 * 2 + 2.0  # summed over pods
     assert fleet_demand([PoolStatus(name="a")]) is None
 
 
@@ -93,9 +96,13 @@ def test_shares_move_with_demand_and_announce_it():
     first = place_fleet(spec(), members(low), None, T0)
     for s in low:
         write_plan(s, first.plan, external=False)
-    high = [s.model_copy(update={"observed": ObservedLoad(concurrency=60.0, generation_tokens_per_second=20_000.0)})
+    # The new statuses come from the pools' own planner (no fleet fields): what the fleet remembers is the old.
+    high = [PoolStatus(name=s.name, sku=s.sku, decision=s.decision, replicas=s.replicas,
+                       capacity_concurrency_per_replica=s.capacity_concurrency_per_replica,
+                       observed=ObservedLoad(requests_in_flight=60.0, generation_tokens_per_second=20_000.0))
             for s in low]
-    later = place_fleet(spec(), members(high), first.fleet, T0 + timedelta(seconds=30))
+    remembered = [dataclasses.replace(m, previous=old) for m, old in zip(members(high), low, strict=True)]
+    later = place_fleet(spec(), remembered, first.fleet, T0 + timedelta(seconds=30))
     assert sum(later.replicas.values()) > sum(first.replicas.values())
     assert [e for e in later.events if e[1] == "FleetSharesMoved"]
     assert later.fleet.shares_moved_at == T0 + timedelta(seconds=30)

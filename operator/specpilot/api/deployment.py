@@ -617,6 +617,8 @@ class ObservedLoad(StatusModel):
     """Mean waiting requests per replica."""
     generation_tokens_per_second: float | None = None
     """Output tokens per second over all replicas."""
+    requests_in_flight: float | None = None
+    """Running plus waiting requests summed over the replicas reporting (what the fleet placement counts)."""
     tpot_p95_ms: float | None = None
     """p95 time per output token."""
     acceptance_per_position: list[float] = Field(default_factory=list, max_length=64)

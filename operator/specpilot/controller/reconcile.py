@@ -335,13 +335,13 @@ def _place_fleet(ctx: Context, spec: SpeculativeDeploymentSpec,
     (internal autoscaling writes them; external publishes them in desiredReplicas)."""
     by_name = {(n.get("metadata") or {}).get("name"): n for n in nodes}
     members = []
-    for view, _, step in steps:
+    for view, previous, step in steps:
         current = step.current or {}
         replicas = (current.get("spec") or {}).get("replicas")
         ready = (current.get("status") or {}).get("readyReplicas") if step.current is not None else None
         serve = step.outcome.serve
         members.append(FleetMember(
-            spec=view.pool, status=step.pool, price_per_gpu_hour=_price(ctx, spec, view),
+            spec=view.pool, status=step.pool, previous=previous, price_per_gpu_hour=_price(ctx, spec, view),
             gpus_available=_allocatable_gpus(view, by_name), current_replicas=int(replicas) if replicas is not None
             else None, ready_replicas=int(ready or 0) if step.current is not None else None,
             per_pool_replicas=serve.replicas if serve is not None and serve.replicas is not None

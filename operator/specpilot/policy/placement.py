@@ -41,6 +41,9 @@ class FleetMember:
 
     spec: GpuPool
     status: PoolStatus
+    """The pool's status after its own planner (decision, capacity, observed load)."""
+    previous: PoolStatus | None
+    """The pool's status before this reconciliation: the fleet's share, target and window it remembers."""
     price_per_gpu_hour: float
     gpus_available: int | None
     """Allocatable GPUs on the pool's nodes (None: unknown)."""
@@ -62,7 +65,7 @@ class FleetOutcome:
 
 def fleet_demand(statuses: Sequence[PoolStatus]) -> FleetDemand | None:
     """The deployment's demand from its pools' last observations: output tokens/s summed, requests in flight
-    (running + waiting per replica x replicas) summed; None when no pool has been observed."""
+    (running + waiting over the pods reporting) summed; None when no pool has been observed."""
     tokens, in_flight, seen = 0.0, 0.0, False
     for pool in statuses:
         observed = pool.observed
@@ -71,8 +74,8 @@ def fleet_demand(statuses: Sequence[PoolStatus]) -> FleetDemand | None:
         if observed.generation_tokens_per_second is not None:
             tokens += max(observed.generation_tokens_per_second, 0.0)
             seen = True
-        if observed.concurrency is not None:
-            in_flight += (observed.concurrency + (observed.waiting or 0.0)) * max(pool.replicas, 1)
+        if observed.requests_in_flight is not None:
+            in_flight += max(observed.requests_in_flight, 0.0)
             seen = True
     return FleetDemand(tokens, in_flight) if seen else None
 
@@ -121,11 +124,12 @@ def place_fleet(spec: SpeculativeDeploymentSpec, members: Sequence[FleetMember],
             m.status.capacity_concurrency_per_replica, gpus_available=m.gpus_available,
             current_replicas=current, ready_replicas=m.ready_replicas,
             held_replicas=m.per_pool_replicas if m.per_pool_replicas is not None else current))
-        state_targets[m.spec.name] = ReplicaState(tuple((t.time, t.replicas) for t in m.status.fleet_targets))
-        if m.status.fleet_target_replicas is not None:
-            incumbent[m.spec.name] = m.status.fleet_target_replicas
-        if m.status.traffic_share is not None:
-            shares[m.spec.name] = m.status.traffic_share
+        before = m.previous or PoolStatus(name=m.spec.name)
+        state_targets[m.spec.name] = ReplicaState(tuple((t.time, t.replicas) for t in before.fleet_targets))
+        if before.fleet_target_replicas is not None:
+            incumbent[m.spec.name] = before.fleet_target_replicas
+        if before.traffic_share is not None:
+            shares[m.spec.name] = before.traffic_share
     settings = FleetSettings(
         routing=Routing.SERVICE, tpot_slo_ms=spec.policy.tpot_slo_ms, ttft_slo_ms=spec.policy.ttft_slo_ms,
         target_utilization_percent=spec.serving.target_utilization_percent,

@@ -296,6 +296,7 @@ def observed_load(observation: PoolObservation) -> ObservedLoad:
         concurrency=round(max(observation.running_per_replica, 0.0), 3),
         waiting=round(max(observation.waiting_per_replica, 0.0), 3),
         generation_tokens_per_second=_round(observation.generation_tokens_per_second),
+        requests_in_flight=round(max(observation.total_running + observation.total_waiting, 0.0), 3),
         tpot_p95_ms=_round(observation.tpot_p95_ms),
         acceptance_per_position=[round(p, 4) for p in observation.acceptance_per_position],
         mean_acceptance_length=_round(observation.mean_acceptance_length),
