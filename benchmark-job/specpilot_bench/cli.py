@@ -35,6 +35,7 @@ from specpilot.api.base import ConfigMapKeyRef
 from specpilot.api.deployment import MAX_CONCURRENCY_LEVEL, Workload
 from specpilot.api.methods import CandidateMethod
 from specpilot.api.profile import (
+    BenchFailure,
     Hardware,
     ProfilePhase,
     ProfileTarget,
@@ -496,6 +497,7 @@ class Profiler:
             if target.status.phase != ProfilePhase.SUCCEEDED.value:
                 target.status = target.status.model_copy(update={
                     "phase": ProfilePhase.FAILED, "reason": reason, "message": message[-8000:],
+                    "bench_failure": BenchFailure(reason=reason, message=message[-8000:]),
                     "completed_at": now(), "hardware": target.status.hardware or self.hardware})
 
 

@@ -201,6 +201,8 @@ def merged_status(current: dict[str, Any] | None, new: SpeculationProfileStatus,
         "kv_capacity_tokens": new.kv_capacity_tokens or old.kv_capacity_tokens,
         "engine_version": new.engine_version or old.engine_version,
         "validation": new.validation or old.validation,
+        # kept, not dropped: a merge patch leaves a stored field the publish omits, and the seal must cover it
+        "bench_failure": new.bench_failure or old.bench_failure,
         "max_concurrency_measured": max(filter(None, [old.max_concurrency_measured, new.max_concurrency_measured]),
                                         default=None),
     })

