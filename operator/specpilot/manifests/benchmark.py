@@ -316,6 +316,4 @@ def _refinement_args(args: list[str], job_name: str, levels: Sequence[int] | Non
         extra += ["--repeat", str(repeat)]
     if append:
         extra.append("--append")
-    # before the engine arguments, after what says what is measured
-    at = next((i for i, a in enumerate(out) if a.startswith("--engine-arg=")), len(out))
-    return out[:at] + extra + out[at:]
+    return out + extra
