@@ -163,7 +163,39 @@ def _curve(tpot_ms_at: Callable[[float], float] | None, max_num_seqs: int) -> tu
 
 
 def prepare(scenario: MixedScenario, trace: LoadTrace, config: FleetConfig, seed: int = 0) -> list[PreparedPool]:
-    """Profile and decide every pool as the operator would."""
+    """Profile and decide every pool as the operator would: first on the load the trace would give half its
+    replicas, then again on the per-replica concurrency the fleet placement gives it (the operator re-decides
+    a pool on the load it observes, and under fleet placement a pool runs near its capacity)."""
+    first = _prepare(scenario, trace, config, seed, {})
+    output_tokens = float(first[0].setup.lengths.mean_output_tokens)
+    timeline = place("specpilot", first, trace, output_tokens, config, scenario)
+    histograms = {}
+    for pool in first:
+        name = pool.spec.name
+        seen: dict[int, float] = {}
+        for i, replicas in enumerate(timeline.replicas[name]):
+            if replicas < 1 or timeline.shares[name][i] <= 0:
+                continue
+            tokens = float(trace.rate_rps(np.array([timeline.times_s[i]]))[0]) * output_tokens
+            per_replica = tokens * timeline.shares[name][i] / replicas
+            level = _concurrency_at(pool.sd_pool, per_replica, config.max_num_seqs)
+            seen[level] = seen.get(level, 0.0) + 1.0
+        if seen:
+            total = sum(seen.values())
+            histograms[name] = sorted((float(c), w / total) for c, w in seen.items())
+    return _prepare(scenario, trace, config, seed, histograms)
+
+
+def _concurrency_at(view: FleetPool, tokens_per_second: float, max_num_seqs: int) -> int:
+    """The per-replica concurrency at which the pool's curve delivers `tokens_per_second` (Little's law)."""
+    for point in view.curve:
+        if point.concurrency * 1000.0 / point.tpot_ms >= tokens_per_second:
+            return int(max(1, round(point.concurrency)))
+    return max_num_seqs
+
+
+def _prepare(scenario: MixedScenario, trace: LoadTrace, config: FleetConfig, seed: int,
+             histograms: dict[str, list[tuple[float, float]]]) -> list[PreparedPool]:
     candidates = tuple(Candidate.parse(text) for text in scenario.methods.split(","))
     prepared = []
     tp = scenario.tensor_parallel_size
@@ -176,7 +208,7 @@ def prepare(scenario: MixedScenario, trace: LoadTrace, config: FleetConfig, seed
         inputs = PlanningInputs(setup, candidates, replicas=max(1, hi // 2), min_replicas=1, max_replicas=hi,
                                 slo_tpot_ms=scenario.slo_tpot_ms, max_num_seqs=config.max_num_seqs,
                                 seed=seed + 17 * i)
-        planning = plan_pool(inputs, trace)
+        planning = plan_pool(inputs, trace, histograms.get(pool.name))
         chosen, base = planning.chosen, planning.row(planning.dynamic, None)
         if planning.dynamic.decision.method and chosen.schedule is not None:
             ks = tuple(chosen.schedule.k_by_batch_size) or (0,)

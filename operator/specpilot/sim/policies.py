@@ -201,8 +201,10 @@ def expected_concurrency_histogram(inputs: PlanningInputs, trace: LoadTrace,
     return sorted(histogram.items())
 
 
-def plan_pool(inputs: PlanningInputs, trace: LoadTrace) -> PoolPlanning:
-    """Profile every candidate synthetically and decide the pool as the operator would (dynamic and restart)."""
+def plan_pool(inputs: PlanningInputs, trace: LoadTrace,
+              histogram: list[tuple[float, float]] | None = None) -> PoolPlanning:
+    """Profile every candidate synthetically and decide the pool as the operator would (dynamic and restart),
+    on `histogram` (per-replica concurrency, weight) when given, else the trace's expected one."""
     profiles: dict[str, SpeculationProfile] = {}
     candidates = []
     baseline = None
@@ -213,7 +215,7 @@ def plan_pool(inputs: PlanningInputs, trace: LoadTrace) -> PoolPlanning:
         method = scenario.candidate()
         profiles[method.key] = profile
         candidates.append(method)
-    histogram = expected_concurrency_histogram(inputs, trace)
+    histogram = histogram or expected_concurrency_histogram(inputs, trace)
     price = inputs.setup.gpu_price_per_hour
     gpus = inputs.setup.tensor_parallel_size
 
