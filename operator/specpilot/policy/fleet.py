@@ -160,6 +160,10 @@ class FleetSettings:
     target_utilization_percent: float = 80.0
     min_gain_percent: float = 2.0
     """The previous plan stays unless the new one is cheaper by this much (and the previous still fits)."""
+    mix_change_percent: float = 10.0
+    """When the previous plan no longer fits, the fleet grows from it (keeps its replicas and adds the cheapest
+    that fit) unless a different mix is cheaper by this much: a rising load then adds replicas instead of
+    swapping one GPU type for another at every step."""
     scale_down_stabilization_seconds: float = 300.0
 
 
@@ -410,6 +414,14 @@ def _plan_service(planned: Sequence[_Planned], demand: float, fixed_replicas: in
     return best
 
 
+def _grow(planned: Sequence[_Planned], incumbent: Sequence[int], placed_demand: float, total: float,
+          held_count: int, routing: Routing) -> list[int] | None:
+    """The cheapest plan that keeps at least the incumbent's replicas (within today's bounds)."""
+    floor = [dataclasses.replace(p, lo=max(p.lo, min(n, p.hi))) for p, n in zip(planned, incumbent, strict=True)]
+    return (_plan_gateway(floor, placed_demand) if routing is Routing.GATEWAY
+            else _plan_service(floor, total, held_count))
+
+
 def even_split_replicas(planned_pools: Sequence[FleetPool], demand: FleetDemand, settings: FleetSettings
                         ) -> dict[str, int]:
     """Today's behaviour, for comparison: one Service (even per-pod split) and every pool scaled alone on the
@@ -473,6 +485,11 @@ def plan_fleet(pools: Sequence[FleetPool], demand: FleetDemand, settings: FleetS
         margin = 1 + max(settings.min_gain_percent, 0.0) / 100
         if fits and _cost(planned, incumbent) <= _cost(planned, optimum) * margin + 1e-9:
             optimum, kept = list(incumbent), True
+        elif not fits:
+            grown = _grow(planned, incumbent, placed_demand, total, held_count, settings.routing)
+            mix = 1 + max(settings.mix_change_percent, 0.0) / 100
+            if grown is not None and _cost(planned, grown) <= _cost(planned, optimum) * mix + 1e-9:
+                optimum = grown
 
     targets: dict[str, ReplicaState] = {}
     replicas: dict[str, int] = dict(held)
@@ -541,7 +558,7 @@ def _placement(pool: FleetPool, planned: Sequence[_Planned], replicas: Mapping[s
     ready = max(serving[pool.name], 1)
     load = share * total
     cost = cost_per_million_tokens(pool.price_per_gpu_hour, pool.gpus_per_replica, load / n) \
-        if n and load > 0 else None
+        if n and load / n > 0 else None
     entry = next((p for p in planned if p.pool.name == pool.name), None)
     pct = f"{share:.0%}"
     price = f"${cost:.3f}/Mtok" if cost is not None else "no load"
