@@ -1,6 +1,7 @@
 """Three GPU pools share one load: the real operator places replicas and traffic shares across them by cost per
-token (policy.fleet), and both move as demand moves. Each pool's pod serves vLLM-named metrics (the observer's
-exporter) on its own loopback address; the operator scrapes them directly (metrics.source: pods)."""
+token (policy.fleet), and both move as demand moves and as a GPU type joins. Each pool's pod serves vLLM-named
+metrics (the observer's exporter) on its own loopback address; the operator scrapes them directly
+(metrics.source: pods)."""
 
 from __future__ import annotations
 
@@ -39,73 +40,88 @@ def replicas(api) -> dict[str, int]:
     return {name: int((deployment(api, name) or {}).get("spec", {}).get("replicas") or 0) for name in POOLS}
 
 
-async def test_shares_and_replicas_follow_demand_across_three_gpu_types(sandbox, operator):
+async def test_shares_and_replicas_follow_demand_and_a_joining_gpu_type(sandbox, operator):
     stop = asyncio.Event()
     controller = asyncio.create_task(play_deployment_controller(sandbox, stop))
     states = {name: VllmMetricsState(model_name="llama") for name in POOLS}
     subnet = random.randint(1, 250)
     ips = {name: f"127.{subnet}.{i + 1}.{random.randint(2, 250)}" for i, name in enumerate(POOLS)}
     runners = []
+
+    async def serve(name: str, index: int) -> None:
+        runners.append((await start_exporter(states[name], host=ips[name], port=PORT))[0])
+        await sandbox.wait_for(lambda: deployment(sandbox, name), what=f"the {name} Deployment")
+        await create_serving_pod(sandbox, deployment(sandbox, name), f"llama-{name}-5c7d{index}-p{index}x2z",
+                                 ips[name])
+
+    def load(running: float, steps: float) -> None:
+        for state in states.values():
+            state.set_load(running=running, waiting=0)
+            state.set_rates(request_steps_per_second=steps, finished_requests_per_second=steps / 300)
+
     try:
-        for name, (product, _) in POOLS.items():
-            runners.append((await start_exporter(states[name], host=ips[name], port=PORT))[0])
-            await sandbox.create(node(f"gpu-{name}", product, name))
+        for name in ("a100", "h100"):  # the H200 node joins later
+            await sandbox.create(node(f"gpu-{name}", POOLS[name][0], name))
         await sandbox.create(sdep(
             methods=[{"method": "ngram", "numSpeculativeTokens": 4, "promptLookupMax": 4}],
-            # The A100s are the cheapest replicas, and only two may run: heavier load goes to the other types.
+            # The A100s are the cheapest replicas but only two may run, and one H100: more load needs the H200s.
             gpuPools=[{"name": "a100", "nodeSelector": {"pool": "a100"}, "minReplicas": 1, "maxReplicas": 2,
                        "pricePerGpuHour": 1.8},
-                      {"name": "h100", "nodeSelector": {"pool": "h100"}, "minReplicas": 0},
+                      {"name": "h100", "nodeSelector": {"pool": "h100"}, "minReplicas": 0, "maxReplicas": 1},
                       {"name": "h200", "nodeSelector": {"pool": "h200"}, "minReplicas": 0}],
             policy={"tpotSloMs": 40, "minGainPercent": 5},
             serving={"minReplicas": 0, "maxReplicas": 8, "port": PORT, "scaleDownStabilizationSeconds": 0},
             metrics={"source": "pods", "intervalSeconds": 5, "windowSeconds": 30}))
-        await sandbox.wait_for(lambda: len(sandbox.objects("speculationprofiles", NAMESPACE)) == 6,
-                               what="a baseline and an ngram profile per GPU type")
-        for _, sku in POOLS.values():
-            await publish_results(sandbox, sku)
+        await sandbox.wait_for(lambda: len(sandbox.objects("speculationprofiles", NAMESPACE)) == 4,
+                               what="a baseline and an ngram profile per GPU type present")
+        for name in ("a100", "h100"):
+            await publish_results(sandbox, POOLS[name][1])
         await sandbox.wait_for(lambda: all((pools(sandbox).get(n, {}).get("decision") or {}).get("source") == "profile"
-                                           for n in POOLS), timeout_s=60, what="a decision per pool")
-        await sandbox.wait_for(lambda: all(deployment(sandbox, n) for n in POOLS), what="a Deployment per pool")
-        for i, name in enumerate(POOLS):
-            await create_serving_pod(sandbox, deployment(sandbox, name), f"llama-{name}-5c7d{i}-p{i}x2z", ips[name])
+                                           for n in ("a100", "h100")), timeout_s=60, what="a decision per pool")
+        for i, name in enumerate(("a100", "h100")):
+            await serve(name, i)
 
-        # Light load: a few requests in flight per pod.
-        for state in states.values():
-            state.set_load(running=2, waiting=0)
-            state.set_rates(request_steps_per_second=40, finished_requests_per_second=0.2)
+        # Light load: a few requests in flight per pod; the kept A100 carries it.
+        load(running=2, steps=40)
         light = await sandbox.wait_for(lambda: (status(sandbox).get("fleet") or {}).get("costPerMtok") and
                                        status(sandbox)["fleet"], timeout_s=60, what="a fleet placement")
         assert light["routing"] == "service" and light["sloFeasible"] is True
         placed = pools(sandbox)
-        assert abs(sum(p["trafficShare"] for p in placed.values()) - 1.0) < 0.01
-        assert placed["a100"]["replicas"] >= 1  # minReplicas
-        assert all(p["fleetReason"].startswith(n) for n, p in placed.items())
+        assert placed["a100"]["replicas"] == 1 and placed["a100"]["trafficShare"] == 1.0
+        assert placed["h100"]["replicas"] == 0 and "h200" not in {n for n, p in placed.items() if p.get("sku")}
+        assert placed["a100"]["fleetReason"].startswith("a100 held at minReplicas (1)")
         assert status(sandbox)["costPerMtok"] == light["costPerMtok"]  # the $/Mtok printer column
         before = replicas(sandbox)
 
-        # Heavy load: many requests in flight on every pod; the fleet needs more replicas and the split moves.
-        for state in states.values():
-            state.set_load(running=120, waiting=0)
-            state.set_rates(request_steps_per_second=1500, finished_requests_per_second=5)
+        # Heavy load: the A100s and the H100 fill up, and still the demand exceeds them.
+        load(running=250, steps=3000)
         await sandbox.wait_for(lambda: sum(replicas(sandbox).values()) > sum(before.values()), timeout_s=90,
                                what="the fleet scaled up")
         moved = await sandbox.wait_for(lambda: events(sandbox, "FleetSharesMoved"), timeout_s=60,
                                        what="a FleetSharesMoved Event")
         assert "->" in moved[0]["message"]
-        heavy = pools(sandbox)
-        assert heavy["a100"]["replicas"] == 2 and heavy["a100"]["full"] is True
-        assert "full at maxReplicas (2)" in heavy["a100"]["fleetReason"]
-        assert heavy["h100"]["replicas"] + heavy["h200"]["replicas"] > 0
-        assert heavy["h100"]["trafficShare"] + heavy["h200"]["trafficShare"] > 0.3
+        full = await sandbox.wait_for(lambda: status(sandbox)["fleet"].get("sloFeasible") is False and pools(sandbox),
+                                      timeout_s=60, what="a fleet that cannot hold the demand")
+        assert full["a100"]["replicas"] == 2 and full["a100"]["full"] is True
+        assert "full at maxReplicas (2)" in full["a100"]["fleetReason"]
+        assert full["h100"]["replicas"] == 1 and full["h100"]["trafficShare"] > 0.3
+        assert all(p["loadTokensPerSecond"] is not None for n, p in full.items() if n != "h200")
+
+        # The H200 node joins: its pool is profiled, then placed, and takes a share of the load.
+        await sandbox.create(node("gpu-h200", POOLS["h200"][0], "h200"))
+        await sandbox.wait_for(lambda: len(sandbox.objects("speculationprofiles", NAMESPACE)) == 6,
+                               what="the H200's profiles")
+        await publish_results(sandbox, POOLS["h200"][1])
+        await serve("h200", 2)
+        joined = await sandbox.wait_for(
+            lambda: (pools(sandbox).get("h200", {}).get("trafficShare") or 0) > 0.1 and pools(sandbox),
+            timeout_s=90, what="the H200 pool taking a share")
+        assert joined["h200"]["replicas"] >= 1 and joined["h200"]["fleetReason"].startswith("h200 takes")
         assert status(sandbox)["fleet"]["sloFeasible"] is True
-        assert all(p["loadTokensPerSecond"] is not None for p in heavy.values())
         assert status(sandbox)["fleet"]["demandTokensPerSecond"] > light["demandTokensPerSecond"]
 
         # Load falls again: with no stabilisation window, the fleet scales back down.
-        for state in states.values():
-            state.set_load(running=1, waiting=0)
-            state.set_rates(request_steps_per_second=20, finished_requests_per_second=0.1)
+        load(running=1, steps=20)
         peak = sum(replicas(sandbox).values())
         await sandbox.wait_for(lambda: sum(replicas(sandbox).values()) < peak, timeout_s=90,
                                what="the fleet scaled down")
