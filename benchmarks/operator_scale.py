@@ -128,8 +128,8 @@ def parse_metrics(text: str) -> MetricsSnapshot:
             elif sample.name == "specpilot_reconcile_errors_total":
                 errors += sample.value
             elif sample.name == "specpilot_api_requests_total":
-                verb = sample.labels["verb"]
-                requests[verb] = requests.get(verb, 0.0) + sample.value
+                key = f"{sample.labels['verb']} {sample.labels['resource']}"
+                requests[key] = requests.get(key, 0.0) + sample.value
     return MetricsSnapshot(buckets, count, sum_s, errors, requests)
 
 
@@ -201,8 +201,20 @@ class Stage:
                 "operator_cpu_share": round(self.operator_cpu_s / self.wall_s, 3) if self.wall_s else None,
                 "sandbox_and_load_cpu_s": round(self.sandbox_cpu_s, 2),
                 "operator_cpu_ms_per_reconcile": round(1000 * self.operator_cpu_s / m.count, 1) if m.count else None,
-                "api_requests_per_reconcile": {verb: round(n / m.count, 2) for verb, n in sorted(m.requests.items())
-                                               if n} if m.count else {}}
+                "api_requests_per_reconcile": _per_verb(m.requests, m.count),
+                "api_requests_per_reconcile_by_resource": {key: round(n / m.count, 3) for key, n
+                                                           in sorted(m.requests.items()) if n} if m.count else {}}
+
+
+def _per_verb(requests: dict[str, float], reconciles: float) -> dict[str, float]:
+    """Requests per reconcile by verb, from counts keyed "verb resource"."""
+    if not reconciles:
+        return {}
+    verbs: dict[str, float] = {}
+    for key, n in requests.items():
+        verb = key.split(" ", 1)[0]
+        verbs[verb] = verbs.get(verb, 0.0) + n
+    return {verb: round(n / reconciles, 2) for verb, n in sorted(verbs.items()) if n}
 
 
 @dataclass
@@ -477,6 +489,10 @@ def print_report(result: dict) -> None:
         print(f"  {r['stage']}: API requests per reconcile "
               f"{', '.join(f'{verb} {n:g}' for verb, n in per.items()) or 'none'} (writes {writes:.2f}); "
               f"operator CPU {r.get('operator_cpu_ms_per_reconcile')} ms per reconcile")
+        written = {key: n for key, n in (r.get("api_requests_per_reconcile_by_resource") or {}).items()
+                   if not key.startswith(("get ", "list "))}
+        if written and r["stage"].startswith("steady"):
+            print(f"    writes by resource: {', '.join(f'{key} {n:g}' for key, n in written.items())}")
     print("reconcile quantiles come from the operator's histogram buckets "
           "(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30 s), interpolated within a bucket")
     c2p, p2s = client["created_to_phase"], client["published_to_serving"]

@@ -136,3 +136,22 @@ def test_nothing_is_placed_without_load_price_or_a_second_pool():
     write_plan(placed, place_fleet(spec(), members(fleet(100.0)), None, T0).plan, external=False)
     clear_plan(placed)
     assert placed.traffic_share is None and placed.fleet_targets == [] and placed.fleet_reason == ""
+
+
+def test_an_unchanged_placement_keeps_its_time_so_nothing_is_written():
+    statuses = fleet(100.0)
+    remembered = members(statuses)
+    previous, stamps = None, []
+    for step in range(4):
+        outcome = place_fleet(spec(), [dataclasses.replace(m, previous=m.status) for m in remembered], previous,
+                              T0 + timedelta(seconds=15 * step))
+        for pool in remembered:
+            write_plan(pool.status, outcome.plan, external=False)
+        if previous is not None and outcome.fleet.reason == previous.reason:
+            assert outcome.fleet == previous  # the same placement: the same status, so no write
+        previous = outcome.fleet
+        stamps.append(outcome.fleet.planned_at)
+    # the first plan, then the same plan kept as the incumbent (its reason says so once), then unchanged
+    assert stamps[-1] == stamps[-2] == stamps[1] and len(set(stamps)) == 2
+    moved = place_fleet(spec(), members(fleet(400.0)), previous, T0 + timedelta(seconds=90))
+    assert moved.fleet.planned_at == T0 + timedelta(seconds=90)

@@ -99,21 +99,22 @@ def _bounds(spec: SpeculativeDeploymentSpec, pool: GpuPool) -> tuple[int, int]:
 
 
 def place_fleet(spec: SpeculativeDeploymentSpec, members: Sequence[FleetMember], previous: FleetStatus | None,
-                now: datetime) -> FleetOutcome | None:
+                now: datetime, routing: Routing = Routing.SERVICE) -> FleetOutcome | None:
     """The fleet's placement, or None when the deployment has fewer than two pools with a GPU type or its
-    replicas are fixed (serving.autoscaling: none)."""
+    replicas are fixed (serving.autoscaling: none). `routing`: how the shares can be made real (gateway: the
+    operator's HTTPRoute applies any split; service: one Service, an even split per pod)."""
     members = [m for m in members if m.status.sku is not None]
     if len(members) < 2 or spec.serving.autoscaling == Autoscaling.NONE.value:
         return None
     unpriced = [m.spec.name for m in members if not m.price_per_gpu_hour > 0]
     if unpriced:
-        return FleetOutcome(FleetStatus(
+        return FleetOutcome(_stamped(FleetStatus(
             reason=f"no price for pool(s) {', '.join(unpriced)}: set spec.gpuPools[].pricePerGpuHour (or the "
-                   f"operator's gpuPricesPerHour); each pool scales on its own meanwhile", planned_at=now), {})
+                   f"operator's gpuPricesPerHour); each pool scales on its own meanwhile"), previous, now), {})
     demand = fleet_demand([m.status for m in members])
     if demand is None:
-        return FleetOutcome(FleetStatus(reason="waiting for load metrics: each pool scales on its own meanwhile",
-                                        planned_at=now), {})
+        return FleetOutcome(_stamped(FleetStatus(
+            reason="waiting for load metrics: each pool scales on its own meanwhile"), previous, now), {})
     gpus_per_replica = spec.model.tensor_parallel_size * spec.model.data_parallel_size
     pools, state_targets, incumbent, shares = [], {}, {}, {}
     for m in members:
@@ -131,7 +132,7 @@ def place_fleet(spec: SpeculativeDeploymentSpec, members: Sequence[FleetMember],
         if before.traffic_share is not None:
             shares[m.spec.name] = before.traffic_share
     settings = FleetSettings(
-        routing=Routing.SERVICE, tpot_slo_ms=spec.policy.tpot_slo_ms, ttft_slo_ms=spec.policy.ttft_slo_ms,
+        routing=routing, tpot_slo_ms=spec.policy.tpot_slo_ms, ttft_slo_ms=spec.policy.ttft_slo_ms,
         target_utilization_percent=spec.serving.target_utilization_percent,
         min_gain_percent=spec.policy.min_gain_percent,
         scale_down_stabilization_seconds=spec.serving.scale_down_stabilization_seconds)
@@ -149,8 +150,21 @@ def place_fleet(spec: SpeculativeDeploymentSpec, members: Sequence[FleetMember],
         events.append(("Normal", "FleetSharesMoved", f"{words}: {plan.reason}"))
     fleet = FleetStatus(routing=plan.routing.value, demand_tokens_per_second=round(plan.demand_tokens_per_second, 3),
                         cost_per_mtok=round(plan.cost_per_mtok, 4) if plan.cost_per_mtok is not None else None,
-                        slo_feasible=plan.slo_feasible, reason=plan.reason, planned_at=now, shares_moved_at=moved_at)
-    return FleetOutcome(fleet, {p.name: p.replicas for p in plan.pools}, events, plan)
+                        slo_feasible=plan.slo_feasible, reason=plan.reason, shares_moved_at=moved_at)
+    return FleetOutcome(_stamped(fleet, previous, now), {p.name: p.replicas for p in plan.pools}, events, plan)
+
+
+def _stamped(fleet: FleetStatus, previous: FleetStatus | None, now: datetime) -> FleetStatus:
+    """`fleet` with `plannedAt`: when the placement last changed. An unchanged placement keeps the previous time,
+    so a reconciliation that changes nothing writes no status (and sends no watch event to every watcher)."""
+    if previous is not None and previous.planned_at is not None and \
+            all(getattr(previous, name) == getattr(fleet, name) for name in _PLANNED_FIELDS):
+        return fleet.model_copy(update={"planned_at": previous.planned_at})
+    return fleet.model_copy(update={"planned_at": now})
+
+
+_PLANNED_FIELDS = ("routing", "demand_tokens_per_second", "cost_per_mtok", "slo_feasible", "reason", "shares_moved_at")
+"""The fields of FleetStatus that place_fleet decides (the rest is written by the operator around it)."""
 
 
 def write_plan(status: PoolStatus, plan: FleetPlan, external: bool) -> int:
