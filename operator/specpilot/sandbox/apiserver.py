@@ -1,21 +1,31 @@
 """An in-process Kubernetes API for tests and `specpilot demo`: kmock's KubernetesEmulator over HTTP,
-taught the few API-server behaviours the operator relies on.
+taught the API-server behaviours the operator relies on, and the refusals it must meet.
 
 kmock stores objects and serves list/watch/get/create/patch/delete with merge semantics. A real API
 server also stamps metadata (uid, creationTimestamp, generation, resourceVersion) and garbage-collects
-objects whose owners are gone; kopf and the operator read those, so this subclass adds them. It does not
-do RBAC, selectors, schema validation or conflict detection (the tests validate objects offline instead),
-but it can record every request it serves as an RBAC attribute (`SandboxApiServer.record_requests`), so a
-test can compare what a client really asked for with the rules a chart grants it.
+objects whose owners are gone; kopf and the operator read those, so this subclass adds them. A real API
+server also refuses what its schemas do not allow, so this one validates every write (create, replace,
+patch, the status subresource's included) as the object it would store: a custom resource against its
+CRD's openAPIV3Schema and CEL rules (`api.validate`, what `specpilot validate` runs), a built-in object
+against the Kubernetes OpenAPI schema of its kind (kubernetes-validate); an invalid one is refused with 422
+Invalid naming each field in `details.causes`, as the API server does (`SchemaValidator`). Errors an update
+leaves as they were are let through, as the API server's validation ratcheting does. Unknown fields are
+refused (a real server, by default, drops them with a warning: a writer relying on one would lose it).
+It does not do RBAC, selectors or conflict detection, but it can record every request it serves as an RBAC
+attribute (`SandboxApiServer.record_requests`), so a test can compare what a client really asked for with the
+rules a chart grants it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
 import dataclasses
 import datetime
+import functools
 import itertools
 import math
+import re
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -24,12 +34,17 @@ from typing import Any
 import aiohttp.web
 import attrs
 import jsonpatch
+import jsonschema
 import kmock
-from kmock._internal.k8s import KubernetesObjectConflictError
-from kmock._internal import parsing as _parsing
 import yaml
+from kmock._internal import parsing as _parsing
+from kmock._internal.dicts import patch_dict
+from kmock._internal.k8s import KubernetesObjectConflictError
+from referencing import Registry, Resource
 
+from ..api.base import cap
 from ..api.crd import all_crds
+from ..api.validate import validate_custom_resource
 from ..controller.kube import KIND_TO_PLURAL, resource_path
 
 _VERBS = {"get", "list", "watch", "create", "update", "patch", "delete"}
@@ -167,6 +182,115 @@ def _non_finite(request: kmock.Request) -> Fault | None:
                  message="the request body is not valid JSON: invalid character 'N' looking for beginning of value")
 
 
+UNVALIDATED_HEADER = "X-Sandbox-Unvalidated"
+"""A test's write carrying this header is stored without schema validation (`SandboxApiServer.create(...,
+validate=False)`): an object the API server stored before its CRD's rules were tightened."""
+KUBERNETES_VERSION = "1.34"
+"""The Kubernetes release whose OpenAPI schemas built-in objects are validated against (the oldest the project
+supports; the field types the operator writes are the same in later ones)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Cause:
+    """One field a write is refused for, as in a Status's `details.causes`."""
+
+    field: str
+    message: str
+
+
+class SchemaValidator:
+    """What the API server's schemas say about an object a write would store: custom resources of specpilot's
+    CRDs (schema, structure and CEL rules), and built-in kinds kubernetes-validate knows (others, such as a
+    PodMonitor whose CRD the sandbox does not have, pass)."""
+
+    def __init__(self) -> None:
+        self.crds = {(c["spec"]["group"], c["spec"]["names"]["plural"]): c for c in all_crds().values()}
+        self.unchanged: dict[tuple[tuple[str, str], str], dict] = {
+            (key, section): _without_section(crd, section) for key, crd in self.crds.items()
+            for section in ("spec", "status")}
+        """The CRDs with one top-level section left unchecked: what an update that leaves that section as it was
+        is judged by (ratcheting makes its errors moot, and it spares validating a spec on each status write)."""
+
+    def causes(self, group: str, plural: str, obj: dict, old: dict | None = None) -> list[Cause]:
+        """Why the API server would refuse to store `obj` (an update of `old`), one cause per field; errors `old`
+        already had are not counted (ratcheting)."""
+        found = self._causes(group, plural, obj, old)
+        if old is not None and found:
+            before = set(self._causes(group, plural, old, None))
+            found = [c for c in found if c not in before]
+        return found
+
+    def _causes(self, group: str, plural: str, obj: dict, old: dict | None) -> list[Cause]:
+        crd = self.crds.get((group, plural))
+        if crd is not None:
+            same = [s for s in ("spec", "status") if old is not None and s in obj and obj.get(s) == old.get(s)]
+            if len(same) == 2:
+                return []  # metadata only (finalizers, annotations): the schema says nothing about them
+            if same:
+                crd = self.unchanged[(group, plural), same[0]]
+            return [Cause(*_split_problem(p)) for p in validate_custom_resource(crd, obj, old)]
+        api_version, kind = obj.get("apiVersion"), obj.get("kind")
+        validator = _builtin_validator(api_version, kind) if isinstance(api_version, str) and isinstance(
+            kind, str) else None
+        if validator is None:
+            return []
+        causes = []
+        for error in sorted(validator.iter_errors(obj), key=lambda e: [str(p) for p in e.absolute_path]):
+            field = ""
+            for part in error.absolute_path:
+                field = f"{field}[{part}]" if isinstance(part, int) else f"{field}.{part}" if field else str(part)
+            causes.append(Cause(field or "<root>", cap(error.message, 300)))
+        return causes
+
+
+@functools.lru_cache(maxsize=64)
+def _builtin_validator(api_version: str, kind: str) -> Any:
+    """kubernetes-validate's strict schema of a built-in kind (None: it has none), loaded once: its
+    `validate()` reads the whole definitions file again on every call (tens of milliseconds a write)."""
+    from kubernetes_validate import utils
+
+    version = [v for v in utils.all_versions() if utils.major_minor(v) <= KUBERNETES_VERSION][-1]
+    group_version = re.sub(r"^([^./]*)(?:\.[^/]*)?/", r"\1-", api_version)
+    folder = f"kubernetes-json-schema/v{version}-local-strict"
+    try:
+        schema = utils.schema_contents(f"{folder}/{kind.lower()}-{group_version}.json", version)
+    except FileNotFoundError:
+        return None
+    definitions = utils.schema_contents(f"{folder}/_definitions.json", version)
+    registry = Resource.from_contents(definitions) @ (Resource.from_contents(schema) @ Registry())
+    return jsonschema.validators.Draft202012Validator(schema, registry=registry)
+
+
+def _without_section(crd: dict, section: str) -> dict:
+    """`crd` whose schema takes any object as `section` (spec or status)."""
+    crd = copy.deepcopy(crd)
+    schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    schema["properties"][section] = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+    return crd
+
+
+def _split_problem(problem: str) -> tuple[str, str]:
+    """`api.validate`'s "field: message" as (field, message)."""
+    field, sep, message = problem.partition(": ")
+    return (field, message) if sep else ("<root>", problem)
+
+
+def _invalid(request: kmock.Request, obj: dict, causes: list[Cause]) -> aiohttp.web.Response:
+    """The API server's 422 for an object its schemas refuse: a Status with reason Invalid, one cause per field."""
+    kind = obj.get("kind") or (request.resource.plural if request.resource else "")
+    group = request.resource.group if request.resource is not None else ""
+    name = (obj.get("metadata") or {}).get("name") or request.name or ""
+    message = f'{kind}{"." + group if group else ""} "{name}" is invalid: ' + ", ".join(
+        f"{c.field}: Invalid value: {c.message}" for c in causes[:20])
+    return aiohttp.web.json_response({
+        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": message,
+        "reason": "Invalid", "code": 422,
+        "details": {"name": name, "group": group, "kind": kind,
+                    "causes": [{"reason": "FieldValueInvalid", "message": f"Invalid value: {c.message}",
+                                "field": c.field} for c in causes]},
+    }, status=422)
+
+
 ANNOTATIONS_LIMIT = 256 * 1024
 """The API server's limit on the total size of an object's annotations (keys and values)."""
 
@@ -184,17 +308,20 @@ class SandboxEmulator(kmock.KubernetesEmulator):
     """Every request served since recording began (None: not recording)."""
     faults: list[Fault] = attrs.field(factory=list, init=False)
     """Writes to refuse (see `SandboxApiServer.refuse`)."""
+    schemas: SchemaValidator | None = attrs.field(factory=SchemaValidator, init=False)
+    """Validates every write as the API server would (None: store what comes, as kmock does)."""
 
     async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
         if self.recorded is not None:
             self.recorded.append(_record(request))
         fault = (next((f for f in self.faults if f.matches(request)), None) or self._annotations_too_long(request)
                  or _non_finite(request))
-        if fault is not None:
+        refusal = fault.response(request) if fault is not None else self._schema_refusal(request)
+        if refusal is not None:
             _forget(self._requests, request)
             for payload in self._payloads:
                 _forget(payload._requests, request)
-            return fault.response(request)
+            return refusal
         data = request.data if isinstance(request.data, dict) else None
         if request.resource is not None and data is not None:
             meta = data.setdefault("metadata", {}) if request.action == kmock.action.CREATE else data.get("metadata")
@@ -233,6 +360,37 @@ class SandboxEmulator(kmock.KubernetesEmulator):
                 request.action == kmock.action.UPDATE and self._was_deleted(request)):
             await self._collect_garbage()
         return response
+
+    def _schema_refusal(self, request: kmock.Request) -> aiohttp.web.Response | None:
+        """A 422 for a write whose result the API server's schemas refuse (see `SchemaValidator`): the body of a
+        create or replace, a patch applied to the stored object (a status patch too: the object is validated
+        whole, as the API server does, with what was already wrong left alone)."""
+        if self.schemas is None or request.resource is None or not isinstance(request.data, (dict, list)):
+            return None
+        if (request.headers or {}).get(UNVALIDATED_HEADER):
+            return None
+        verb = _verb(request)
+        if verb not in ("create", "update", "patch"):
+            return None
+        old = None
+        if verb != "create":
+            key = (request.resource, request.namespace, request.name)
+            if request.name is None or key not in self.objects or self.objects[key].deleted:
+                return None  # kmock answers 404
+            old = copy.deepcopy(self.objects[key].raw)
+        if verb == "patch":
+            try:
+                new = dict(patch_dict(copy.deepcopy(old), request.data))
+            except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException, TypeError):
+                return None  # kmock answers the broken patch itself
+        elif isinstance(request.data, dict):
+            new = copy.deepcopy(request.data)
+        else:
+            return None
+        if request.subresource == "status" and verb == "update" and old is not None:
+            new = {**old, "status": new.get("status")}  # PUT .../status replaces the status only
+        causes = self.schemas.causes(request.resource.group or "", request.resource.plural, new, old)
+        return _invalid(request, new, causes) if causes else None
 
     def _annotations_too_long(self, request: kmock.Request) -> Fault | None:
         """A write that would leave the object's annotations over the API server's 256 KiB limit is refused
@@ -400,21 +558,28 @@ class SandboxApiServer:
         }))
         return path
 
-    async def _request(self, method: str, path: str, body: dict | None = None) -> dict | None:
-        async with aiohttp.ClientSession() as session, session.request(method, self.url + path, json=body) as resp:
+    async def _request(self, method: str, path: str, body: dict | None = None,
+                       headers: dict[str, str] | None = None) -> dict | None:
+        async with aiohttp.ClientSession() as session, session.request(method, self.url + path, json=body,
+                                                                       headers=headers) as resp:
             if resp.status >= 400:
                 raise RuntimeError(f"{method} {path}: HTTP {resp.status}: {await resp.text()}")
             return await resp.json(content_type=None)
 
-    async def create(self, obj: dict) -> dict:
-        """Create an object, as `kubectl create -f` would."""
+    async def create(self, obj: dict, *, validate: bool = True) -> dict:
+        """Create an object, as `kubectl create -f` would. `validate=False` stores it even if the schemas refuse
+        it: an object stored before its CRD's rules were tightened (an upgrade), which the operator must still
+        answer with a condition."""
         plural = KIND_TO_PLURAL[obj["kind"]]
-        return await self._request("POST", resource_path(plural, obj["metadata"].get("namespace")), obj)
+        headers = None if validate else {UNVALIDATED_HEADER: "true"}
+        return await self._request("POST", resource_path(plural, obj["metadata"].get("namespace")), obj, headers)
 
     async def patch(self, plural: str, namespace: str | None, name: str, patch: dict,
-                    subresource: str | None = None) -> dict:
-        """Merge-patch an object (or its status), as `kubectl patch --type merge` would."""
-        return await self._request("PATCH", resource_path(plural, namespace, name, subresource), patch)
+                    subresource: str | None = None, *, validate: bool = True) -> dict:
+        """Merge-patch an object (or its status), as `kubectl patch --type merge` would (`validate=False`: as
+        `create`'s, what the schemas refuse is stored too)."""
+        headers = None if validate else {UNVALIDATED_HEADER: "true"}
+        return await self._request("PATCH", resource_path(plural, namespace, name, subresource), patch, headers)
 
     async def delete(self, plural: str, namespace: str | None, name: str) -> None:
         await self._request("DELETE", resource_path(plural, namespace, name))
