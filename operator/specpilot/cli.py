@@ -175,12 +175,16 @@ def _operator_refusals(doc: dict, config) -> tuple[list[str], list[str]]:
     accept: (what fails the resource: its tenancy bounds, Valid=False and nothing created; what it ignores: a
     Prometheus URL not on the admin's allow-list, MetricsAvailable=False while the rest runs)."""
     from .api.deployment import SpeculativeDeploymentSpec
+    from .api.gateway import gateway_problems
     from .api.tenancy import spec_problems
     from .observe.allowlist import refusal
 
     spec = SpeculativeDeploymentSpec.model_validate(doc.get("spec") or {})
+    # Without metadata.namespace the resource lands in kubectl's current namespace: "default" when none is set.
+    namespace = (doc.get("metadata") or {}).get("namespace") or "default"
     problems = [f"the operator would refuse it (Valid=False, InvalidSpec; nothing created): {p}"
-                for p in spec_problems(spec, config.tenancy, benchmark_image=config.benchmark_image)]
+                for p in spec_problems(spec, config.tenancy, benchmark_image=config.benchmark_image)
+                + gateway_problems(spec, namespace, config.allowed_gateway_parents)]
     warnings = []
     url = spec.metrics.prometheus_url
     if spec.metrics.source == "prometheus" and url:

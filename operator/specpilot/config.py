@@ -7,13 +7,14 @@ where Prometheus is, which benchmark image to run, what a GPU hour costs.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import yaml
 from pydantic import Field, ValidationError, model_validator
 
 from .api.base import ApiModel, format_validation_error
 from .api.deployment import DEFAULT_CONCURRENCY_LEVELS, DEFAULT_ENGINE_IMAGE, ConcurrencyLevel
+from .api.gateway import GATEWAY_PARENT_PATTERN
 from .api.tenancy import TenancyPolicy
 
 
@@ -69,6 +70,12 @@ class OperatorConfig(ApiModel):
     prefixes ending in `/*` (same scheme, host and port; the path continues below the prefix). Empty: a
     per-deployment URL is refused and the operator's prometheusUrl is used (the operator would otherwise GET
     any URL a tenant names, from its own network position)."""
+    allowed_gateway_parents: list[Annotated[str, Field(max_length=317, pattern=GATEWAY_PARENT_PATTERN)]] = Field(
+        default_factory=list, max_length=256)
+    """Gateways (Gateway API) outside a deployment's own namespace that its HTTPRoute (spec.serving.routing:
+    gateway) may attach to, as `namespace/name`, either part `*` for any (e.g. `gateway-system/public`,
+    `shared-gw/*`). A Gateway in the deployment's own namespace is always allowed; empty: only those. A
+    parentRef outside the list fails the resource (Valid=False) and nothing is created."""
     benchmark_image: str = "ghcr.io/specpilot/specpilot-bench:0.1.0"
     """Image of the benchmark Job (specpilot-bench on the vLLM image)."""
     default_engine_image: str = DEFAULT_ENGINE_IMAGE

@@ -420,12 +420,46 @@ class Autoscaling(str, Enum):
     NONE = "none"
 
 
+class RoutingMode(str, Enum):
+    SERVICE = "service"
+    GATEWAY = "gateway"
+
+
+GATEWAY_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+"""A Gateway API ObjectName / SectionName: a DNS-1123 subdomain."""
+
+
+class ParentRef(ApiModel):
+    """A Gateway the HTTPRoute attaches to (Gateway API ParentReference, kind Gateway). Only Gateways the
+    operator's config allows (allowedGatewayParents; by default those in the deployment's own namespace)."""
+
+    name: str = Field(min_length=1, max_length=253, pattern=GATEWAY_NAME_PATTERN)
+    """Name of the Gateway."""
+    namespace: str | None = Field(default=None, min_length=1, max_length=63,
+                                  pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    """Namespace of the Gateway; defaults to the deployment's own."""
+    section_name: str | None = Field(default=None, min_length=1, max_length=253, pattern=GATEWAY_NAME_PATTERN)
+    """Listener of the Gateway to attach to (its name); all listeners that allow the route when unset."""
+    port: int | None = Field(default=None, ge=1, le=65535)
+    """Port of the Gateway's listener to attach to; any when unset."""
+
+
+class GatewayRouting(ApiModel):
+    """Where the HTTPRoute of `routing: gateway` attaches."""
+
+    parent_refs: list[ParentRef] = Field(default_factory=list, max_length=32)
+    """Gateways the route attaches to (at least one with routing: gateway)."""
+
+
 class Serving(ApiModel):
     """Replicas and how they are exposed."""
 
     model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
         {"rule": "!has(self.minReplicas) || !has(self.maxReplicas) || self.minReplicas <= self.maxReplicas",
          "message": "minReplicas must be <= maxReplicas"},
+        {"rule": "!has(self.routing) || self.routing != 'gateway' || "
+                 "(has(self.gateway) && has(self.gateway.parentRefs) && size(self.gateway.parentRefs) > 0)",
+         "message": "routing: gateway needs gateway.parentRefs: name the Gateway the HTTPRoute attaches to"},
     ]})
 
     min_replicas: int = Field(default=1, ge=0)
@@ -443,6 +477,13 @@ class Serving(ApiModel):
     """Port of the OpenAI-compatible API."""
     service_monitor: bool = False
     """Create a Prometheus-operator PodMonitor for the serving pods."""
+    routing: RoutingMode = RoutingMode.SERVICE
+    """service: one Service over every pool's pods (an even split per pod; the fleet planner plans under it);
+    gateway: also one Service per pool and a Gateway API HTTPRoute (gateway.networking.k8s.io/v1) whose
+    backendRefs weights follow the fleet's planned shares (needs the Gateway API CRDs; without them it falls
+    back to service, condition RoutingReady=False)."""
+    gateway: GatewayRouting = Field(default_factory=GatewayRouting)
+    """The HTTPRoute's parentRefs for routing: gateway."""
     rollout: Rollout = Field(default_factory=Rollout)
     """How pods are replaced on a change of decision (maxSurge, maxUnavailable, progressDeadlineSeconds)."""
     pod_overrides: FreeFormObject | None = None
@@ -457,6 +498,8 @@ class Serving(ApiModel):
     def _bounds(self) -> Serving:
         if self.min_replicas > self.max_replicas:
             raise ValueError(f"minReplicas must be <= maxReplicas (got {self.min_replicas} > {self.max_replicas})")
+        if self.routing == RoutingMode.GATEWAY.value and not self.gateway.parent_refs:
+            raise ValueError("routing: gateway needs gateway.parentRefs: name the Gateway the HTTPRoute attaches to")
         return self
 
 
@@ -749,7 +792,10 @@ class FleetStatus(StatusModel):
     """Fleet placement of a deployment with two or more pools (policy.fleet)."""
 
     routing: str = Field(default="service", max_length=16)
-    """How traffic is split: service (one Service, an even split per pod: the planner plans under it)."""
+    """How traffic is split as planned: service (one Service, an even split per pod) or gateway (an HTTPRoute
+    whose weights are the shares)."""
+    http_route: str | None = Field(default=None, max_length=253)
+    """The HTTPRoute whose backendRefs weights carry the shares (routing: gateway in effect)."""
     demand_tokens_per_second: float | None = None
     """The deployment's observed demand in output tokens per second (served plus backlog)."""
     cost_per_mtok: float | None = None
@@ -762,6 +808,18 @@ class FleetStatus(StatusModel):
     """When the placement was computed."""
     shares_moved_at: datetime | None = None
     """When a pool's share last moved by two percentage points or more (a FleetSharesMoved Event)."""
+
+
+class RoutingStatus(StatusModel):
+    """How the deployment's traffic is routed now (spec.serving.routing, as it could be made real)."""
+
+    mode: str = Field(default="service", max_length=16)
+    """The routing in effect: service (the one Service) or gateway (the HTTPRoute); service when gateway was
+    asked for and the cluster lacks the Gateway API (condition RoutingReady=False)."""
+    http_route: str | None = Field(default=None, max_length=253)
+    """The HTTPRoute the operator applied (routing: gateway in effect)."""
+    weights: dict[str, int] = Field(default_factory=dict, max_length=64)
+    """The HTTPRoute's backendRefs weight per pool (out of 1000)."""
 
 
 class HistoryEntry(StatusModel):
@@ -787,7 +845,8 @@ class SpeculativeDeploymentStatus(StatusModel):
     observed_generation: int | None = None
     """The .metadata.generation last acted on."""
     conditions: list[Condition] = Field(default_factory=list, max_length=32)
-    """Valid, Profiled, Serving, RolledOut, MetricsAvailable, MetricsTruncated, NodesAvailable, and Reconciled (the
+    """Valid, Profiled, Serving, RolledOut, MetricsAvailable, MetricsTruncated, NodesAvailable, RoutingReady (with
+    serving.routing: gateway: the HTTPRoute applied, or why not and the fix), and Reconciled (the
     last reconciliation ran to its end and its status was written; False names the cause and the fix while the
     operator retries with back-off)."""
     pools: list[PoolStatus] = Field(default_factory=list, max_length=64)
@@ -803,6 +862,8 @@ class SpeculativeDeploymentStatus(StatusModel):
     decision, at its expected load."""
     fleet: FleetStatus | None = None
     """Fleet placement across the pools (two or more pools)."""
+    routing: RoutingStatus | None = None
+    """The routing in effect (spec.serving.routing), the HTTPRoute and its weights."""
     history: list[HistoryEntry] = Field(default_factory=list, max_length=64)
     """The last decision changes (bounded)."""
 
