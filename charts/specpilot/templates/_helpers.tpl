@@ -120,6 +120,11 @@ collection. */}}
 - apiGroups: ["monitoring.coreos.com"]
   resources: ["podmonitors"]
   verbs: ["create", "patch"]
+# serving.routing: gateway: the deployment's HTTPRoute (list tells whether the Gateway API is installed; delete
+# when a deployment goes back to routing: service).
+- apiGroups: ["gateway.networking.k8s.io"]
+  resources: ["httproutes"]
+  verbs: ["list", "create", "patch", "delete"]
 {{- if .Values.peering.enabled }}
 {{ include "specpilot.kopfPeeringRules" . }}
 {{- end }}

@@ -45,6 +45,7 @@ RESOURCES: dict[str, tuple[str, str, bool]] = {
     "rolebindings": ("rbac.authorization.k8s.io", "v1", True),
     "clusterroles": ("rbac.authorization.k8s.io", "v1", False),
     "podmonitors": ("monitoring.coreos.com", "v1", True),
+    "httproutes": ("gateway.networking.k8s.io", "v1", True),
     "customresourcedefinitions": ("apiextensions.k8s.io", "v1", False),
 }
 KIND_TO_PLURAL = {
@@ -52,7 +53,7 @@ KIND_TO_PLURAL = {
     "Deployment": "deployments", "ReplicaSet": "replicasets", "Job": "jobs", "Service": "services", "Pod": "pods",
     "ServiceAccount": "serviceaccounts", "Event": "events", "Node": "nodes", "Role": "roles",
     "RoleBinding": "rolebindings", "PodMonitor": "podmonitors", "Namespace": "namespaces",
-    "ClusterRole": "clusterroles",
+    "ClusterRole": "clusterroles", "HTTPRoute": "httproutes",
 }
 
 FIELD_MANAGER = "specpilot"

@@ -98,6 +98,16 @@ def service_name(sdep_name: str) -> str:
     return dns_label(sdep_name, letter_first=True)
 
 
+def pool_service_name(sdep_name: str, pool_name: str) -> str:
+    """Service over one pool's serving pods (routing: gateway): `<sdep>-<pool>` (a DNS-1035 label)."""
+    return dns_label(sdep_name, f"-{pool_name}", letter_first=True)
+
+
+def http_route_name(sdep_name: str) -> str:
+    """Gateway API HTTPRoute over the pools' Services (routing: gateway): `<sdep>`."""
+    return dns_label(sdep_name)
+
+
 def pod_monitor_name(sdep_name: str) -> str:
     """Prometheus-operator PodMonitor over the serving pods: `<sdep>`."""
     return dns_label(sdep_name)

@@ -1,5 +1,6 @@
 """The serving objects of a SpeculativeDeployment: one vLLM Deployment per GPU pool, one Service over
-all pools, and an optional Prometheus-operator PodMonitor.
+all pools, with `serving.routing: gateway` one Service per pool and a Gateway API HTTPRoute weighting them,
+and an optional Prometheus-operator PodMonitor.
 
 The engine's speculative configuration is in its args; their hash is a pod-template annotation, so a
 new decision rolls the pods (by default maxSurge 1, maxUnavailable 0: capacity never drops during a
@@ -166,6 +167,63 @@ def service(*, sdep_name: str, namespace: str, uid: str, spec: SpeculativeDeploy
             "type": "ClusterIP",
             "selector": names.service_selector(sdep_name),
             "ports": [{"name": "http", "port": spec.serving.port, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
+
+
+def pool_service(*, sdep_name: str, namespace: str, uid: str, spec: SpeculativeDeploymentSpec,
+                 pool_name: str) -> dict[str, Any]:
+    """ClusterIP Service over one pool's serving pods: the backend of that pool in the HTTPRoute (routing:
+    gateway). The deployment's one Service over every pool stays beside it."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": names.pool_service_name(sdep_name, pool_name),
+            "namespace": namespace,
+            "labels": {**names.deployment_labels(sdep_name), names.LABEL_POOL: names.label_value(pool_name)},
+            "ownerReferences": [sdep_owner(sdep_name, uid)],
+        },
+        "spec": {
+            "type": "ClusterIP",
+            "selector": names.serving_selector(sdep_name, pool_name),
+            "ports": [{"name": "http", "port": spec.serving.port, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
+
+
+def http_route(*, sdep_name: str, namespace: str, uid: str, spec: SpeculativeDeploymentSpec,
+               weights: dict[str, int]) -> dict[str, Any]:
+    """gateway.networking.k8s.io/v1 HTTPRoute in the deployment's namespace, attached to spec.serving.gateway's
+    parentRefs, sending every request to the pools' Services by `weights` (pool -> backendRefs weight, e.g.
+    `policy.fleet.route_weights` of the planned shares). Pools in `weights` order; a weight of 0 keeps the
+    pool listed and sends it nothing."""
+    if not weights:
+        raise ValueError("an HTTPRoute needs at least one pool to route to")
+    parents = []
+    for ref in spec.serving.gateway.parent_refs:
+        parent: dict[str, Any] = {"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": ref.name}
+        if ref.namespace is not None:
+            parent["namespace"] = ref.namespace
+        if ref.section_name is not None:
+            parent["sectionName"] = ref.section_name
+        if ref.port is not None:
+            parent["port"] = ref.port
+        parents.append(parent)
+    backends = [{"group": "", "kind": "Service", "name": names.pool_service_name(sdep_name, pool),
+                 "port": spec.serving.port, "weight": int(weight)} for pool, weight in weights.items()]
+    return {
+        "apiVersion": "gateway.networking.k8s.io/v1",
+        "kind": "HTTPRoute",
+        "metadata": {
+            "name": names.http_route_name(sdep_name),
+            "namespace": namespace,
+            "labels": names.deployment_labels(sdep_name),
+            "ownerReferences": [sdep_owner(sdep_name, uid)],
+        },
+        "spec": {
+            "parentRefs": parents,
+            "rules": [{"matches": [{"path": {"type": "PathPrefix", "value": "/"}}], "backendRefs": backends}],
         },
     }
 

@@ -1,0 +1,177 @@
+"""serving.routing: gateway: the API fields and their CRD bounds, the admin's allow-list of Gateways, the pure
+builders of the per-pool Services and the HTTPRoute, and the weights the operator gives the route."""
+
+from __future__ import annotations
+
+import copy
+
+import kubernetes_validate
+import yaml
+import pytest
+from pydantic import ValidationError
+
+from specpilot.api import SpeculativeDeploymentSpec
+from specpilot.api.deployment import PoolStatus
+from specpilot.api.gateway import MAX_BACKENDS, gateway_allowed, gateway_problems
+from specpilot.api.validate import validate_custom_resource
+from specpilot.config import OperatorConfig
+from specpilot.controller.reconcile import route_backends
+from specpilot.manifests import names
+from specpilot.manifests.serving import http_route, pool_service, service
+from tests.conftest import load_example
+
+NAMESPACE = "llm"
+UID = "0b0e5f3e-6c1a-4d55-9d43-2f7d3c1e9a01"
+
+
+def gateway_doc(parent_refs: list[dict] | None = None, routing: str = "gateway") -> dict:
+    doc = load_example("llama-70b-h100-h200.yaml")
+    doc["spec"].setdefault("serving", {})["routing"] = routing
+    if parent_refs is not None:
+        doc["spec"]["serving"]["gateway"] = {"parentRefs": parent_refs}
+    return doc
+
+
+def spec_of(doc: dict) -> SpeculativeDeploymentSpec:
+    return SpeculativeDeploymentSpec.model_validate(doc["spec"])
+
+
+def test_routing_defaults_to_service_and_gateway_takes_parent_refs(crds):
+    plain = load_example("llama-70b-h100-h200.yaml")
+    assert spec_of(plain).serving.routing == "service"
+    doc = gateway_doc([{"name": "inference", "namespace": "gateway-system", "sectionName": "https", "port": 443}])
+    assert validate_custom_resource(crds["SpeculativeDeployment"], doc) == []
+    ref = spec_of(doc).serving.gateway.parent_refs[0]
+    assert (ref.name, ref.namespace, ref.section_name, ref.port) == ("inference", "gateway-system", "https", 443)
+
+
+@pytest.mark.parametrize("refs, field", [
+    ([{"name": "Bad_Name"}], "name"),
+    ([{"name": "gw", "namespace": "x" * 64}], "namespace"),
+    ([{"name": "gw", "sectionName": "no spaces"}], "sectionName"),
+    ([{"name": "gw", "port": 0}], "port"),
+    ([{"name": "gw"}] * 33, "parentRefs"),
+    ([{"namespace": "gw"}], "name"),
+])
+def test_bad_parent_refs_are_refused_by_the_crd_and_the_models(crds, refs, field):
+    doc = gateway_doc(refs)
+    problems = validate_custom_resource(crds["SpeculativeDeployment"], doc)
+    assert problems and any(field in p for p in problems), problems
+    with pytest.raises(ValidationError):
+        spec_of(doc)
+
+
+def test_gateway_routing_without_parent_refs_is_refused_naming_the_fix(crds):
+    doc = gateway_doc()
+    problems = validate_custom_resource(crds["SpeculativeDeployment"], doc)
+    assert any("routing: gateway needs gateway.parentRefs" in p for p in problems), problems
+    with pytest.raises(ValidationError, match="gateway.parentRefs"):
+        spec_of(doc)
+    assert validate_custom_resource(crds["SpeculativeDeployment"], gateway_doc(routing="service")) == []
+
+
+def test_the_fields_are_explained_in_the_crd(crds):
+    serving = crds["SpeculativeDeployment"]["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"][
+        "spec"]["properties"]["serving"]["properties"]
+    assert "HTTPRoute" in serving["routing"]["description"]
+    ref = serving["gateway"]["properties"]["parentRefs"]["items"]
+    assert all(ref["properties"][f].get("description") for f in ("name", "namespace", "sectionName", "port"))
+    assert ref["properties"]["name"]["maxLength"] == 253
+
+
+def test_only_gateways_the_admin_allows_may_be_parents():
+    assert gateway_allowed("llm", "gw", "llm", [])  # the deployment's own namespace, always
+    assert not gateway_allowed("gateway-system", "public", "llm", [])
+    assert gateway_allowed("gateway-system", "public", "llm", ["gateway-system/public"])
+    assert gateway_allowed("gateway-system", "public", "llm", ["*/public"])
+    assert gateway_allowed("gateway-system", "other", "llm", ["gateway-system/*"])
+    assert not gateway_allowed("gateway-system", "other", "llm", ["gateway-system/public", "*/public"])
+    spec = spec_of(gateway_doc([{"name": "mine"}, {"name": "public", "namespace": "gateway-system"}]))
+    (problem,) = gateway_problems(spec, NAMESPACE, [])
+    assert problem.startswith("spec.serving.gateway.parentRefs[1] names Gateway gateway-system/public")
+    assert "allowedGatewayParents" in problem and "ask the cluster admin" in problem
+    assert gateway_problems(spec, NAMESPACE, ["gateway-system/public"]) == []
+    # A parentRef is judged whatever the mode, so switching to gateway never surprises.
+    spec = spec_of(gateway_doc([{"name": "public", "namespace": "gateway-system"}], routing="service"))
+    assert gateway_problems(spec, NAMESPACE, []) != []
+
+
+def test_the_allow_list_is_part_of_the_operator_config():
+    config = OperatorConfig.model_validate({"allowedGatewayParents": ["gateway-system/public", "*/shared"]})
+    assert config.allowed_gateway_parents == ["gateway-system/public", "*/shared"]
+    assert OperatorConfig().allowed_gateway_parents == []
+    for bad in ("public", "a/b/c", "Gateway-System/x", ""):
+        with pytest.raises(ValidationError):
+            OperatorConfig.model_validate({"allowedGatewayParents": [bad]})
+
+
+def test_every_pool_fits_one_route_rule():
+    assert SpeculativeDeploymentSpec.model_fields["gpu_pools"].metadata[-1].max_length <= MAX_BACKENDS
+
+
+def test_pool_services_select_one_pool_and_validate():
+    spec = spec_of(gateway_doc([{"name": "gw"}]))
+    svc = pool_service(sdep_name="llama-70b", namespace=NAMESPACE, uid=UID, spec=spec, pool_name="h100")
+    kubernetes_validate.validate(svc, "1.34", strict=True)
+    assert svc["metadata"]["name"] == names.pool_service_name("llama-70b", "h100") == "llama-70b-h100"
+    assert svc["spec"]["selector"] == names.serving_selector("llama-70b", "h100")
+    assert svc["metadata"]["ownerReferences"][0]["uid"] == UID
+    # The deployment's one Service stays: it selects every pool.
+    whole = service(sdep_name="llama-70b", namespace=NAMESPACE, uid=UID, spec=spec)
+    assert svc["metadata"]["name"] != whole["metadata"]["name"]
+    assert set(whole["spec"]["selector"].items()) < set(svc["spec"]["selector"].items())
+
+
+def test_http_route_weights_its_pool_services_and_attaches_to_the_parent_refs():
+    spec = spec_of(gateway_doc([{"name": "gw"}, {"name": "public", "namespace": "gateway-system",
+                                                 "sectionName": "https", "port": 443}]))
+    route = http_route(sdep_name="llama-70b", namespace=NAMESPACE, uid=UID, spec=spec,
+                       weights={"h100": 620, "h200": 380})
+    assert route["apiVersion"] == "gateway.networking.k8s.io/v1" and route["kind"] == "HTTPRoute"
+    assert route["metadata"]["namespace"] == NAMESPACE
+    assert route["metadata"]["ownerReferences"][0]["kind"] == "SpeculativeDeployment"
+    assert route["spec"]["parentRefs"] == [
+        {"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": "gw"},
+        {"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": "public", "namespace": "gateway-system",
+         "sectionName": "https", "port": 443}]
+    (rule,) = route["spec"]["rules"]
+    assert [(b["name"], b["weight"], b["port"]) for b in rule["backendRefs"]] == [
+        ("llama-70b-h100", 620, spec.serving.port), ("llama-70b-h200", 380, spec.serving.port)]
+    assert all(b["kind"] == "Service" and b["group"] == "" for b in rule["backendRefs"])
+    # Within the Gateway API's bounds: <= 32 parentRefs, <= 16 backendRefs, weights 0..1000000.
+    assert len(route["spec"]["parentRefs"]) <= 32 and len(rule["backendRefs"]) <= 16
+    with pytest.raises(ValueError):
+        http_route(sdep_name="llama-70b", namespace=NAMESPACE, uid=UID, spec=spec, weights={})
+    again = http_route(sdep_name="llama-70b", namespace=NAMESPACE, uid=UID, spec=copy.deepcopy(spec),
+                       weights={"h100": 620, "h200": 380})
+    assert again == route  # deterministic: a no-op apply is skipped
+
+
+def pool(name: str, share: float | None, replicas: int | None) -> PoolStatus:
+    return PoolStatus(name=name, traffic_share=share, **({} if replicas is None else {"replicas": replicas}))
+
+
+def test_route_weights_follow_the_planned_shares_else_an_even_split_per_replica():
+    served = {"a100", "h100"}  # the pools with a serving Deployment
+    pools = [pool("a100", 0.25, 1), pool("h100", 0.75, 1), pool("h200", None, None)]
+    assert route_backends(pools, True, served) == {"a100": 250, "h100": 750}
+    # Not planned under gateway routing (one pool, no load yet): as the one Service would split, per replica.
+    pools = [pool("a100", None, 1), pool("h100", None, 3)]
+    assert route_backends(pools, False, served) == {"a100": 250, "h100": 750}
+    # No replica anywhere: equal weights, never a route whose weights are all 0.
+    assert route_backends([pool("a100", 0.0, 0), pool("h100", 0.0, 0)], True, served) == {"a100": 500, "h100": 500}
+    assert route_backends([pool("h200", None, None)], True, served) == {}
+
+
+def test_specpilot_validate_applies_the_same_gateway_bound(capsys, tmp_path):
+    from specpilot.cli import main
+
+    doc = gateway_doc([{"name": "public", "namespace": "gateway-system"}])
+    path = tmp_path / "sdep.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    assert main(["validate", str(path)]) == 1
+    out = capsys.readouterr().out
+    assert "the operator would refuse it" in out and "parentRefs[0] names Gateway gateway-system/public" in out
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({"allowedGatewayParents": ["gateway-system/public"]}))
+    assert main(["validate", "--operator-config", str(config), str(path)]) == 0
