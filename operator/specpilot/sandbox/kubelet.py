@@ -146,7 +146,7 @@ class Kubelet:
         supervisor, command = args[:split], args[split + 1:]
         listen = _flag(supervisor, "--listen") or "127.0.0.1:8090"
         supervisor = _with_flag(_with_flag(supervisor, "--listen", f"{ip}:{listen.rpartition(':')[2]}"),
-                                "--log-dir", str(self.workdir / "engine-logs"))
+                                "--log-dir", str(self.workdir / "engine-logs" / job["metadata"]["name"]))
         # vLLM's server (`python3 -m vllm.entrypoints.openai.api_server`) becomes the simulated GPU
         module_at = command.index("-m") + 2 if "-m" in command else 1
         engine_args = _with_flag(command[module_at:], "--host", ip)
