@@ -1,9 +1,13 @@
 """serving.routing: gateway: the API fields and their CRD bounds, the admin's allow-list of Gateways, the pure
-builders of the per-pool Services and the HTTPRoute, and the weights the operator gives the route."""
+builders of the per-pool Services and the HTTPRoute, the weights the operator gives the route, and what the
+executor does when the API server refuses the route."""
 
 from __future__ import annotations
 
+import asyncio
 import copy
+from datetime import UTC, datetime
+from types import SimpleNamespace
 
 import kubernetes_validate
 import yaml
@@ -11,17 +15,19 @@ import pytest
 from pydantic import ValidationError
 
 from specpilot.api import SpeculativeDeploymentSpec
-from specpilot.api.deployment import PoolStatus
+from specpilot.api.deployment import PoolStatus, RoutingStatus, SpeculativeDeploymentStatus
 from specpilot.api.gateway import MAX_BACKENDS, gateway_allowed, gateway_problems
 from specpilot.api.validate import validate_custom_resource
 from specpilot.config import OperatorConfig
-from specpilot.controller.reconcile import route_backends
+from specpilot.controller.kube import Refused
+from specpilot.controller.reconcile import RouteReading, _reconcile_routing, route_backends
 from specpilot.manifests import names
 from specpilot.manifests.serving import http_route, pool_service, service
 from tests.conftest import load_example
 
 NAMESPACE = "llm"
 UID = "0b0e5f3e-6c1a-4d55-9d43-2f7d3c1e9a01"
+NOW = datetime(2026, 12, 1, tzinfo=UTC)
 
 
 def gateway_doc(parent_refs: list[dict] | None = None, routing: str = "gateway") -> dict:
@@ -175,3 +181,50 @@ def test_specpilot_validate_applies_the_same_gateway_bound(capsys, tmp_path):
     config = tmp_path / "config.yaml"
     config.write_text(yaml.safe_dump({"allowedGatewayParents": ["gateway-system/public"]}))
     assert main(["validate", "--operator-config", str(config), str(path)]) == 0
+
+
+class RefusingKube:
+    """An API server whose HTTPRoutes answer 403 (an operator whose ClusterRole lacks httproutes)."""
+
+    def __init__(self) -> None:
+        self.applied: list[str] = []
+
+    async def apply(self, obj, current=None):
+        if obj["kind"] == "HTTPRoute":
+            raise Refused(403, "PATCH", f"/apis/gateway.networking.k8s.io/v1/namespaces/{NAMESPACE}/httproutes/x",
+                          "forbidden")
+        self.applied.append(f"{obj['kind']}/{obj['metadata']['name']}")
+
+    async def delete(self, plural, namespace, name):
+        raise Refused(403, "DELETE", f"/apis/gateway.networking.k8s.io/v1/namespaces/{namespace}/{plural}/{name}",
+                      "forbidden")
+
+
+def run_routing(spec, old: SpeculativeDeploymentStatus, route: RouteReading):
+    kube = RefusingKube()
+    status = SpeculativeDeploymentStatus(pools=[pool("a100", 0.25, 1), pool("h100", 0.75, 1)])
+    events: list = []
+    body = {"metadata": {"namespace": NAMESPACE, "name": "llama", "uid": UID}}
+    asyncio.run(_reconcile_routing(SimpleNamespace(kube=kube), body, spec, status, old, route, {"a100", "h100"}, 1,
+                                   NOW, events))
+    return status, events, kube
+
+
+def test_a_refused_route_falls_back_to_the_one_service_with_one_event():
+    spec = spec_of(gateway_doc([{"name": "gw"}]))
+    status, events, kube = run_routing(spec, SpeculativeDeploymentStatus(), RouteReading(wanted=True, available=True))
+    assert kube.applied == ["Service/llama-a100", "Service/llama-h100"]
+    assert status.routing.mode == "service" and status.routing.http_route is None
+    (cond,) = [c for c in status.conditions if c.type == "RoutingReady"]
+    assert (cond.status, cond.reason) == ("False", "HttpRouteRefused") and "forbidden" in cond.message
+    assert [e.reason for e in events] == ["HttpRouteRefused"]
+    # Already said: no second Event.
+    _, again, _ = run_routing(spec, status, RouteReading(wanted=True, available=True))
+    assert again == []
+
+
+def test_a_route_that_cannot_be_deleted_is_kept_in_status_to_try_again():
+    spec = spec_of(gateway_doc(routing="service"))
+    old = SpeculativeDeploymentStatus(routing=RoutingStatus(mode="gateway", http_route="llama"))
+    status, events, _ = run_routing(spec, old, RouteReading(wanted=False))
+    assert status.routing.mode == "service" and status.routing.http_route == "llama" and events == []

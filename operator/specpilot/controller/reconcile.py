@@ -510,10 +510,15 @@ async def _reconcile_routing(ctx: Context, body: dict, spec: SpeculativeDeployme
     namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
     was_route = old.routing.http_route if old.routing is not None else None
     if not route.wanted:
-        if was_route:
-            await ctx.kube.delete("httproutes", namespace, was_route)
         status.routing = RoutingStatus(mode=RoutingMode.SERVICE.value)
         status.conditions = [c for c in status.conditions if c.type != "RoutingReady"]
+        if was_route:
+            try:
+                await ctx.kube.delete("httproutes", namespace, was_route)
+            except Refused as exc:
+                # Kept in status, so the next reconciliation tries again; the rest of the deployment runs.
+                log.warning("%s/%s: cannot delete HTTPRoute %s: %s", namespace, name, was_route, exc.detail)
+                status.routing.http_route = was_route
         return
     weighted = status.fleet is not None and status.fleet.routing == Routing.GATEWAY.value
     weights = route_backends(status.pools, weighted, served) if route.available else {}
