@@ -21,7 +21,7 @@ import sys
 import pytest
 
 from specpilot.api.schedule import ScheduleRange, k_at
-from specpilot.demo.report import summary_rows, write_reports
+from specpilot.demo.report import fleet_lines, summary_rows, write_reports
 from specpilot.demo.run import Demo, DemoError
 from specpilot.demo.scenario import METHODS, NAMESPACE, fast_scenario
 from specpilot.sandbox.fidelity import FIDELITY_BOUND_PERCENT
@@ -250,3 +250,23 @@ def test_the_cli_refuses_a_time_scale_it_cannot_run(value, capsys):
         parser.parse_args(["demo", "--time-scale", value])
     assert exc.value.code == 2
     assert "--time-scale: must be" in capsys.readouterr().err
+
+
+def test_the_fleet_placement_is_shown_per_phase(demo_run, tmp_path):
+    """Two pools share the demo's load: the operator places them (shares summing to 1, replicas within the
+    scenario's bounds) and the report says so per phase, with the fleet's $/Mtok."""
+    scenario, result, _ = demo_run
+    placed = [phase for phase in result.phases if phase.placement]
+    assert placed, "the fleet placement never reached the status"
+    bounds = scenario.deployment()["spec"]["serving"]
+    for phase in placed:
+        assert sum(p["share"] for p in phase.placement.values()) == pytest.approx(1.0, abs=0.01)
+        assert all(bounds["minReplicas"] <= p["replicas"] <= bounds["maxReplicas"]
+                   for p in phase.placement.values() if p["replicas"] is not None)
+        assert phase.fleet.get("costPerMtok")
+    lines = fleet_lines(result)
+    assert any(line.strip().startswith(placed[-1].phase.name) and "fleet $" in line for line in lines)
+    assert any(line.strip().startswith(f"{result.joined_pool} joined") for line in lines)
+    write_reports(result, scenario, summary_rows(result, scenario), tmp_path)
+    report = json.loads((tmp_path / "demo.json").read_text())
+    assert [f["phase"] for f in report["fleet"]] == [p.phase.name for p in placed]

@@ -55,7 +55,7 @@ def _run(args: argparse.Namespace, console, scenario, out: Path, workdir: Path) 
     from rich.live import Live
     from rich.table import Table
 
-    from .report import COST_BASIS, fidelity_lines, stage_durations, summary_rows, write_reports
+    from .report import COST_BASIS, fidelity_lines, fleet_lines, stage_durations, summary_rows, write_reports
     from .run import Demo, DemoError
     from .view import render
 
@@ -102,6 +102,8 @@ def _run(args: argparse.Namespace, console, scenario, out: Path, workdir: Path) 
     for pool in result.status.get("pools") or []:
         decision = pool.get("decision") or {}
         console.print(f"  {pool['name']} ({pool.get('sku') or 'no nodes'}): {decision.get('reason', 'no decision')}")
+    for line in fleet_lines(result):
+        console.print(line, highlight=False)
     console.print("Where the time went: " + "; ".join(f"{stage} {seconds:g} s"
                                                      for stage, seconds in stage_durations(result)))
     written = write_reports(result, scenario, rows, out)

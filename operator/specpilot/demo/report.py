@@ -141,6 +141,47 @@ def fidelity_lines(result: DemoResult) -> list[str]:
     return lines
 
 
+def _shares(shares: dict[str, float]) -> str:
+    return ", ".join(f"{pool} {share:.0%}" for pool, share in sorted(shares.items())) or "none yet"
+
+
+def _cost(value: float | None) -> str:
+    return "-" if value is None else f"${value:.3f}/Mtok"
+
+
+def fleet_lines(result: DemoResult) -> list[str]:
+    """The fleet placement in words: at the end of each phase, each pool's planned share of the traffic, the
+    replicas the fleet wants of it and its $/Mtok at the load it gets, and the fleet's $/Mtok; then the new GPU
+    type's join, before and after. Under the demo's `service` routing and external autoscaling the shares are
+    what the operator plans and publishes (desiredReplicas per pool), not what the one Service's even split
+    serves."""
+    placed = [phase for phase in result.phases if phase.placement]
+    if not placed:
+        return []
+    lines = ["Fleet placement at the end of each phase (the operator's plan: share of traffic, replicas, $/Mtok "
+             "at the load each pool gets; published as each pool's desiredReplicas):"]
+    for phase in placed:
+        pools = "; ".join(
+            f"{pool} {p['share']:.0%} ({p['replicas']} replica{'s' if p['replicas'] != 1 else ''}, "
+            f"{_cost(p['cost_per_mtok'])}{', full' if p['full'] else ''})"
+            for pool, p in sorted(phase.placement.items()))
+        lines.append(f"  {phase.phase.name}: {pools}; fleet {_cost(phase.fleet.get('costPerMtok'))}")
+    if result.joined_pool and result.joined_at_s is not None:
+        before = [s for s in result.timeline if s.at_s < result.joined_at_s and s.share]
+        after = [s for s in result.timeline if s.at_s >= result.joined_at_s and result.joined_pool in s.share]
+        head = f"  {result.joined_pool} joined at {result.joined_at_s:.0f} s: "
+        if before:
+            head += f"before, {_shares(before[-1].share)}, fleet {_cost(before[-1].fleet_cost)}; "
+        if after:
+            first, last = after[0], after[-1]
+            head += (f"placed {first.at_s - result.joined_at_s:.0f} s after joining; at the end "
+                     f"{_shares(last.share)}, fleet {_cost(last.fleet_cost)}")
+        else:
+            head += f"not placed by the end of the run ({result.joined_pool} was still being profiled or had no load)"
+        lines.append(head)
+    return lines
+
+
 def stage_durations(result: DemoResult) -> list[tuple[str, float]]:
     """(stage, wall seconds it lasted), in order: where the demo's wall time went."""
     ends = [t for _, t in result.stages[1:]] + [result.wall_s]
@@ -164,6 +205,9 @@ def write_reports(result: DemoResult, scenario: DemoScenario, rows: list[Row], o
         "fidelity": {"bound_percent": FIDELITY_BOUND_PERCENT, "valid": result.faithful,
                      "pools": {pool: asdict(f) for pool, f in result.fidelity.items()}},
         "rows": [asdict(r) for r in rows],
+        "fleet": [{"phase": phase.phase.name, "pools": phase.placement,
+                   "fleet_cost_per_mtok": phase.fleet.get("costPerMtok"), "reason": phase.fleet.get("reason")}
+                  for phase in result.phases if phase.placement],
     }
     path = out / "demo.json"
     path.write_text(json.dumps(report, indent=2, default=str))
@@ -181,6 +225,8 @@ def write_reports(result: DemoResult, scenario: DemoScenario, rows: list[Row], o
                      f"{r.ms_per_token_always_sd:.1f} | {r.cost_specpilot:.3f} | {r.cost_no_sd:.3f} | "
                      f"{r.cost_always_sd:.3f} |")
     lines += ["", COST_BASIS]
+    if fleet_lines(result):
+        lines += ["", *fleet_lines(result)]
     path = out / "demo.md"
     path.write_text("\n".join(lines) + "\n")
     written.append(path)
@@ -202,8 +248,10 @@ def _plots(result: DemoResult, rows: list[Row], out: Path) -> list[Path]:
     if result.timeline:
         times = [s.at_s for s in result.timeline]
         pools = sorted({p for s in result.timeline for p in (*s.ms_per_token, *s.k)})
-        fig, (ax_load, ax_k) = plt.subplots(2, 1, figsize=(10, 6.5), sharex=True,
-                                            gridspec_kw={"height_ratios": [3, 2]})
+        shares = any(s.share for s in result.timeline)
+        fig, axes = plt.subplots(3 if shares else 2, 1, figsize=(10, 9 if shares else 6.5), sharex=True,
+                                 gridspec_kw={"height_ratios": [3, 2, 2] if shares else [3, 2]})
+        ax_load, ax_k = axes[0], axes[1]
         # Each sample closes the second before it: the load shown over (t - 1, t] is the one sampled at t.
         ax_load.fill_between(times, [s.in_flight for s in result.timeline], step="pre", alpha=0.2, color="grey",
                              label="requests in flight (left axis)")
@@ -232,6 +280,30 @@ def _plots(result: DemoResult, rows: list[Row], out: Path) -> list[Path]:
                        fontsize=10)
         ax_k.yaxis.get_major_locator().set_params(integer=True)
         ax_k.legend(loc="upper left", fontsize=8)
+        if shares:
+            ax_share = axes[2]
+            share_pools = sorted({p for s in result.timeline for p in s.share})
+            for pool in share_pools:
+                points = [(s.at_s, 100 * s.share.get(pool, 0.0)) for s in result.timeline if s.share]
+                ax_share.step([t for t, _ in points], [v for _, v in points], where="pre",
+                              color=colours.get(pool, "black"), label=f"{pool}: planned share")
+            ax_fleet = ax_share.twinx()
+            costs = [(s.at_s, s.fleet_cost) for s in result.timeline if s.fleet_cost is not None]
+            if costs:
+                ax_fleet.plot([t for t, _ in costs], [c for _, c in costs], color="black", linestyle="--",
+                              linewidth=1, label="fleet $/Mtok (right axis)")
+                ax_fleet.set_ylabel("fleet $/Mtok")
+                ax_fleet.set_ylim(bottom=0)
+            if result.joined_at_s is not None:
+                ax_share.axvline(result.joined_at_s, color="black", linestyle=":", linewidth=1)
+            ax_share.set_ylim(0, 105)
+            ax_share.set_ylabel("% of traffic")
+            ax_share.set_title("Fleet placement: each pool's planned share of the traffic, and the fleet's $/Mtok",
+                               fontsize=10)
+            handles = [h for ax in (ax_share, ax_fleet) for h in ax.get_legend_handles_labels()[0]]
+            ax_share.legend(handles, [h.get_label() for h in handles], loc="upper left", fontsize=8)
+            ax_k.set_xlabel("")
+            ax_share.set_xlabel("seconds since the load began")
         fig.tight_layout()
         path = out / "demo-timeline.png"
         fig.savefig(path, dpi=110)

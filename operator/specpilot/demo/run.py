@@ -62,6 +62,11 @@ class PhaseResult:
     pools: dict[str, PoolPhase] = field(default_factory=dict)
     decisions: dict[str, dict] = field(default_factory=dict)
     """Pool -> the decision in force at the end of the phase (status.pools[].decision)."""
+    placement: dict[str, dict] = field(default_factory=dict)
+    """Pool -> the fleet placement at the end of the phase: planned traffic share, replicas the fleet wants,
+    the pool's $/Mtok at the load it gets, whether its GPUs are all taken (`placement_of`)."""
+    fleet: dict = field(default_factory=dict)
+    """status.fleet at the end of the phase: the fleet's $/Mtok, demand and the placement in words."""
 
 
 @dataclass(frozen=True)
@@ -75,6 +80,23 @@ class TimelineSample:
     k: dict[str, int]
     """Pool -> K its engines run at their current batch (the decided schedule at the requests in flight per
     ready pod; 0 = speculation off)."""
+    share: dict[str, float] = field(default_factory=dict)
+    """Pool -> the traffic share the fleet placement plans for it (status.pools[].trafficShare)."""
+    fleet_cost: float | None = None
+    """The fleet's planned $/Mtok (status.fleet.costPerMtok)."""
+
+
+def placement_of(status: dict) -> dict[str, dict]:
+    """Pool -> its part of the fleet placement in a deployment's status (pools the placement has not reached
+    yet are left out)."""
+    placed = {}
+    for pool in status.get("pools") or []:
+        if pool.get("trafficShare") is None:
+            continue
+        placed[pool["name"]] = {"share": pool["trafficShare"], "replicas": pool.get("fleetTargetReplicas"),
+                                "cost_per_mtok": pool.get("costPerMtok"), "full": bool(pool.get("full")),
+                                "sku": pool.get("sku")}
+    return placed
 
 
 @dataclass
@@ -384,8 +406,12 @@ class Demo:
             ms = {}
             for pool in {s.pool for s in self.driver.recent(5)}:
                 ms[pool] = statistics.median(s.ms_per_token for s in self.driver.recent(5, pool))
-            result.timeline.append(TimelineSample(time.monotonic() - trace_start, self.driver.concurrency, ms,
-                                                  self._k_in_force()))
+            status = self.status()
+            placement = placement_of(status)
+            result.timeline.append(TimelineSample(
+                time.monotonic() - trace_start, self.driver.concurrency, ms, self._k_in_force(),
+                share={pool: p["share"] for pool, p in placement.items() if p.get("share") is not None},
+                fleet_cost=(status.get("fleet") or {}).get("costPerMtok")))
 
     def _k_in_force(self) -> dict[str, int]:
         """Pool -> K at the current batch of its pods, from the decision in force (see TimelineSample.k)."""
@@ -435,8 +461,10 @@ class Demo:
 
     def _phase_result(self, phase: Phase, started: float, ended: float, before: dict, after: dict,
                       revisions_before: dict, revisions_after: dict) -> PhaseResult:
+        status = self.status()
         result = PhaseResult(phase, started - self.started, ended - self.started,
-                             decisions={p["name"]: p.get("decision") or {} for p in self.status().get("pools") or []})
+                             decisions={p["name"]: p.get("decision") or {} for p in status.get("pools") or []},
+                             placement=placement_of(status), fleet=dict(status.get("fleet") or {}))
         samples = [s for s in self.driver.samples if started <= s.finished_at <= ended]
         pools = sorted({pool for pool, _, _ in after.values()} | {s.pool for s in samples})
         for pool in pools:
