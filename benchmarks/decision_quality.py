@@ -40,6 +40,17 @@ many plain-engine misses the minimum gain forgoes by design. The other settings 
 powers of two to 128, 19 denser levels; minimum gain 1, 2 and 5%) are summarised in both readings.
 `specpilot plan` on 20 profiles is timed at the end (target < 1 s).
 
+The method choice with no load known (issue 29): `decide_pool` without a histogram, on each scenario's first
+sweep and again after the refinement round it asks for (measured from the twin with fresh noise), noise-free
+and at the noise, on the twin's scenarios and on weaker drafters (UNKNOWN_LOAD_SCALES: acceptance x 0.6, 0.4,
+0.3 on ShareGPT). Scored on the truth averaged over the first sweep's levels (each alike): what was deployed
+over the plain engine, against the better of deploying the planned schedule and not. Reported: cheap methods
+that gain >= 5% at some level and cost nothing where their schedule is off (the case class) dropped by the
+deploy test (target 0), wrong choices and their loss for the rest, and the flips between a method and no
+speculation in refinement, with whether the gain where the schedule speculates moved by more than its standard
+error. Its figures depend only on decide_pool, so running this script with PYTHONPATH pointed at an older
+checkout's operator/ gives that code's figures (`--unknown-load-only`, about 2 min).
+
 Refinement (issue 14): after the first sweep, the planner's refinement requests (policy.refine: each
 uncertain change of k measured at its batch size, repeated) are measured the way a refinement Job measures
 them - each requested level drawn from the twin with fresh noise and appended to its run - and the schedule is planned
@@ -60,7 +71,9 @@ policy default's figures are printed next to them.
 
 Run: python benchmarks/decision_quality.py [--noise 0.05] [--seeds 12] [--min-gain 2] [--levels 1,2,...]
      [--no-alternatives] [--refine-rounds 8] [--refine-budget 2.0] [--no-refine] [--restated-min-gain 0]
-     (about 6 min; about 3 min without the alternatives; under 1.5 min without them and refinement)
+     [--no-unknown-load | --unknown-load-only]
+     (about 8 min; about 5 min without the alternatives; about 3.5 min without them and refinement; the
+     unknown-load check alone about 2 min)
 """
 
 from __future__ import annotations
@@ -452,6 +465,233 @@ def decisions_summary(truths: dict[Scenario, TrueCurves], noise: float, seeds: i
     return text, missed > 0
 
 
+# --- issue 29: deploying a method with no load known -------------------------------------------------------
+
+UNKNOWN_LOAD_SCALES = (0.6, 0.4, 0.3)
+"""Acceptance scales of the weak-drafter scenarios added to the twin's for the unknown-load check: every
+position's acceptance times the scale (for n-gram: matches found that much less often), on ShareGPT. They
+make the case class of issue 29: a method with a large gain at low load and none at high load."""
+CHEAP_GAIN = 0.05
+"""A method 'gains' when its best k beats the plain engine by at least this at some first-sweep level ..."""
+CHEAP_COST = 0.005
+"""... and costs nothing when scheduled off when k=0 on its engine is within this of the plain engine at
+every first-sweep level (issue 29's target: no such method is dropped)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ScaledScenario(Scenario):
+    """A twin scenario whose acceptance is `acceptance_scale` times the workload's (a weaker drafter)."""
+
+    acceptance_scale: float = 1.0
+
+    def twin(self, speculative: bool = True):
+        if not speculative or self.acceptance_scale == 1.0:
+            return super().twin(speculative)
+        from specpilot.api.methods import method_family
+        from specpilot.perf import DEFAULT_CATALOG, Twin, resolve_model
+        from specpilot.perf.acceptance import AcceptanceProfile, acceptance_profile
+
+        family = method_family(self.method)
+        prior = acceptance_profile(family, self.workload, Twin.MAX_K)
+        weaker = AcceptanceProfile(tuple(p * self.acceptance_scale for p in prior.per_position),
+                                   prior.drafts_per_step)
+        return Twin(DEFAULT_CATALOG.resolve(self.sku), resolve_model(self.model_id), self.tensor_parallel_size,
+                    method=family, workload=self.workload, acceptance=weaker)
+
+    def label(self) -> str:
+        scale = f" x{self.acceptance_scale:g}" if self.acceptance_scale != 1.0 else ""
+        return super().label() + scale
+
+
+def unknown_load_scenarios() -> list[Scenario]:
+    """The twin's scenarios and the weak-drafter ones (UNKNOWN_LOAD_SCALES)."""
+    twin = list(itertools.starmap(Scenario, itertools.product(SKUS, MODELS, METHODS, WORKLOADS)))
+    weak = [ScaledScenario(sku, model, method, "sharegpt", acceptance_scale=scale)
+            for sku, model, method, scale in itertools.product(SKUS, MODELS, METHODS, UNKNOWN_LOAD_SCALES)]
+    return twin + weak
+
+
+def cheap_and_gaining(truth: TrueCurves, levels: Sequence[int]) -> bool:
+    """Issue 29's case class, by the twin's truth: at some first-sweep level the best k gains CHEAP_GAIN or
+    more over the plain engine, and k=0 on the method's engine costs nothing (CHEAP_COST) at any of them."""
+    gains = max(max(curve[c - 1] for curve in truth.goodput_tok_s.values()) / truth.baseline_goodput_tok_s[c - 1]
+                for c in levels)
+    costs = min(truth.goodput_tok_s[0][c - 1] / truth.baseline_goodput_tok_s[c - 1] for c in levels)
+    return gains >= 1.0 + CHEAP_GAIN and costs >= 1.0 - CHEAP_COST
+
+
+def _true_ratio(row, truth: TrueCurves, c: int) -> float:
+    """The true goodput of a candidate row's plan at concurrency c over the plain engine's."""
+    plain = truth.baseline_goodput_tok_s[c - 1]
+    if row.strategy == "restart" or getattr(row.strategy, "value", None) == "restart":
+        on = row.crossover_concurrency is None or c <= row.crossover_concurrency
+        return truth.goodput_tok_s[row.num_speculative_tokens][c - 1] / plain if on else 1.0
+    k = row.schedule.k_at(min(c, truth.kv_max_concurrency))
+    return truth.goodput_tok_s[k][c - 1] / plain
+
+
+def gain_where_on(row, levels: Sequence[int], kv_max: int | None) -> tuple[float, float]:
+    """(estimated gain, its standard error) of a row's schedule over k=0 on its engine, averaged over the
+    first-sweep levels where it speculates; (0, 0) where it speculates at none. Computed here from the
+    row's schedule and surface, so that the figure is the same before and after issue 29."""
+    schedule = row.schedule
+    if schedule is None or not schedule.ok or schedule.surface is None:
+        return 0.0, 0.0
+    gains, ses = [], []
+    for c in levels:
+        at = min(c, kv_max) if kv_max else c
+        k = schedule.k_at(at)
+        if k > 0:
+            gains.append(schedule.surface.speedup(k, at) - 1.0)
+            ses.append(schedule.surface.speedup_se(k, at) or 0.0)
+    if not gains:
+        return 0.0, 0.0
+    return statistics.fmean(gains), statistics.fmean(ses)
+
+
+@dataclasses.dataclass(frozen=True)
+class UnknownLoadOutcome:
+    """What decide_pool deployed with no load known for one scenario-draw, first sweep and refined, scored."""
+
+    cheap: bool
+    deployed: tuple[bool, bool]
+    """(first sweep, after one refinement round)."""
+    value: tuple[float, float]
+    """The true goodput of what was deployed over the plain engine's, averaged over the first-sweep levels
+    (1.0 when nothing was deployed)."""
+    best: tuple[float, float]
+    """max(1, the same figure had the method been deployed with its planned schedule)."""
+    moved: bool
+    """Whether the gain where the schedule speculates moved by more than its standard error in refinement."""
+    lowest: tuple[float, float] = (1.0, 1.0)
+    """The lowest true ratio to the plain engine at a first-sweep level of what was deployed (1.0: nothing)."""
+    speculates: tuple[bool, bool] = (True, True)
+    """Whether the method's schedule speculates at any first-sweep level (where it does not, no deploy test
+    can deploy it: its per-batch noise guard dropped it)."""
+    reason: str = ""
+
+
+def _measure_refinement(request, scenario: Scenario, baseline, method, noise: float, rng) -> int:
+    """Measure a refinement plan's Jobs the way a refinement Job does (fresh noise, appended); levels."""
+    twins = {"baseline": scenario.twin(speculative=False), scenario.candidate().key: scenario.twin()}
+    measured = 0
+    for job in request.jobs():
+        profile = baseline if job.profile_key == "baseline" else method
+        twin = twins["baseline" if job.profile_key == "baseline" else scenario.candidate().key]
+        for k in job.ks:
+            run = profile.status.run(k)
+            if run is None:
+                continue
+            new = [synthetic._point(twin, scenario, c, k, rng, noise, 64) for _ in range(job.repeat)
+                   for c in job.levels]
+            run.points.extend(new)
+            measured += len(new)
+    return measured
+
+
+def unknown_load_outcome(scenario: Scenario, truth: TrueCurves, noise: float, seed: int,
+                         min_gain_percent: float, levels: tuple[int, ...]) -> UnknownLoadOutcome:
+    """decide_pool with no load known on the scenario-draw's first sweep, then after the refinement round
+    `specpilot plan` asks for (measured from the twin with fresh noise and appended), scored on the truth."""
+    from specpilot.policy.refine import refine_pool_plan
+
+    first_baseline, first_method = _profiles(scenario, noise, seed, levels)
+    baseline, method = first_baseline.model_copy(deep=True), first_method.model_copy(deep=True)
+    candidate = scenario.candidate()
+    policy = Policy(min_gain_percent=min_gain_percent)
+    deployed, value, best, gains, speculates, lowest, reason = [], [], [], [], [], [], ""
+    for step in range(2):
+        plan = decide_pool(policy, [candidate], baseline, {candidate.key: method}, price_per_gpu_hour=1.0,
+                           gpus_per_replica=1, max_batch_size=MAX_CONCURRENCY)
+        row = next(r for r in plan.candidates if r.key == candidate.key)
+        on = plan.decision.method is not None
+        if_deployed = (statistics.fmean(_true_ratio(row, truth, c) for c in levels)
+                       if row.ready and row.num_speculative_tokens > 0 else 1.0)
+        deployed.append(on)
+        lowest.append(min(_true_ratio(row, truth, c) for c in levels) if on else 1.0)
+        value.append(if_deployed if on else 1.0)
+        best.append(max(1.0, if_deployed))
+        gains.append(gain_where_on(row, levels, truth.kv_max_concurrency))
+        speculates.append(row.schedule is not None and row.schedule.ok
+                          and any(row.schedule.k_at(min(c, truth.kv_max_concurrency)) > 0 for c in levels))
+        if step == 0:
+            reason = plan.decision.reason
+            request = refine_pool_plan(plan, policy, baseline, {candidate.key: method})
+            if request.done or not _measure_refinement(request, scenario, baseline, method, noise,
+                                                        np.random.default_rng([draw_seed(scenario, seed), 29])):
+                deployed.append(on), value.append(value[0]), best.append(best[0]), gains.append(gains[0])
+                speculates.append(speculates[0])
+                lowest.append(lowest[0])
+                break
+    (g0, se0), (g1, se1) = gains
+    return UnknownLoadOutcome(cheap_and_gaining(truth, levels), tuple(deployed), tuple(value), tuple(best),
+                              abs(g1 - g0) > max(se0, se1), tuple(lowest), tuple(speculates), reason)
+
+
+def unknown_load_report(outcomes: dict[tuple[Scenario, int], UnknownLoadOutcome], step: int) -> dict[str, object]:
+    """The figures of one reading (step 0: first sweep, 1: after refinement)."""
+    cheap = [o for o in outcomes.values() if o.cheap]
+    other = [o for o in outcomes.values() if not o.cheap]
+
+    def regret(group):
+        return [o.best[step] - o.value[step] for o in group]
+
+    def wrong(group):  # the other option was better by more than 0.01%
+        return sum(o.best[step] - o.value[step] > 1e-4 for o in group)
+
+    out = {"cheap": len(cheap),
+           "cheap_dropped": sum(not o.deployed[step] and o.speculates[step] for o in cheap),
+           "cheap_unscheduled": sum(not o.deployed[step] and not o.speculates[step] for o in cheap),
+           "cheap_wrong": wrong(cheap),
+           "other": len(other), "other_deployed": sum(o.deployed[step] for o in other),
+           "other_wrong": wrong(other), "cheap_regret": statistics.fmean(regret(cheap)) if cheap else 0.0,
+           "other_regret": statistics.fmean(regret(other)) if other else 0.0,
+           "other_worst_regret": max(regret(other), default=0.0),
+           "other_lowest": min((o.lowest[step] for o in other), default=1.0),
+           "cheap_worst_regret": max(regret(cheap), default=0.0)}
+    return out
+
+
+def print_unknown_load(args: argparse.Namespace) -> None:
+    started = time.perf_counter()
+    print(f"the method choice with no load known (issue 29; decide_pool without a histogram, one candidate; the "
+          f"twin's {len(SKUS) * len(MODELS) * len(METHODS) * len(WORKLOADS)} scenarios and "
+          f"{len(SKUS) * len(MODELS) * len(METHODS) * len(UNKNOWN_LOAD_SCALES)} with weaker drafters; scored on "
+          f"the truth averaged over the first sweep's levels):")
+    print(unknown_load_summary(args.noise, args.seeds, args.min_gain, args.levels))
+    print(f"  ({time.perf_counter() - started:.0f} s)")
+
+
+def unknown_load_summary(noise: float, seeds: int, min_gain_percent: float,
+                         levels: tuple[int, ...]) -> str:
+    """Issue 29's check in words: what decide_pool deploys with no load known, on the twin's scenarios and
+    the weak-drafter ones, noise-free and at `noise`, first sweep and after one refinement round."""
+    scenarios = unknown_load_scenarios()
+    truths = {s: true_curves(s, MAX_CONCURRENCY) for s in scenarios}
+    lines = []
+    for label, sigma, draws in (("noise-free", 0.0, 1), (f"noise {noise:g}, {seeds} draws", noise, seeds)):
+        outcomes = {(s, seed): unknown_load_outcome(s, truths[s], sigma, seed, min_gain_percent, levels)
+                    for s in scenarios for seed in range(draws)}
+        for step, when in ((0, "first sweep"), (1, "one refinement round")):
+            f = unknown_load_report(outcomes, step)
+            lines.append(
+                f"  {label}, {when}: cheap methods gaining >= {CHEAP_GAIN:.0%} somewhere dropped by the deploy "
+                f"test {f['cheap_dropped']}/{f['cheap']} (and {f['cheap_unscheduled']} whose schedule speculates "
+                f"at no level: the schedule's noise guard), wrong choice {f['cheap_wrong']} (mean loss "
+                f"{f['cheap_regret']:.2%}, largest {f['cheap_worst_regret']:.2%}); the others deployed "
+                f"{f['other_deployed']}/{f['other']}, wrong choice {f['other_wrong']} (mean loss "
+                f"{f['other_regret']:.2%}, largest {f['other_worst_regret']:.2%}; what they deployed is at "
+                f"least {f['other_lowest']:.3f} of the plain engine at every level)")
+        flips = [o for o in outcomes.values() if o.deployed[0] != o.deployed[1]]
+        guard = [o for o in flips if not all(o.speculates)]
+        test = [o for o in flips if all(o.speculates)]
+        lines.append(f"  {label}: method <-> no speculation flips in refinement {len(flips)}/{len(outcomes)}: "
+                     f"{len(test)} by the deploy test ({sum(not o.moved for o in test)} with the gain where it "
+                     f"speculates moved by no more than its standard error), {len(guard)} where the schedule "
+                     f"speculates at no level on one side ({sum(not o.moved for o in guard)} not moved)")
+    return "\n".join(lines)
+
+
 def evaluate(truths: dict[Scenario, TrueCurves], noise: float, seeds: int, min_gain_percent: float,
              levels: tuple[int, ...], ideal: bool = False) -> dict[tuple[Scenario, int], Score]:
     return {(scenario, seed): score(scenario, truth, noise, seed, min_gain_percent, levels, ideal)
@@ -658,6 +898,10 @@ def main() -> int:
     parser.add_argument("--no-shared-knee", action="store_true",
                         help="fit each method on its own runs, not with what its pool's other methods measured of "
                              "the knee and weight share (the planner before it pooled them)")
+    parser.add_argument("--unknown-load-only", action="store_true",
+                        help="run only issue 29's check of the method choice with no load known")
+    parser.add_argument("--no-unknown-load", action="store_true",
+                        help="skip issue 29's check of the method choice with no load known")
     parser.add_argument("--restated-min-gain", type=float, default=0.0,
                         help="minGain at which issue 14's restated targets are read (default 0: the issue's "
                              "reading; the policy default --min-gain is reported next to it)")
@@ -667,6 +911,9 @@ def main() -> int:
     if args.seeds < 1:
         parser.error(f"--seeds must be at least 1 (got {args.seeds})")
 
+    if args.unknown_load_only:
+        print_unknown_load(args)
+        return 0
     truths = {scenario: true_curves(scenario, MAX_CONCURRENCY)
               for scenario in itertools.starmap(Scenario, itertools.product(SKUS, MODELS, METHODS, WORKLOADS))}
     print(f"levels {','.join(map(str, args.levels))}; minGain {args.min_gain:g}%; {len(truths)} scenarios")
@@ -695,6 +942,8 @@ def main() -> int:
     decisions, decisions_missed = decisions_summary(truths, args.noise, args.seeds, args.min_gain, args.levels)
     print(f"the method choice (decide_pool: the method with its schedule, or no speculation) at a load of "
           f"{', '.join(map(str, DECISION_LOADS))}:\n  {decisions}")
+    if not args.no_unknown_load:
+        print_unknown_load(args)
     text = breakdown(scores, args.levels)
     if text:
         print(f"where the per-draw misses are (at each scenario-seed's lowest ratio):\n{text}")

@@ -1,14 +1,20 @@
 """Method choice for one pool: which candidate (or none) to serve, with which schedule, and why.
 
 Every candidate with a Succeeded profile gets its schedule (policy.schedule) and its expected goodput over
-the concurrency the replicas see: the observed histogram, else `policy.expectedConcurrency`, else a uniform
-spread over the profiled levels. Memory counts: a drafter takes KV cache, so a replica holds at most
+the concurrency the replicas see: the observed histogram, else `policy.expectedConcurrency`, else, with no
+load known, the levels of the profiles' first sweep (the spec's), each weighed alike on the relative gain
+over no speculation, never by the tokens a level produces; points a refinement round added sharpen the fit
+but add no weight. Memory counts: a drafter takes KV cache, so a replica holds at most
 kv_capacity_tokens / tokens-per-request requests and goodput saturates there. The baseline (no
-speculation, the plain engine without a drafter) is a candidate too: a method is deployed only when it beats
-it by `policy.minGainPercent` over that load (0.1% at least, so the baseline wins ties). This is where the
-drafter's own cost is weighed; a schedule's noise guard compares against k = 0 on the method's engine. The
-objective picks by goodput or by dollars per million tokens (price_per_gpu_hour * gpus_per_replica / (3600 *
-tokens/s per replica)).
+speculation, the plain engine without a drafter) is a candidate too, and a method is deployed only when it
+passes the deploy test (`DeployCase.pays`): its gain where its schedule speculates beats what keeping it
+loaded costs where the schedule is off (the drafter's prefill and KV memory) by `policy.minGainPercent` of
+the load it speculates on (0.1% at least, so the baseline wins ties); each figure carries its standard
+error. This is where the drafter's own cost is weighed; a schedule's noise guard compares against k = 0 on
+the method's engine. On refined profiles the first sweep's verdict holds unless refinement moved the gain
+where it speculates or the cost where it is off by more than its uncertainty (`_held`). The objective picks
+among the methods that pass by goodput or by dollars per million tokens (price_per_gpu_hour *
+gpus_per_replica / (3600 * tokens/s per replica)).
 
 Strategy: dynamic puts the schedule in the engine; restart (policy says so, or auto when the method or
 engine cannot take a schedule) serves one fixed k and lets policy.restart toggle speculation around the
@@ -45,6 +51,65 @@ DEFAULT_PROMPT_TOKENS = 512
 
 
 @dataclasses.dataclass(frozen=True)
+class DeployCase:
+    """What deploying a method changes against no speculation, over the weighed load (see `_deploy_case`).
+
+    Each load point is on (the plan speculates there) or off (scheduled off: the method stays loaded, so the
+    engine pays the drafter's prefill and its share of KV memory). `gain` is the weighted gain over no
+    speculation where on, `cost` the weighted loss where off, both as shares of the total weight, with
+    standard errors (None where the surface has no estimate of its noise)."""
+
+    gain: float
+    gain_se: float | None
+    cost: float
+    cost_se: float | None
+    share_on: float
+    """Share of the weight where the plan speculates."""
+    points_on: int
+    points: int
+    held: bool | None = None
+    """The first sweep's verdict, held because refinement moved neither figure beyond its uncertainty
+    (`_held`); None: the verdict is this case's own."""
+
+    @property
+    def net(self) -> float:
+        """The weighted mean gain over no speculation: what deploying changes, all in all."""
+        return self.gain - self.cost
+
+    @property
+    def gain_where_on(self) -> float:
+        """The mean gain where the plan speculates (0 where it never does)."""
+        return self.gain / self.share_on if self.share_on > 0 else 0.0
+
+    @property
+    def gain_where_on_se(self) -> float | None:
+        return None if self.gain_se is None or self.share_on <= 0 else self.gain_se / self.share_on
+
+    @property
+    def cost_where_off(self) -> float:
+        """The mean loss where the plan is off (0 where it is never off)."""
+        off = 1.0 - self.share_on
+        return self.cost / off if off > 1e-12 else 0.0
+
+    @property
+    def cost_where_off_se(self) -> float | None:
+        off = 1.0 - self.share_on
+        return None if self.cost_se is None else (self.cost_se / off if off > 1e-12 else 0.0)
+
+    def pays(self, margin: float) -> bool:
+        """The deploy test: the gain where the plan speculates beats the cost where it does not by `margin`
+        (the minimum gain, a share) of the load it speculates on; no gain anywhere never pays, ties stay off."""
+        if self.share_on <= 0:
+            return False
+        return self.held if self.held is not None else self.net > margin * self.share_on
+
+    def loses(self, margin: float) -> bool:
+        """A served method goes when no speculation beats it by `margin` over the whole load: the hysteresis
+        band, wider than the deploy test's, so that a load swaying around the crossover rolls no pods."""
+        return (1.0 + self.net) * (1.0 + margin) < 1.0
+
+
+@dataclasses.dataclass(frozen=True)
 class CandidatePlan:
     """One row of the comparison: a candidate (or the baseline) on this pool."""
 
@@ -65,6 +130,8 @@ class CandidatePlan:
     tpot_ms_at: Callable[[float], float] | None = dataclasses.field(default=None, compare=False, repr=False)
     """TPOT (ms) the option runs at with c concurrent requests per replica: what the replica planner scales
     the observed demand by (policy.planner)."""
+    deploy: DeployCase | None = None
+    """What deploying the option changes against no speculation over the weighed load (the deploy test)."""
 
     @property
     def crossover_uncertainty_percent(self) -> float | None:
@@ -109,21 +176,79 @@ def _kv_max_concurrency(profile: SpeculationProfile) -> int | None:
     return max(1, int(profile.status.kv_capacity_tokens // tokens_per_request(profile)))
 
 
+@dataclasses.dataclass(frozen=True)
+class _Load:
+    """The load a decision weighs: (concurrency per replica, weight) points, and how it was known."""
+
+    points: tuple[tuple[float, float], ...]
+    words: str
+    per_level: bool = False
+    """No load known: the points are the first sweep's levels, each weighing alike on the relative gain."""
+
+
 def _distribution(policy: Policy, histogram: Sequence[tuple[float, float]] | None,
-                  levels: Sequence[int]) -> tuple[list[tuple[float, float]], str]:
+                  levels: Sequence[int]) -> _Load:
     if histogram:
         points = [(float(c), float(w)) for c, w in histogram
                   if math.isfinite(c) and math.isfinite(w) and c > 0 and w > 0]
         if points:
-            return points, "observed load"
+            return _Load(tuple(points), "observed load")
     if policy.expected_concurrency:
-        return [(float(p.concurrency), float(p.weight)) for p in policy.expected_concurrency], "expected load"
-    return [(float(c), 1.0) for c in levels], "profiled levels (no load known yet)"
+        return _Load(tuple((float(p.concurrency), float(p.weight)) for p in policy.expected_concurrency),
+                     "expected load")
+    return _Load(tuple((float(c), 1.0) for c in levels),
+                 f"profiled levels (no load known yet: the first sweep's {len(levels)} levels weighed alike, "
+                 f"on the gain over no speculation)", per_level=True)
 
 
-def _expected(goodput_at, distribution: Sequence[tuple[float, float]], kv_max: int | None) -> float:
-    total = sum(w for _, w in distribution)
-    return sum(w * goodput_at(min(c, kv_max) if kv_max else c) for c, w in distribution) / total
+def _first_sweep(profile: SpeculationProfile | None, measured: Sequence[int]) -> tuple[int, ...]:
+    """The levels the profile's spec asked the first sweep for: what the load range is with no load known.
+    Points a refinement round added (at other levels, or repeats) sharpen the fit at their levels but are
+    no part of it (`measured`, the run's levels, only when the spec names none)."""
+    spec_levels = profile.spec.concurrency_levels if profile is not None else None
+    levels = sorted({int(c) for c in spec_levels or () if c >= 1})
+    return tuple(levels) or tuple(measured)
+
+
+def _at(c: float, kv_max: int | None, max_batch_size: int) -> float:
+    """The batch a replica runs at concurrency c: capped by the KV memory and max_num_seqs."""
+    return max(1.0, min(c, float(kv_max or c), float(max_batch_size)))
+
+
+def _expected(goodput_at, load: _Load, kv_max: int | None, max_batch_size: int) -> float:
+    total = sum(w for _, w in load.points)
+    return sum(w * goodput_at(_at(c, kv_max, max_batch_size)) for c, w in load.points) / total
+
+
+def _deploy_case(load: _Load, option_at, plain_at) -> DeployCase:
+    """What deploying an option changes over `load`. option_at(c) -> (goodput over no speculation's, whether
+    it speculates at c, the standard error of that ratio or None); plain_at(c): no speculation's goodput.
+
+    With no load known each level weighs alike (the relative gain, never the tokens a level produces); with a
+    known load each point weighs its time share times no speculation's goodput there, so that the net is the
+    load's expected goodput over no speculation's, as the expected goodput weighs it. The standard errors of
+    the points add up (neighbouring levels share the fit's errors), a conservative sum."""
+    total = gain = cost = on_weight = 0.0
+    gain_se: float | None = 0.0
+    cost_se: float | None = 0.0
+    points_on = 0
+    for c, w in load.points:
+        weight = w if load.per_level else w * plain_at(c)
+        ratio, on, se = option_at(c)
+        total += weight
+        if on:
+            gain += weight * (ratio - 1.0)
+            on_weight += weight
+            points_on += 1
+            gain_se = None if gain_se is None or se is None else gain_se + weight * ratio * se
+        else:
+            cost += weight * (1.0 - ratio)
+            cost_se = None if cost_se is None or se is None else cost_se + weight * ratio * se
+    if not total > 0:
+        return DeployCase(0.0, None, 0.0, None, 0.0, 0, len(load.points))
+    return DeployCase(gain / total, None if gain_se is None else gain_se / total, cost / total,
+                      None if cost_se is None else cost_se / total, on_weight / total, points_on,
+                      len(load.points))
 
 
 def _capacity(tpot_at, slo_ms: float | None, limit: int) -> float:
@@ -139,8 +264,9 @@ def _capacity(tpot_at, slo_ms: float | None, limit: int) -> float:
 
 
 def _restart_plan(surface: MethodSurface, baseline: BaselineSurface, policy: Policy, max_batch_size: int,
-                  distribution, kv_max: int | None) -> tuple[SchedulePlan, int, int | None, float, callable]:
-    """Best fixed k for the restart strategy: on at k up to the crossover, off (baseline engine) above."""
+                  load: _Load, kv_max: int | None, base_kv: int | None):
+    """Best fixed k for the restart strategy: on at k up to the crossover, off (baseline engine) above; with
+    its (plan, k, crossover, deploy case), the case's net deciding between the k."""
     best = None
     for k in surface.available_k():
         if k == 0:
@@ -154,15 +280,47 @@ def _restart_plan(surface: MethodSurface, baseline: BaselineSurface, policy: Pol
         crossover = None if off_at is None else off_at - 1
         if crossover == 0:
             continue
-
-        def goodput_at(c: float, k=k, crossover=crossover) -> float:
-            on = crossover is None or c <= crossover
-            return surface.goodput(k, max(1.0, c)) if on else baseline.goodput(max(1.0, c))
-
-        expected = _expected(goodput_at, distribution, kv_max)
-        if best is None or expected > best[3]:
-            best = (plan, k, crossover, expected, goodput_at)
+        case = _deploy_case(load, _restart_option(surface, baseline, k, crossover, load, kv_max, base_kv,
+                                                  max_batch_size),
+                            lambda c: baseline.goodput(_at(c, base_kv, max_batch_size)))
+        if best is None or case.net > best[3].net:
+            best = (plan, k, crossover, case)
     return best
+
+
+def _plain_at(surface: MethodSurface, baseline: BaselineSurface, load: _Load):
+    """No speculation's goodput at a batch, as the deploy test compares against it: with no load known the
+    plain engine of the method's own fit (both sides of the ratio from one fit, so that the noise of the
+    plain run's levels cancels and an engine that adds nothing when off costs exactly nothing); with a known
+    load the plain engine as measured, as its expected goodput is."""
+    return surface.baseline_goodput if load.per_level else baseline.goodput
+
+
+def _restart_option(surface: MethodSurface, baseline: BaselineSurface, k: int, crossover: int | None,
+                    load: _Load, kv_max: int | None, base_kv: int | None, max_batch_size: int):
+    plain = _plain_at(surface, baseline, load)
+
+    def option_at(c: float) -> tuple[float, bool, float | None]:
+        if crossover is not None and c > crossover:
+            return 1.0, False, 0.0  # rolled back to the plain engine: nothing loaded, nothing lost
+        at = _at(c, kv_max, max_batch_size)
+        return (surface.goodput(k, at) / plain(_at(c, base_kv, max_batch_size)), True,
+                surface.speedup_se(k, at))
+
+    return option_at
+
+
+def _dynamic_option(surface: MethodSurface, baseline: BaselineSurface, plan: SchedulePlan, load: _Load,
+                    kv_max: int | None, base_kv: int | None, max_batch_size: int):
+    plain = _plain_at(surface, baseline, load)
+
+    def option_at(c: float) -> tuple[float, bool, float | None]:
+        at = _at(c, kv_max, max_batch_size)
+        k = plan.k_at(max(1, round(at)))
+        se = surface.speedup_se(k, at) if k > 0 else surface.plain_ratio_se(at)
+        return plan.goodput_at(at) / plain(_at(c, base_kv, max_batch_size)), k > 0, se
+
+    return option_at
 
 
 def decide_pool(policy: Policy, candidates: list[CandidateMethod], baseline: SpeculationProfile | None,
@@ -174,18 +332,47 @@ def decide_pool(policy: Policy, candidates: list[CandidateMethod], baseline: Spe
                 now: datetime | None = None) -> PoolPlan:
     """Decide what one pool serves. Never raises on profile data: missing data becomes a reasoned decision."""
     now = now or datetime.now(UTC)
+    args = (policy, candidates, price_per_gpu_hour, gpus_per_replica, concurrency_histogram, live_acceptance or {},
+            engine_supports_dynamic, max_batch_size)
+    options = _options(baseline, profiles, *args)
+    if isinstance(options, str):
+        return _no_data(now, options)
+    rows, sources, load, base_expected = options
+    first = _first_sweep_inputs(baseline, profiles)
+    if first is not None:  # refined profiles: the deploy verdict holds unless refinement moved it beyond noise
+        earlier = _options(*first, *args)
+        if not isinstance(earlier, str):
+            before = {r.key: r for r in earlier[0][1:]}
+            guard = _margin(policy.min_gain_percent) - 1.0
+            rows = [rows[0], *(_held(r, before.get(r.key), guard) for r in rows[1:])]
+    chosen = _pick(rows, policy.objective, policy.min_gain_percent, incumbent)
+    decision = _decision(chosen, rows, base_expected, load, sources.get(chosen.key, "profile"), now,
+                         policy.objective, policy.min_gain_percent)
+    if load.words == "observed load":
+        decision.load_concurrency = observed_load_level(concurrency_histogram)
+    return PoolPlan(decision=decision, candidates=tuple(rows),
+                    capacity_concurrency_per_replica=chosen.capacity_concurrency)
+
+
+def _options(baseline: SpeculationProfile | None, profiles: dict[str, SpeculationProfile], policy: Policy,
+             candidates: list[CandidateMethod], price_per_gpu_hour: float, gpus_per_replica: int,
+             concurrency_histogram: list[tuple[float, float]] | None,
+             live_acceptance: dict[str, tuple[list[float], float]], engine_supports_dynamic: bool,
+             max_batch_size: int) -> tuple[list[CandidatePlan], dict[str, str], _Load, float] | str:
+    """(the rows of the comparison, each candidate's source, the load weighed, no speculation's expected
+    goodput), or why there is no decision to make from profiles yet."""
     baseline_run, baseline_profile = _find_baseline(baseline, profiles)
     if baseline_run is None:
-        return _no_data(now, "not enough data: no Succeeded baseline profile (a K=0 run) for this pool yet; "
-                             "speculation stays off until it is measured")
+        return ("not enough data: no Succeeded baseline profile (a K=0 run) for this pool yet; "
+                "speculation stays off until it is measured")
     try:
         base_surface = build_baseline(baseline_run)
     except NotEnoughDataError as exc:
-        return _no_data(now, f"not enough data: {exc}")
-    distribution, load_words = _distribution(policy, concurrency_histogram, base_surface.levels)
+        return f"not enough data: {exc}"
+    load = _distribution(policy, concurrency_histogram, _first_sweep(baseline_profile, base_surface.levels))
     base_kv = _kv_max_concurrency(baseline_profile)
     base_limit = min(max_batch_size, base_kv or max_batch_size)
-    base_expected = _expected(base_surface.goodput, distribution, base_kv)
+    base_expected = _expected(base_surface.goodput, load, base_kv, max_batch_size)
     rows = [CandidatePlan(
         key=BASELINE_KEY, method=None, ready=True, note="no speculation",
         kv_max_concurrency=base_kv, expected_goodput_tok_s=base_expected,
@@ -202,20 +389,74 @@ def decide_pool(policy: Policy, candidates: list[CandidateMethod], baseline: Spe
         for c, profile in ready})
     for candidate in candidates:
         row, source = _candidate_row(candidate, profiles.get(candidate.key), surfaces.get(candidate.key),
-                                     base_surface, policy, distribution,
-                                     price_per_gpu_hour, gpus_per_replica, live_acceptance or {},
+                                     base_surface, policy, load, base_expected, base_kv,
+                                     price_per_gpu_hour, gpus_per_replica, live_acceptance,
                                      engine_supports_dynamic, max_batch_size)
         rows.append(row)
         sources[candidate.key] = source
     if policy.ttft_slo_ms is not None:
-        rows = [rows[0], *(_within_ttft(r, profiles.get(r.key), policy.ttft_slo_ms, distribution) for r in rows[1:])]
-    chosen = _pick(rows, policy.objective, policy.min_gain_percent, incumbent)
-    decision = _decision(chosen, rows, base_expected, load_words, sources.get(chosen.key, "profile"), now,
-                         policy.objective, policy.min_gain_percent)
-    if load_words == "observed load":
-        decision.load_concurrency = observed_load_level(concurrency_histogram)
-    return PoolPlan(decision=decision, candidates=tuple(rows),
-                    capacity_concurrency_per_replica=chosen.capacity_concurrency)
+        rows = [rows[0], *(_within_ttft(r, profiles.get(r.key), policy.ttft_slo_ms, load.points)
+                           for r in rows[1:])]
+    return rows, sources, load, base_expected
+
+
+def _first_sweep_profile(profile: SpeculationProfile | None) -> SpeculationProfile | None:
+    """The profile as its first sweep left it: each run's first point at each level its spec lists (a
+    refinement round appends its points after them); the profile itself when it holds nothing else."""
+    if profile is None or profile.status is None or not profile.status.runs:
+        return profile
+    sweep = set(profile.spec.concurrency_levels)
+    runs, trimmed = [], False
+    for run in profile.status.runs:
+        seen: set[int] = set()
+        kept = []
+        for point in run.points:
+            if point.concurrency in sweep and point.concurrency not in seen:
+                seen.add(point.concurrency)
+                kept.append(point)
+        trimmed = trimmed or len(kept) != len(run.points)
+        runs.append(run.model_copy(update={"points": kept}))
+    if not trimmed:
+        return profile
+    return profile.model_copy(update={"status": profile.status.model_copy(update={"runs": runs})})
+
+
+def _first_sweep_inputs(baseline: SpeculationProfile | None, profiles: dict[str, SpeculationProfile]
+                        ) -> tuple[SpeculationProfile | None, dict[str, SpeculationProfile]] | None:
+    """The baseline and the methods' profiles as their first sweeps left them; None when no refinement round
+    added to them."""
+    first_baseline = _first_sweep_profile(baseline)
+    first = {key: _first_sweep_profile(profile) for key, profile in profiles.items()}
+    if first_baseline is baseline and all(first[key] is profiles[key] for key in profiles):
+        return None
+    return first_baseline, first
+
+
+def _moved(now: DeployCase, before: DeployCase) -> bool:
+    """Whether refinement moved the gain where the plan speculates, or the cost where it is off, by more than
+    its uncertainty (the larger of the two standard errors; without one, any move counts)."""
+    def beyond(a: float, b: float, se_a: float | None, se_b: float | None) -> bool:
+        if se_a is None or se_b is None:
+            return abs(a - b) > 1e-12
+        return abs(a - b) > max(se_a, se_b)
+
+    return (beyond(now.gain_where_on, before.gain_where_on, now.gain_where_on_se, before.gain_where_on_se)
+            or beyond(now.cost_where_off, before.cost_where_off, now.cost_where_off_se, before.cost_where_off_se))
+
+
+def _held(row: CandidatePlan, first: CandidatePlan | None, guard: float) -> CandidatePlan:
+    """A refined profile's row with the first sweep's deploy verdict where the two differ and refinement moved
+    neither the gain where the plan speculates nor the cost where it is off by more than its uncertainty: a
+    round spent to place a crossover does not turn speculation on or off on noise. A plan that no longer
+    speculates anywhere is never deployed."""
+    case = row.deploy
+    before = first.deploy if first is not None and first.ready else None
+    if case is None or before is None or not row.ready:
+        return row
+    verdict = before.pays(guard)
+    if case.pays(guard) == verdict or (verdict and case.share_on <= 0) or _moved(case, before):
+        return row
+    return dataclasses.replace(row, deploy=dataclasses.replace(case, held=verdict))
 
 
 def _find_baseline(baseline: SpeculationProfile | None,
@@ -236,7 +477,7 @@ def _cost(price_per_gpu_hour: float, gpus_per_replica: int, goodput: float | Non
 
 def _candidate_row(candidate: CandidateMethod, profile: SpeculationProfile | None,
                    built: MethodSurface | NotEnoughDataError | None, base: BaselineSurface,
-                   policy: Policy, distribution, price: float, gpus: int,
+                   policy: Policy, load: _Load, base_expected: float, base_kv: int | None, price: float, gpus: int,
                    live: dict[str, tuple[list[float], float]], engine_dynamic: bool,
                    max_batch_size: int) -> tuple[CandidatePlan, str]:
     key = candidate.key
@@ -259,12 +500,14 @@ def _candidate_row(candidate: CandidateMethod, profile: SpeculationProfile | Non
                    and not (candidate.supports_dynamic_schedule and engine_dynamic)))
     note = "; ".join(surface.notes)
     if restart:
-        best = _restart_plan(surface, base, policy, max_batch_size, distribution, kv_max)
+        best = _restart_plan(surface, base, policy, max_batch_size, load, kv_max, base_kv)
         if best is None:
             return CandidatePlan(key=key, method=candidate.method, ready=True, strategy=Strategy.RESTART,
                                  note="no k beats no speculation at any concurrency", kv_max_concurrency=kv_max,
                                  expected_goodput_tok_s=0.0), source
-        plan, k, crossover, expected, goodput_at = best
+        plan, k, crossover, case = best
+        expected = base_expected * (1.0 + case.net)
+
         def tpot_at(c: float) -> float:
             return surface.tpot_ms(k, c) if crossover is None or c <= crossover else base.tpot_ms(c)
 
@@ -274,16 +517,18 @@ def _candidate_row(candidate: CandidateMethod, profile: SpeculationProfile | Non
                              crossover_gain_se=surface.speedup_se(k, crossover) if crossover else None,
                              kv_max_concurrency=kv_max, expected_goodput_tok_s=expected,
                              cost_per_mtok=_cost(price, gpus, expected), capacity_concurrency=capacity,
-                             tpot_ms_at=tpot_at), source
+                             tpot_ms_at=tpot_at, deploy=case), source
     plan = plan_schedule(surface, policy.tpot_slo_ms, policy.min_gain_percent, max_batch_size)
-    expected = _expected(plan.goodput_at, distribution, kv_max)
+    case = _deploy_case(load, _dynamic_option(surface, base, plan, load, kv_max, base_kv, max_batch_size),
+                        lambda c: base.goodput(_at(c, base_kv, max_batch_size)))
+    expected = base_expected * (1.0 + case.net)
     return CandidatePlan(key=key, method=candidate.method, ready=True, note=note, strategy=Strategy.DYNAMIC,
                          num_speculative_tokens=plan.num_speculative_tokens, schedule=plan,
                          crossover_concurrency=plan.crossover_concurrency,
                          crossover_gain_se=plan.crossover_gain_se, kv_max_concurrency=kv_max,
                          expected_goodput_tok_s=expected, cost_per_mtok=_cost(price, gpus, expected),
                          capacity_concurrency=_capacity(plan.tpot_ms_at, policy.tpot_slo_ms, limit),
-                         tpot_ms_at=plan.tpot_ms_at), source
+                         tpot_ms_at=plan.tpot_ms_at, deploy=case), source
 
 
 def _margin(min_gain_percent: float) -> float:
@@ -291,31 +536,41 @@ def _margin(min_gain_percent: float) -> float:
     return 1.0 + max(1e-3, min_gain_percent / 100.0)
 
 
+def _case(row: CandidatePlan, baseline: CandidatePlan) -> DeployCase:
+    """A row's deploy case; a row built without one (tests) counts as speculating over the whole load."""
+    if row.deploy is not None:
+        return row.deploy
+    net = row.expected_goodput_tok_s / baseline.expected_goodput_tok_s - 1.0
+    return DeployCase(max(net, 0.0), None, max(-net, 0.0), None, 1.0, 1, 1)
+
+
 def _pick(rows: list[CandidatePlan], objective: str, min_gain_percent: float,
           incumbent: str | None = None) -> CandidatePlan:
-    """The row to serve. A change costs a rollout, so the option served now (`incumbent`: a candidate key, or
-    None for no speculation) stays unless another beats it by the minimum gain; with no incumbent, a method
-    must beat no speculation by it."""
+    """The row to serve. A method is deployed when its deploy test passes (DeployCase.pays: what it gains
+    where its schedule speculates beats what keeping it loaded costs where it does not, by the minimum gain of
+    the load it speculates on); of those, the best by the objective. A change costs a rollout, so the method
+    served now (`incumbent`: a candidate key, or None for no speculation) stays unless another beats it by
+    the minimum gain or no speculation beats it by that much over the whole load (DeployCase.loses)."""
     baseline = rows[0]
     margin = _margin(min_gain_percent)
     usable = [r for r in rows[1:] if r.ready and r.num_speculative_tokens > 0 and r.expected_goodput_tok_s]
     by_cost = objective == Objective.COST.value and all(r.cost_per_mtok for r in [baseline, *usable])
+
+    def rank(r: CandidatePlan) -> float:
+        return -r.cost_per_mtok if by_cost else r.expected_goodput_tok_s
 
     def beats(a: CandidatePlan, b: CandidatePlan) -> bool:
         if by_cost:
             return a.cost_per_mtok * margin < b.cost_per_mtok
         return a.expected_goodput_tok_s > b.expected_goodput_tok_s * margin
 
-    if by_cost:
-        best = min(usable, key=lambda r: r.cost_per_mtok, default=None)
-        best_overall = min([baseline, *usable], key=lambda r: r.cost_per_mtok)
-    else:
-        best = max(usable, key=lambda r: r.expected_goodput_tok_s, default=None)
-        best_overall = max([baseline, *usable], key=lambda r: r.expected_goodput_tok_s)
-    current = next((r for r in usable if r.key == incumbent), None) if incumbent else baseline
-    if current is not None and (current is best_overall or not beats(best_overall, current)):
+    best = max(usable, key=rank, default=None)
+    current = next((r for r in usable if r.key == incumbent), None) if incumbent else None
+    if current is not None and not _case(current, baseline).loses(margin - 1.0) \
+            and (best is current or not beats(best, current)):
         return current
-    return best if best is not None and beats(best, baseline) else baseline
+    paying = [r for r in usable if _case(r, baseline).pays(margin - 1.0)]
+    return max(paying, key=rank) if paying else baseline
 
 
 LOAD_REVISIT_FACTOR = 2.0
@@ -361,9 +616,32 @@ def _pct(a: float, b: float) -> str:
     return f"{(a / b - 1) * 100:+.0f}%"
 
 
-def _decision(chosen: CandidatePlan, rows: list[CandidatePlan], base_expected: float, load_words: str,
+def _signed(share: float) -> str:
+    """A share in percent with its sign, one decimal (+0.0% for a rounding residue of either sign)."""
+    percent = round(share * 100, 1)
+    return f"{percent if percent != 0 else 0.0:+.1f}%"
+
+
+def _se(value: float | None) -> str:
+    return "" if value is None else f" (±{value * 100:.1f}%)"
+
+
+def _deploy_words(case: DeployCase, load: _Load) -> str:
+    """What the deploy test weighed, in words: the gain where the plan speculates, the cost where it does not."""
+    where = (f"at {case.points_on} of {case.points} levels" if load.per_level
+             else f"over {case.share_on:.0%} of the load")
+    words = f"{_signed(case.gain_where_on)}{_se(case.gain_where_on_se)} where it speculates ({where})"
+    if case.share_on < 1.0 - 1e-9:
+        words += f", {_signed(-case.cost_where_off)}{_se(case.cost_where_off_se)} where it is scheduled off"
+    if case.held is not None:
+        words += ("; as the first sweep decided: refinement moved neither by more than its uncertainty")
+    return words
+
+
+def _decision(chosen: CandidatePlan, rows: list[CandidatePlan], base_expected: float, load: _Load,
               source: str, now: datetime, objective: str, min_gain_percent: float = 0.0) -> Decision:
     baseline = rows[0]
+    load_words = load.words
     ranked = sorted((r for r in rows[1:] if r.ready and r.expected_goodput_tok_s),
                     key=lambda r: -r.expected_goodput_tok_s)
     not_ready = [r.key for r in rows[1:] if not r.ready]
@@ -373,8 +651,14 @@ def _decision(chosen: CandidatePlan, rows: list[CandidatePlan], base_expected: f
             best = ranked[0]
             reason = (f"no speculation: the best candidate, {best.key}, gets "
                       f"{_pct(best.expected_goodput_tok_s, base_expected)} goodput at the {load_words}")
+            case = best.deploy
+            if case is not None and case.share_on > 0:
+                reason += f": {_deploy_words(case, load)}"
+            elif case is not None:
+                reason += ", where its schedule never speculates"
             if min_gain_percent > 0.1 and best.expected_goodput_tok_s > base_expected:
-                reason += f" (a method must beat no speculation by {min_gain_percent:g}%)"
+                reason += (f" (a method must beat no speculation by {min_gain_percent:g}% where it speculates, "
+                           f"net of what it costs where it is off)")
             reason += tail
         else:
             reason = f"no speculation: no candidate has a usable profile yet{tail}"
@@ -388,8 +672,10 @@ def _decision(chosen: CandidatePlan, rows: list[CandidatePlan], base_expected: f
                 f"{(chosen.expected_goodput_tok_s / others[0].expected_goodput_tok_s - 1) * 100:.0f}% goodput")
     else:
         lead = f"{chosen.key} is the only ready candidate"
-    reason = (f"{lead} at the {load_words} ({_pct(chosen.expected_goodput_tok_s, base_expected)} over no "
-              f"speculation)")
+    reason = f"{lead} at the {load_words} ({_pct(chosen.expected_goodput_tok_s, base_expected)} over no speculation"
+    if chosen.deploy is not None and (load.per_level or chosen.deploy.held is not None):
+        reason += f": {_deploy_words(chosen.deploy, load)}"
+    reason += ")"
     if objective == Objective.COST.value and chosen.cost_per_mtok:
         reason += f", ${chosen.cost_per_mtok:.3g}/Mtok"
     if chosen.crossover_concurrency is not None:

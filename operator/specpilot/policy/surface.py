@@ -751,6 +751,24 @@ class MethodSurface:
         prefill_sd = _MEDIAN_SE_FACTOR * self.fit.residual_sd / math.sqrt(self.prefill_samples)
         return SE_CALIBRATION * math.sqrt(steps ** 2 + ((shares[1] - shares[0]) * prefill_sd) ** 2)
 
+    def plain_ratio_se(self, c: float) -> float | None:
+        """Relative standard error of goodput(0, c) / baseline_goodput(c): k = 0 on the method's engine against
+        the plain engine, which differ only in the drafter's prefill (0 when the method adds none, as n-gram
+        and suffix matching), scaled by SE_CALIBRATION; None without the fit. What keeping the method loaded
+        where its schedule is off costs is known to this (policy.choose)."""
+        self._check(0, c)
+        if self.prefill_s == self.baseline_prefill_s:
+            return 0.0
+        if self.fit is None or not self.prefill_samples:
+            return None
+        decode = (self.output_tokens - 1.0) * self.decode_step_s(0, c)
+        method_share = c * self.prefill_s / (decode + c * self.prefill_s)
+        plain_share = c * self.baseline_prefill_s / (decode + c * self.baseline_prefill_s)
+        # each prefill is a median of a few levels of its own runs (independent measurements)
+        method_sd = _MEDIAN_SE_FACTOR * self.fit.residual_sd / math.sqrt(self.prefill_samples)
+        plain_sd = _MEDIAN_SE_FACTOR * self.fit.residual_sd / math.sqrt(self.curves[0].prefill_samples or 1)
+        return SE_CALIBRATION * math.hypot(method_share * method_sd, plain_share * plain_sd)
+
     def ratio_se(self, k_a: int, k_b: int, c: float) -> float | None:
         """Relative standard error of G_a(c) / G_b(c) for any two k (speedup_se is k_b = 0), scaled by
         SE_CALIBRATION; 0 for the same k, None without the fit. What the schedule's prior on k and the
