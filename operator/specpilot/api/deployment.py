@@ -402,8 +402,9 @@ class Policy(ApiModel):
     """Time-to-first-token SLO (p95) in milliseconds; none when unset."""
     min_gain_percent: float = Field(default=2, ge=0, le=100)
     """Noise guard, in percent. Per batch size, the schedule speculates only where k > 0 beats k = 0 on the
-    method's own engine (drafter still loaded) by this much; the method is deployed at all only when it beats
-    no speculation (the plain engine) by this much over the expected load."""
+    method's own engine (drafter still loaded) by this much; the method is deployed at all only when its gain
+    over no speculation where its schedule speculates, less what keeping it loaded costs where the schedule is
+    off (drafter prefill, KV cache), beats this much times the share of the load it speculates on."""
     strategy: Strategy = Strategy.AUTO
     """dynamic: one rollout, vLLM switches K per step by the schedule; restart: toggle SD by rollout
     around the crossover; auto: dynamic unless the engine cannot (data parallel > 1, suffix)."""
@@ -411,7 +412,8 @@ class Policy(ApiModel):
     """Restart-strategy guards."""
     expected_concurrency: list[ConcurrencyWeight] = Field(default_factory=list, max_length=256)
     """Expected per-replica concurrency before there is observed history (e.g. [{concurrency: 8, weight: 1}]);
-    a uniform spread over the profiled levels when empty."""
+    when empty, each level of the profile's first sweep (profiling.concurrencyLevels) weighs alike, on the
+    relative gain over no speculation."""
 
 
 class Autoscaling(str, Enum):
