@@ -58,10 +58,10 @@ async def test_a_url_off_the_allow_list_is_refused_and_never_contacted(sandbox: 
             assert warning[0]["type"] == "Warning"
             # Several reconciliations later (each would have observed), nothing reached either server: the
             # tenant's URL is refused, and the admin's is not substituted silently for it.
-            # (Each reconciliation applies the deployment's Service; an unchanged status is not written.)
+            # (Each reconciliation reads its pool's Deployment; an unchanged Service or status is not written.)
             requests = sandbox.record_requests()
-            await sandbox.wait_for(lambda: sum(1 for r in requests if r.resource == "services"
-                                               and r.verb == "patch") >= 5, timeout_s=30,
+            await sandbox.wait_for(lambda: sum(1 for r in requests if r.resource == "deployments"
+                                               and r.verb == "get") >= 5, timeout_s=30,
                                    what="more reconciliations")
             assert target.requests == []
             assert admins.requests == []

@@ -102,7 +102,7 @@ async def test_every_status_the_operator_writes_is_sanitised(monkeypatch):
 
     sent = []
 
-    async def call(self, method, path, body=None, content_type="", query=None):
+    async def call(self, method, path, body=None, content_type="", query=None, **_):
         sent.append(body)
         return {}
 
