@@ -189,7 +189,7 @@ def test_documented_command_runs(where, line, capsys, monkeypatch):
     argv = shlex.split(line)
     for arg in argv[1:]:
         if arg.startswith("examples/"):
-            assert (REPO / arg).is_file(), f"{where}: `{line}` names {arg}, which is not in the repository"
+            assert (REPO / arg).exists(), f"{where}: `{line}` names {arg}, which is not in the repository"
     code = main(argv[1:])
     captured = capsys.readouterr()
     assert code == 0, f"{where}: `{line}` exited {code}:\n{captured.out}\n{captured.err}"
