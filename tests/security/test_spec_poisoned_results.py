@@ -152,7 +152,7 @@ def test_a_concurrency_beyond_the_spec_is_refused():
     body = _profile("eagle3")
     body["status"]["runs"][1]["points"][0]["concurrency"] = 10**9
     problems = result_problems(body)
-    assert any("concurrency is 1000000000, more than the profile's spec asked for" in p for p in problems), problems
+    assert any("concurrency is 1000000000, more than the profile may be measured at" in p for p in problems), problems
 
 
 def test_an_unknown_sku_or_model_keeps_a_generous_bound_and_says_so():
@@ -177,3 +177,18 @@ def test_a_quantized_engine_is_bounded_at_4_bits():
     bound = throughput_bound(SpeculationProfile.model_validate(body))
     assert bound.quantized and bound.bytes_per_weight == 0.5
     assert bound.ceiling(1, 0) == pytest.approx(4 * throughput_bound(plain).ceiling(1, 0))
+
+
+def test_a_refinement_level_beyond_the_sweep_is_plausible_up_to_the_largest_batch():
+    """A refinement round places a crossover between the sweep's levels or past its largest, up to the largest
+    batch a schedule covers: such a point is checked against physics like any other, not refused for its level."""
+    from specpilot.perf.plausibility import REFINE_MAX_BATCH
+
+    body = _profile("eagle3")
+    body["spec"]["concurrencyLevels"] = [c for c in body["spec"]["concurrencyLevels"] if c <= 128]
+    assert max(body["spec"]["concurrencyLevels"]) < 165 <= REFINE_MAX_BATCH
+    point = body["status"]["runs"][1]["points"][-1]
+    point["concurrency"] = 165
+    assert not [p for p in result_problems(body) if "concurrency is 165" in p]
+    point["concurrency"] = REFINE_MAX_BATCH + 1
+    assert [p for p in result_problems(body) if f"concurrency is {REFINE_MAX_BATCH + 1}" in p]

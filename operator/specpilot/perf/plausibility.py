@@ -22,7 +22,8 @@ bounds are keyed on what the profile claims: its SKU's catalog entry (perf/catal
   An unknown SKU (a CPU, a GPU the catalog lacks) or an unknown model (a local path) keeps a generous bound,
   UNKNOWN_SAFETY_FACTOR x the roofline of the fastest catalog GPU and a 50M-parameter 4-bit model, and the
   refusal says which it used;
-- concurrency within the profile's spec (at most its largest concurrency level); every output throughput
+- concurrency within what the profile may be measured at: its spec's largest concurrency level, or a
+  refinement round's level up to REFINE_MAX_BATCH (the largest batch a schedule covers); every output throughput
   positive and finite (0, -0.0, NaN and infinities are refused);
 - acceptance per position within [0, 1], non-increasing (tolerance ACCEPTANCE_TOLERANCE), at most K
   positions; mean acceptance length at most K+1; per-position accepted counts non-increasing;
@@ -62,6 +63,11 @@ MIN_BYTES_PER_WEIGHT = 0.5
 FP8_COMPUTE_FACTOR = 2.0
 """FP8 tensor cores do about twice the dense BF16 FLOPs."""
 MAX_PROBLEMS = 5
+
+
+REFINE_MAX_BATCH = 256
+"""The largest concurrency a refinement round measures at (vLLM's default max_num_seqs, the largest batch a
+schedule covers: policy.refine places a crossover up to it, beyond the spec's sweep when the gain lasts)."""
 
 
 def _non_finite_or_negative(node: Any, path: str, out: list[str]) -> None:
@@ -200,7 +206,7 @@ def result_problems(body: dict[str, Any], catalog: GpuCatalog = DEFAULT_CATALOG)
     max_k = spec.method.num_speculative_tokens if spec.method else 0
     known = f"{gpu.sku}, {shape.name if shape else 'an unknown model'}, TP {tp}"
     bound = throughput_bound(profile, catalog)
-    top_level = max(spec.concurrency_levels)
+    top_level = max(max(spec.concurrency_levels), REFINE_MAX_BATCH)
     for r, run in enumerate(result.runs):
         at = f"status.runs[{r}]"
         k = run.num_speculative_tokens
@@ -209,8 +215,9 @@ def result_problems(body: dict[str, Any], catalog: GpuCatalog = DEFAULT_CATALOG)
             continue
         for p, point in enumerate(run.points):
             if point.concurrency > top_level:
-                problems.append(f"{at}.points[{p}].concurrency is {point.concurrency}, more than the profile's spec "
-                                f"asked for (its largest concurrency level is {top_level})")
+                problems.append(f"{at}.points[{p}].concurrency is {point.concurrency}, more than the profile may be "
+                                f"measured at (its spec's largest concurrency level, or a refinement round's up to "
+                                f"{top_level})")
                 continue
             if not point.output_throughput > 0:
                 problems.append(f"{at}.points[{p}].outputThroughput is {point.output_throughput!r}: a measured level "
