@@ -15,15 +15,15 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
 
-CLOCK_FILE_ENV = "SPECPILOT_SIM_CLOCK_FILE"
-"""Names a simulated engine's virtual clock (`specpilot.sandbox.clock`); unset in a cluster."""
+from .clock import CLOCK_FILE_ENV as CLOCK_FILE_ENV  # the sweep reads the variable's name here
+from .clock import Clock, clock_from_environment, wall_clock
+
 EXTRA_CHUNKS = 16
 """Chunks a stream may carry beyond its max_tokens (a chunk with no text while the detokenizer waits for the rest
 of a character); every further one is refused, so an engine cannot stream forever."""
@@ -74,14 +74,9 @@ def completion_payload(model_id: str, request: CompletionRequest, ignore_eos: bo
     return payload
 
 
-def level_clock(environ=os.environ) -> Callable[[], float]:
+def level_clock(environ=os.environ) -> Clock:
     """What the load generator times with: `time.perf_counter`, or the virtual clock `CLOCK_FILE_ENV` names."""
-    path = environ.get(CLOCK_FILE_ENV, "").strip()
-    if not path:
-        return time.perf_counter
-    from specpilot.sandbox.clock import read_clock
-
-    return read_clock(path)
+    return clock_from_environment(environ)
 
 
 def _error_text(data: dict[str, Any]) -> str:
@@ -91,7 +86,7 @@ def _error_text(data: dict[str, Any]) -> str:
 
 async def send_completion(session: aiohttp.ClientSession, api_url: str, model_id: str, request: CompletionRequest,
                           ignore_eos: bool = True, extra_body: dict[str, Any] | None = None,
-                          clock: Callable[[], float] = time.perf_counter) -> CompletionOutput:
+                          clock: Clock = wall_clock) -> CompletionOutput:
     """Stream one completion and time it: TTFT at the first chunk with choices, an ITL at each one after."""
     output = CompletionOutput(prompt_len=request.prompt_len)
     chunks = 0
@@ -189,19 +184,20 @@ def benchmark_result(outputs: Sequence[CompletionOutput], duration_s: float,
 
 async def benchmark(api_url: str, model_id: str, requests: Sequence[CompletionRequest], max_concurrency: int, *,
                     num_warmups: int = 0, ignore_eos: bool = True, extra_body: dict[str, Any] | None = None,
-                    goodput_config: dict[str, float] | None = None) -> dict[str, Any]:
+                    goodput_config: dict[str, float] | None = None, clock: Clock | None = None) -> dict[str, Any]:
     """Warm up, then send every request keeping at most `max_concurrency` in flight; vLLM's result shape.
 
     Closed loop: a request starts when one in flight finishes, so the engine sees `max_concurrency`
     requests for the whole level (with `ignore_eos`). The duration runs from sending the level's requests
-    to the end of the last one, warm-up excluded.
+    to the end of the last one, warm-up excluded. Timed by `clock`, by default the one the environment names
+    (`level_clock`).
     """
     if max_concurrency < 1:
         raise ValueError(f"max_concurrency must be >= 1 (got {max_concurrency})")
     if not requests:
         raise ValueError("requests is empty: a level needs at least one request to measure")
     slots = asyncio.Semaphore(max_concurrency)
-    clock = level_clock()
+    clock = level_clock() if clock is None else clock
     # The semaphore limits the requests in flight; the connector must not add a lower limit of its own.
     connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60)
     async with aiohttp.ClientSession(connector=connector,

@@ -12,10 +12,11 @@ import sys
 import time
 
 import pytest
-from specpilot.sandbox.clock import VirtualClock, WallClock, read_clock
+from specpilot.sandbox.clock import VirtualClock, WallClock
 from specpilot.sandbox.engine import build_config, make_core, running_engine, tokenize
 from specpilot.sandbox.engine_core import closed_loop_level
 from specpilot_bench import loadgen
+from specpilot_bench.clock import read_clock
 from specpilot_bench.sweep import default_warmup, use_vllm_generator
 from specpilot_bench.workloads import load_prompts
 

@@ -17,25 +17,21 @@ token is higher without speculation and a busy host makes speculation look bette
   while the engine, woken by a request, waits for the rest of a burst of them to come in.
 
 The engine publishes the clock in a small memory-mapped file (`SPECPILOT_SIM_CLOCK_FILE`), and a client on the
-same host reads the same time (`read_clock`), so the benchmark Job's own load generator measures latencies
-and throughput in simulated seconds. In a cluster nothing sets the variable: clients use `time.perf_counter`.
+same host reads the same time (`specpilot_bench.clock.read_clock`, where the file's layout is defined), so the
+benchmark Job's own load generator measures latencies and throughput in simulated seconds. In a cluster
+nothing sets the variable: clients use `time.perf_counter`.
 """
 
 from __future__ import annotations
 
 import mmap
-import os
 import struct
 import time
-from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["CLOCK_FILE_ENV", "WRITER_WAIT_S", "VirtualClock", "WallClock", "read_clock"]
+from specpilot_bench.clock import CLOCK_FILE_ENV, CLOCK_LAYOUT, clock_value, open_clock_map
 
-CLOCK_FILE_ENV = "SPECPILOT_SIM_CLOCK_FILE"
-"""Environment variable naming the file a virtual clock is published in (and read from)."""
-_LAYOUT = struct.Struct("<Qdddd")
-"""sequence (odd while a write is in progress), anchor wall time, anchor simulated time, rate, cap."""
+__all__ = ["CLOCK_FILE_ENV", "VirtualClock", "WallClock"]
 
 
 class WallClock:
@@ -68,11 +64,11 @@ class VirtualClock:
         self._seq = 0
         self._map: mmap.mmap | None = None
         if publish_path:
-            self._map = _open_map(Path(publish_path), create=True)
+            self._map = open_clock_map(Path(publish_path), create=True)
         self._publish()
 
     def now(self) -> float:
-        return _value(self._anchor_wall, self._anchor_v, self._rate, self._cap, time.monotonic())
+        return clock_value(self._anchor_wall, self._anchor_v, self._rate, self._cap, time.monotonic())
 
     def step(self, simulated_s: float, wall_deadline: float) -> None:
         """A step of `simulated_s` simulated seconds starts now and is paced to end at `wall_deadline`."""
@@ -104,7 +100,7 @@ class VirtualClock:
             return
         # A seqlock: readers retry while the sequence is odd or changed under them.
         self._seq += 1
-        _LAYOUT.pack_into(self._map, 0, self._seq, self._anchor_wall, self._anchor_v, self._rate, self._cap)
+        CLOCK_LAYOUT.pack_into(self._map, 0, self._seq, self._anchor_wall, self._anchor_v, self._rate, self._cap)
         self._seq += 1
         struct.pack_into("<Q", self._map, 0, self._seq)
 
@@ -113,64 +109,3 @@ class VirtualClock:
             self._map.close()
             self._map = None
 
-
-def _value(anchor_wall: float, anchor_v: float, rate: float, cap: float, wall: float) -> float:
-    return min(anchor_v + max(0.0, wall - anchor_wall) * rate, cap)
-
-
-def _open_map(path: Path, *, create: bool) -> mmap.mmap:
-    # The file keeps its inode across engines (opened, never truncated), so a reader's map follows the next
-    # engine a benchmark Job starts.
-    flags = os.O_RDWR | (os.O_CREAT if create else 0)
-    fd = os.open(path, flags, 0o600)
-    try:
-        if os.fstat(fd).st_size < _LAYOUT.size:
-            os.ftruncate(fd, _LAYOUT.size)
-        return mmap.mmap(fd, _LAYOUT.size)
-    finally:
-        os.close(fd)
-
-
-WRITER_WAIT_S = 5.0
-"""How long a reader waits for a write in progress to finish. A write takes microseconds, but on a busy host
-the engine can be descheduled in the middle of one for a scheduler slice or more (a reader that gave up
-after a thousand spins, about a millisecond, failed a benchmark Job on a host with one core kept busy); past
-this the writer is taken to have died mid-write."""
-_SPINS = 200
-"""Reads retried back to back before the reader starts yielding the CPU to the writer."""
-
-
-def read_clock(path: str | Path, writer_wait_s: float = WRITER_WAIT_S) -> Callable[[], float]:
-    """A `time.perf_counter`-like function that reads the virtual clock an engine publishes at `path`.
-
-    Before an engine has published anything (the file is new) it reads the wall clock, which is where a
-    virtual clock starts. While a write is in progress it retries: first back to back, then sleeping (so a
-    writer descheduled mid-write gets the CPU back), for up to `writer_wait_s`.
-    """
-    path = Path(path)
-    state: dict[str, mmap.mmap] = {}
-
-    def now() -> float:
-        view = state.get("map")
-        if view is None:
-            if not path.exists():
-                return time.monotonic()
-            view = state["map"] = _open_map(path, create=False)
-        attempt, deadline = 0, None
-        while True:
-            seq, anchor_wall, anchor_v, rate, cap = _LAYOUT.unpack_from(view, 0)
-            wall = time.monotonic()
-            if seq == 0:
-                return wall
-            if seq % 2 == 0 and struct.unpack_from("<Q", view, 0)[0] == seq:
-                return _value(anchor_wall, anchor_v, rate, cap, wall)
-            attempt += 1
-            if attempt <= _SPINS:
-                continue
-            deadline = deadline if deadline is not None else wall + writer_wait_s
-            if wall > deadline:
-                raise RuntimeError(f"the virtual clock at {path} has been mid-write for {writer_wait_s:g} s: its "
-                                   f"engine died while writing it, or stopped")
-            time.sleep(min(0.0001 * 2 ** min(attempt - _SPINS, 7), 0.01))
-
-    return now
