@@ -22,7 +22,7 @@ import time  # noqa: E402
 
 from specpilot.sim.cli import DEFAULT_METHODS, DEFAULT_MODEL, DEFAULT_TRACE  # noqa: E402
 from specpilot.sim.fleet import FleetConfig, FleetSetup, engine_tables, simulate  # noqa: E402
-from specpilot.sim.policies import Candidate, PlanningInputs, build_policies, plan_pool  # noqa: E402
+from specpilot.sim.policies import Candidate, PlanningInputs, build_policies, profile_and_decide_pool  # noqa: E402
 from specpilot.sim.report import Comparison, table_rows, verdict  # noqa: E402
 from specpilot.sim.traces import DiurnalTrace, parse_trace  # noqa: E402
 
@@ -33,7 +33,7 @@ def time_day(hours: float) -> tuple[float, object]:
     setup = FleetSetup(DEFAULT_MODEL, "H100-SXM")
     trace = DiurnalTrace(duration_s=hours * 3600, peak_rps=200, trough_rps=40, period_s=hours * 3600)
     inputs = PlanningInputs(setup, (Candidate("eagle3", 4),), replicas=8, max_replicas=8, slo_tpot_ms=15)
-    planning = plan_pool(inputs, trace)
+    planning = profile_and_decide_pool(inputs, trace)
     policy = next(p for p in build_policies(inputs, planning) if p.name == "specpilot")  # the operator's planner
     config = FleetConfig()
     engine_tables(setup, config, None, 0)  # the step tables are built once per engine, outside the timing
@@ -49,7 +49,7 @@ def comparison() -> Comparison:
     candidates = tuple(Candidate.parse(m) for m in DEFAULT_METHODS.split(","))
     inputs = PlanningInputs(setup, candidates, replicas=4, max_replicas=8, slo_tpot_ms=15)
     start = time.perf_counter()
-    planning = plan_pool(inputs, trace)
+    planning = profile_and_decide_pool(inputs, trace)
     policies = build_policies(inputs, planning)
     results = [simulate(p, trace, setup, slo_tpot_ms=15, max_replicas=8) for p in policies]
     return Comparison(inputs, trace, planning, results, {p.name: p.description for p in policies},

@@ -14,7 +14,7 @@ from specpilot.sim.policies import (
     OperatorPolicy,
     PlanningInputs,
     build_policies,
-    plan_pool,
+    profile_and_decide_pool,
     replay_agreement,
 )
 from specpilot.sim.policies import serve_key as _serve_key
@@ -26,7 +26,7 @@ CONFIG = FleetConfig(startup_s=60)
 
 
 def _run_all(inputs: PlanningInputs, trace, record: bool = False):
-    planning = plan_pool(inputs, trace)
+    planning = profile_and_decide_pool(inputs, trace)
     policies = build_policies(inputs, planning, record=record)
     results = {p.name: simulate(p, trace, SETUP, CONFIG, slo_tpot_ms=inputs.slo_tpot_ms,
                                 max_replicas=inputs.max_replicas, seed=3) for p in policies}
@@ -128,7 +128,7 @@ def test_restart_toggle_rolls_speculation_off_above_the_crossover():
                             hysteresis=Hysteresis(band_percent=10, min_dwell_seconds=60, cooldown_seconds=120))
     # light load for five minutes, then far past what one replica serves
     trace = CsvTrace(duration_s=900, times_s=(0, 299, 300, 900), rates_rps=(5, 5, 40, 40))
-    planning = plan_pool(inputs, trace)
+    planning = profile_and_decide_pool(inputs, trace)
     policy = next(p for p in build_policies(inputs, planning, record=True) if p.name == "restart-toggle")
     assert isinstance(policy, OperatorPolicy)
     result = simulate(policy, trace, SETUP, CONFIG, max_replicas=1)

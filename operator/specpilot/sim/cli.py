@@ -93,7 +93,7 @@ def _run(args: argparse.Namespace) -> int:
 
     from ..perf import DEFAULT_CATALOG, resolve_model
     from .fleet import FleetConfig, FleetSetup
-    from .policies import Candidate, PlanningInputs, build_policies, plan_pool
+    from .policies import Candidate, PlanningInputs, build_policies, profile_and_decide_pool
     from .report import Comparison, write_reports
     from .traces import parse_trace
 
@@ -118,7 +118,7 @@ def _run(args: argparse.Namespace) -> int:
                                 max_replicas=max_replicas, slo_tpot_ms=args.slo_tpot_ms,
                                 max_num_seqs=args.max_num_seqs, seed=args.seed)
         start = time.perf_counter()
-        planning = plan_pool(inputs, trace)
+        planning = profile_and_decide_pool(inputs, trace)
         policies = build_policies(inputs, planning)
         results = _simulate_all(policies, trace, setup, config, inputs, args.seed, show, console, sku)
         comparisons.append(Comparison(inputs, trace, planning, results, {p.name: p.description for p in policies},

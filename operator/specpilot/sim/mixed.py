@@ -1,8 +1,9 @@
 """Mixed fleets: several GPU pools (A100, H100, H200, ...) sharing one load, placed by each policy and served
 request by request.
 
-Each pool is profiled synthetically and decided by the operator's own pool planner (`sim.policies.plan_pool`:
-method and speculation schedule per GPU type), which gives its curve: TPOT per replica at each concurrency
+Each pool is profiled synthetically and decided by the operator's own pool planner
+(`sim.policies.profile_and_decide_pool`: method and speculation schedule per GPU type), which gives its curve:
+TPOT per replica at each concurrency
 under the decided schedule, and the SLO-feasible concurrency. Every control interval each placement policy
 sees the deployment's demand (arrival rate over the observation window x mean output tokens) and sets the
 replicas per pool and the share of arrivals each pool gets:
@@ -47,7 +48,7 @@ from ..policy.fleet import (
 from ..policy.replicas import ReplicaState, plan_replicas
 from .connector import EPOCH
 from .fleet import Action, FleetConfig, FleetSetup, Mode, Observation, SimResult, simulate
-from .policies import Candidate, PlanningInputs, PoolPlanning, plan_pool
+from .policies import Candidate, PlanningInputs, PoolPlanning, profile_and_decide_pool
 from .traces import LoadTrace, parse_trace
 
 __all__ = [
@@ -208,7 +209,7 @@ def _prepare(scenario: MixedScenario, trace: LoadTrace, config: FleetConfig, see
         inputs = PlanningInputs(setup, candidates, replicas=max(1, hi // 2), min_replicas=1, max_replicas=hi,
                                 slo_tpot_ms=scenario.slo_tpot_ms, max_num_seqs=config.max_num_seqs,
                                 seed=seed + 17 * i)
-        planning = plan_pool(inputs, trace, histograms.get(pool.name))
+        planning = profile_and_decide_pool(inputs, trace, histograms.get(pool.name))
         chosen, base = planning.chosen, planning.row(planning.dynamic, None)
         if planning.dynamic.decision.method and chosen.schedule is not None:
             ks = tuple(chosen.schedule.k_by_batch_size) or (0,)

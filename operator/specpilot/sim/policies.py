@@ -20,7 +20,7 @@ operator's own pool planner, `policy.planner.plan_pool`, at every control step, 
 connector (`sim.connector`) that turns the fleet's observations into the `PoolObservation` the
 operator's observer reports and the planner's `Serve` into engine modes and replicas. So what `specpilot
 simulate` reports for them is what the operator would do with those observations. The fixed baselines
-are simple references, built from the same up-front decision (`plan_pool` here: `decide_pool` on the
+are simple references, built from the same up-front decision (`profile_and_decide_pool`: `decide_pool` on the
 expected load) that the report's header shows.
 """
 
@@ -69,7 +69,7 @@ __all__ = [
     "PoolPlanning",
     "build_policies",
     "deployment_spec",
-    "plan_pool",
+    "profile_and_decide_pool",
     "replay_agreement",
     "serve_key",
 ]
@@ -201,8 +201,8 @@ def expected_concurrency_histogram(inputs: PlanningInputs, trace: LoadTrace,
     return sorted(histogram.items())
 
 
-def plan_pool(inputs: PlanningInputs, trace: LoadTrace,
-              histogram: list[tuple[float, float]] | None = None) -> PoolPlanning:
+def profile_and_decide_pool(inputs: PlanningInputs, trace: LoadTrace,
+                            histogram: list[tuple[float, float]] | None = None) -> PoolPlanning:
     """Profile every candidate synthetically and decide the pool as the operator would (dynamic and restart),
     on `histogram` (per-replica concurrency, weight) when given, else the trace's expected one."""
     profiles: dict[str, SpeculationProfile] = {}
