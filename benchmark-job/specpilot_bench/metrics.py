@@ -1,7 +1,8 @@
 """The engine's Prometheus /metrics: parse a scrape, take deltas between two, sample load during a level.
 
-Names are vLLM 0.32's. Samples are summed over engines (labels `engine`, `model_name`) because a profile
-measures the whole server. Spec-decode counters exist only when speculation is on.
+Names and the bounded page parser are `specpilot.vllm_page`'s (vLLM 0.32's names). Samples are summed over
+engines (labels `engine`, `model_name`) because a profile measures the whole server. Spec-decode counters exist
+only when speculation is on.
 """
 
 from __future__ import annotations
@@ -12,18 +13,21 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 import aiohttp
-from prometheus_client.parser import text_string_to_metric_families
 
-DRAFTS = "vllm:spec_decode_num_drafts_total"
-DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
-ACCEPTED_TOKENS = "vllm:spec_decode_num_accepted_tokens_total"
-ACCEPTED_PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
-GENERATION_TOKENS = "vllm:generation_tokens_total"
-PREEMPTIONS = "vllm:num_preemptions_total"
-RUNNING = "vllm:num_requests_running"
-WAITING = "vllm:num_requests_waiting"
-KV_CACHE_USAGE = "vllm:kv_cache_usage_perc"
-CACHE_CONFIG_INFO = "vllm:cache_config_info"
+from specpilot.vllm_page import (
+    CACHE_CONFIG_INFO,
+    GENERATION_TOKENS_TOTAL,
+    KV_CACHE_USAGE_PERC,
+    NUM_PREEMPTIONS_TOTAL,
+    NUM_REQUESTS_RUNNING,
+    NUM_REQUESTS_WAITING,
+    POSITION_LABEL,
+    SPEC_DECODE_ACCEPTED_PER_POS_TOTAL,
+    SPEC_DECODE_ACCEPTED_TOKENS_TOTAL,
+    SPEC_DECODE_DRAFT_TOKENS_TOTAL,
+    SPEC_DECODE_DRAFTS_TOTAL,
+    parse_samples,
+)
 
 
 @dataclass(frozen=True)
@@ -51,7 +55,7 @@ class MetricsSnapshot:
         vLLM creates the per-position counter for every position 0..K-1 at start-up, so this reads K
         from an engine we did not start (the sidecar) before any request.
         """
-        return len(self.by_label(ACCEPTED_PER_POSITION, "position"))
+        return len(self.by_label(SPEC_DECODE_ACCEPTED_PER_POS_TOTAL, POSITION_LABEL))
 
     def kv_capacity_tokens(self) -> int | None:
         """KV cache capacity in tokens, from the labels of vllm:cache_config_info."""
@@ -65,12 +69,8 @@ class MetricsSnapshot:
 
 
 def parse_metrics(text: str) -> MetricsSnapshot:
-    """Parse Prometheus text exposition into a snapshot."""
-    samples: dict[str, list[tuple[dict[str, str], float]]] = defaultdict(list)
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            samples[sample.name].append((dict(sample.labels), float(sample.value)))
-    return MetricsSnapshot(dict(samples))
+    """Parse Prometheus text exposition into a snapshot (bounded: `specpilot.vllm_page.parse_samples`)."""
+    return MetricsSnapshot(parse_samples(text))
 
 
 @dataclass(frozen=True)
@@ -94,16 +94,16 @@ def _delta(before: MetricsSnapshot, after: MetricsSnapshot, name: str) -> int | 
 
 def server_deltas(before: MetricsSnapshot, after: MetricsSnapshot) -> ServerDeltas:
     """Counter deltas between two scrapes; per-position counts are ordered by position."""
-    start = before.by_label(ACCEPTED_PER_POSITION, "position")
-    end = after.by_label(ACCEPTED_PER_POSITION, "position")
+    start = before.by_label(SPEC_DECODE_ACCEPTED_PER_POS_TOTAL, POSITION_LABEL)
+    end = after.by_label(SPEC_DECODE_ACCEPTED_PER_POS_TOTAL, POSITION_LABEL)
     per_position = [max(0, round(end[p] - start.get(p, 0.0))) for p in sorted(end, key=int)]
     return ServerDeltas(
-        generation_tokens=_delta(before, after, GENERATION_TOKENS),
-        num_drafts=_delta(before, after, DRAFTS),
-        num_draft_tokens=_delta(before, after, DRAFT_TOKENS),
-        num_accepted_tokens=_delta(before, after, ACCEPTED_TOKENS),
+        generation_tokens=_delta(before, after, GENERATION_TOKENS_TOTAL),
+        num_drafts=_delta(before, after, SPEC_DECODE_DRAFTS_TOTAL),
+        num_draft_tokens=_delta(before, after, SPEC_DECODE_DRAFT_TOKENS_TOTAL),
+        num_accepted_tokens=_delta(before, after, SPEC_DECODE_ACCEPTED_TOKENS_TOTAL),
         accepted_per_position=per_position,
-        preemptions=_delta(before, after, PREEMPTIONS),
+        preemptions=_delta(before, after, NUM_PREEMPTIONS_TOTAL),
     )
 
 
@@ -133,7 +133,8 @@ class LoadSamples:
     kv_cache_usage: list[float] = field(default_factory=list)
 
     def add(self, snapshot: MetricsSnapshot) -> None:
-        for name, into in ((RUNNING, self.running), (WAITING, self.waiting), (KV_CACHE_USAGE, self.kv_cache_usage)):
+        for name, into in ((NUM_REQUESTS_RUNNING, self.running), (NUM_REQUESTS_WAITING, self.waiting),
+                           (KV_CACHE_USAGE_PERC, self.kv_cache_usage)):
             value = snapshot.total(name)
             if value is not None:
                 into.append(value)

@@ -13,6 +13,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from pydantic import ValidationError
+from specpilot import specdec
 from specpilot.api.base import format_validation_error
 from specpilot.api.methods import CandidateMethod
 from specpilot.api.profile import (
@@ -76,8 +77,8 @@ def planned_ks(method: CandidateMethod | None, validate_k: int | None = None) ->
 
 
 def tokens_per_step(acceptance: Acceptance, k: int) -> float:
-    """E_k = 1 + f * sum_{j<=k} p_j (docs/decisions.md)."""
-    return 1.0 + acceptance.drafts_per_step * sum(acceptance.per_position[:k])
+    """E_k of a measured acceptance (`specpilot.specdec.tokens_per_step`)."""
+    return specdec.tokens_per_step(acceptance.per_position, acceptance.drafts_per_step, k)
 
 
 def interpolated_output_throughput(t1: float, tk: float, acceptance: Acceptance, max_k: int, k: int) -> float:

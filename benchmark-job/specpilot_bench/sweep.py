@@ -30,7 +30,7 @@ from typing import Any
 import aiohttp
 import numpy as np
 from specpilot.api.profile import Acceptance, LatencyStats, LevelPoint, Run
-from specpilot.observe.spec_decode import drafts_per_request_step
+from specpilot import specdec
 
 from . import loadgen
 from .loadgen import CompletionRequest
@@ -185,7 +185,7 @@ def level_point(concurrency: int, result: dict[str, Any], deltas: ServerDeltas, 
 def run_acceptance(points: Sequence[LevelPoint]) -> Acceptance | None:
     """Acceptance of a speculative run, from the server counters summed over its levels.
 
-    p_j = accepted at position j / drafts. Drafts per request-step f as `specpilot.observe.spec_decode`
+    p_j = accepted at position j / drafts. Drafts per request-step f as `specpilot.specdec`
     defines it for every reader of vLLM's counters: request-steps = generated - accepted - completed
     requests (a request's first token comes from its prefill, not from a decode step).
     """
@@ -196,11 +196,12 @@ def run_acceptance(points: Sequence[LevelPoint]) -> Acceptance | None:
     generated = sum(p.generation_tokens or 0 for p in points)
     completed = sum(p.completed or 0 for p in points if p.generation_tokens)
     positions = max(len(p.accepted_per_position) for p in points)
-    per_position = [sum(p.accepted_per_position[j] for p in points if j < len(p.accepted_per_position)) / drafts
-                    for j in range(positions)]
-    drafts_per_step = drafts_per_request_step(drafts, generated, accepted, completed) or 1.0
+    per_position = specdec.acceptance_per_position(
+        drafts, [sum(p.accepted_per_position[j] for p in points if j < len(p.accepted_per_position))
+                 for j in range(positions)])
+    drafts_per_step = specdec.drafts_per_request_step(drafts, generated, accepted, completed) or 1.0
     return Acceptance(per_position=[min(1.0, p) for p in per_position], drafts_per_step=drafts_per_step,
-                      mean_acceptance_length=1.0 + accepted / drafts)
+                      mean_acceptance_length=specdec.mean_acceptance_length(drafts, accepted))
 
 
 def stop_reason(points: Sequence[LevelPoint], slo: Slo) -> str | None:

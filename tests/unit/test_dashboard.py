@@ -2,7 +2,7 @@
 it and the alert rules.
 
 Offline: the dashboard's JSON is loaded, every PromQL query (panels, annotations, variables) is extracted and each
-metric it names must be one the operator exports (controller.metrics) or one vLLM serves (observe.vllm_metrics),
+metric it names must be one the operator exports (controller.metrics) or one vLLM serves (specpilot.vllm_page),
 so renaming a metric fails here; tests/operator/test_dashboard_queries.py runs the same queries against a real
 Prometheus scraping the real operator. The chart renders the ConfigMap and the PrometheusRule only when their
 values say so.
@@ -21,8 +21,8 @@ import pytest
 import yaml
 
 from helm_tools import CHART_DIR, HelmTools, helm_tools  # noqa: F401  (helm_tools is a fixture)
+from specpilot import vllm_page
 from specpilot.controller.metrics import OperatorMetrics
-from specpilot.observe import vllm_metrics
 
 DASHBOARD = CHART_DIR / "dashboards" / "specpilot.json"
 CAPTURE = CHART_DIR.parents[1] / "docs" / "images" / "dashboard-data.json"
@@ -70,8 +70,8 @@ def exported_by_the_operator() -> set[str]:
 
 
 def served_by_vllm() -> set[str]:
-    names = {v for k, v in vars(vllm_metrics).items() if k.isupper() and isinstance(v, str) and v.startswith("vllm:")}
-    return names | {f"{vllm_metrics.TPOT_SECONDS}_bucket", f"{vllm_metrics.TTFT_SECONDS}_bucket"}
+    names = {v for k, v in vars(vllm_page).items() if k.isupper() and isinstance(v, str) and v.startswith("vllm:")}
+    return names | {f"{vllm_page.TPOT_SECONDS}_bucket", f"{vllm_page.TTFT_SECONDS}_bucket"}
 
 
 def test_every_query_names_metrics_that_exist() -> None:

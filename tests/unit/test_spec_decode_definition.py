@@ -1,4 +1,4 @@
-"""One definition of drafts per request-step (specpilot.observe.spec_decode) for the benchmark Job, the
+"""One definition of drafts per request-step (specpilot.specdec) for the benchmark Job, the
 planner and live observation: the same counters give the same f everywhere."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from specpilot.api.profile import LevelPoint, Run
 from specpilot.observe import vllm_metrics as vm
-from specpilot.observe.spec_decode import drafts_per_request_step, request_steps
+from specpilot.specdec import drafts_per_request_step, request_steps
 from specpilot.policy.surface import acceptance_from_run
 from specpilot_bench.sweep import run_acceptance
 

@@ -24,7 +24,6 @@ from pathlib import Path
 
 import aiohttp
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
 
 from ..api import seal
 from ..api.schedule import ScheduleRange, k_at
@@ -33,6 +32,7 @@ from ..manifests.names import bench_job_name
 from ..sandbox.apiserver import SandboxApiServer
 from ..sandbox.fidelity import FIDELITY_BOUND_PERCENT, profile_fidelity
 from ..sandbox.kubelet import ENGINE_CONFIG_ANNOTATION, Kubelet
+from ..vllm_page import GENERATION_TOKENS_TOTAL, SPEC_DECODE_DRAFTS_TOTAL, parse_samples
 from .load import LoadDriver
 from .scenario import NAME, NAMESPACE, DemoScenario, Phase
 
@@ -449,14 +449,10 @@ class Demo:
                         text = await response.text()
                 except (aiohttp.ClientError, asyncio.TimeoutError):
                     continue
-                drafts = generated = 0.0
-                for family in text_string_to_metric_families(text):
-                    for sample in family.samples:
-                        if sample.name == "vllm:spec_decode_num_drafts_total":
-                            drafts += sample.value
-                        elif sample.name == "vllm:generation_tokens_total":
-                            generated += sample.value
-                out[url] = (pool, drafts, generated)
+                samples = parse_samples(text)
+                drafts = sum(value for _, value in samples.get(SPEC_DECODE_DRAFTS_TOTAL, []))
+                generated = sum(value for _, value in samples.get(GENERATION_TOKENS_TOTAL, []))
+                out[url] = (pool, float(drafts), float(generated))
         return out
 
     def _phase_result(self, phase: Phase, started: float, ended: float, before: dict, after: dict,

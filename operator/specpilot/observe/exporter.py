@@ -21,6 +21,7 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector, CollectorRegistry
 from prometheus_client.utils import floatToGoString
 
+from specpilot import vllm_page
 from specpilot.observe import vllm_metrics as vm
 
 # The text format generate_latest writes; Prometheus 2.x knows it by this version.
@@ -153,7 +154,7 @@ class VllmMetricsState:
     def metric_families(self) -> Iterator[Metric]:
         """The families as vLLM names them, advanced to now."""
         self.advance()
-        labels = [vm.ENGINE_LABEL, vm.MODEL_NAME_LABEL]
+        labels = [vllm_page.ENGINE_LABEL, vllm_page.MODEL_NAME_LABEL]
         values = [self.engine, self.model_name]
 
         def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
@@ -171,28 +172,29 @@ class VllmMetricsState:
             family.add_metric(values, hist.cumulative(), sum_value=hist.sum_s)
             return family
 
-        yield gauge(vm.NUM_REQUESTS_RUNNING, "Number of requests in model execution batches.", self.running)
-        yield gauge(vm.NUM_REQUESTS_WAITING, "Number of requests waiting to be processed.", self.waiting)
-        yield gauge(vm.KV_CACHE_USAGE_PERC, "KV-cache usage. 1 means 100 percent usage.", self.kv_cache_usage)
-        yield counter(vm.GENERATION_TOKENS_TOTAL, "Number of generation tokens processed.",
+        yield gauge(vllm_page.NUM_REQUESTS_RUNNING, "Number of requests in model execution batches.", self.running)
+        yield gauge(vllm_page.NUM_REQUESTS_WAITING, "Number of requests waiting to be processed.", self.waiting)
+        yield gauge(vllm_page.KV_CACHE_USAGE_PERC, "KV-cache usage. 1 means 100 percent usage.", self.kv_cache_usage)
+        yield counter(vllm_page.GENERATION_TOKENS_TOTAL, "Number of generation tokens processed.",
                       self._generation_tokens)
-        yield counter("vllm:request_success_total", "Count of successfully processed requests.",
+        yield counter(vllm_page.REQUEST_SUCCESS_TOTAL, "Count of successfully processed requests.",
                       self._request_success)
         if self.acceptance_per_position:
-            yield counter(vm.SPEC_DECODE_DRAFTS_TOTAL, "Number of spec decoding drafts.", self._drafts)
-            yield counter(vm.SPEC_DECODE_DRAFT_TOKENS_TOTAL, "Number of draft tokens.", self._draft_tokens)
-            yield counter(vm.SPEC_DECODE_ACCEPTED_TOKENS_TOTAL, "Number of accepted tokens.",
+            yield counter(vllm_page.SPEC_DECODE_DRAFTS_TOTAL, "Number of spec decoding drafts.", self._drafts)
+            yield counter(vllm_page.SPEC_DECODE_DRAFT_TOKENS_TOTAL, "Number of draft tokens.", self._draft_tokens)
+            yield counter(vllm_page.SPEC_DECODE_ACCEPTED_TOKENS_TOTAL, "Number of accepted tokens.",
                           self._accepted_tokens)
-            per_position = CounterMetricFamily(vm.SPEC_DECODE_ACCEPTED_PER_POS_TOTAL,
+            per_position = CounterMetricFamily(vllm_page.SPEC_DECODE_ACCEPTED_PER_POS_TOTAL,
                                                "Accepted tokens per draft position.",
-                                               labels=[*labels, vm.POSITION_LABEL])
+                                               labels=[*labels, vllm_page.POSITION_LABEL])
             for j in range(len(self.acceptance_per_position)):
                 per_position.add_metric([*values, str(j)], self._accepted_per_position[j])
             yield per_position
-        yield histogram(vm.TPOT_SECONDS, "Histogram of time per output token in seconds.", self._tpot)
-        yield histogram(vm.TTFT_SECONDS, "Histogram of time to first token in seconds.", self._ttft)
-        info = GaugeMetricFamily(vm.CACHE_CONFIG_INFO, "Information of the LLMEngine CacheConfig",
-                                 labels=[vm.ENGINE_LABEL, "block_size", "num_gpu_blocks", "kv_cache_size_tokens"])
+        yield histogram(vllm_page.TPOT_SECONDS, "Histogram of time per output token in seconds.", self._tpot)
+        yield histogram(vllm_page.TTFT_SECONDS, "Histogram of time to first token in seconds.", self._ttft)
+        info = GaugeMetricFamily(vllm_page.CACHE_CONFIG_INFO, "Information of the LLMEngine CacheConfig",
+                                 labels=[vllm_page.ENGINE_LABEL, "block_size", "num_gpu_blocks",
+                                         "kv_cache_size_tokens"])
         info.add_metric([self.engine, str(self.block_size), str(self.num_gpu_blocks),
                          str(self.block_size * self.num_gpu_blocks)], 1.0)
         yield info

@@ -31,6 +31,7 @@ from datetime import UTC, datetime
 
 import aiohttp
 
+from specpilot import vllm_page
 from specpilot.observe import vllm_metrics as vm
 from specpilot.observe.bounded import ReadLimits, ReadRefused, bounded_get, new_session
 from specpilot.observe.model import MetricsUnavailable, PoolObservation
@@ -196,7 +197,7 @@ async def _scrape(session: aiohttp.ClientSession, base_url: str, limits: ReadLim
     try:
         return vm.parse_page(body.decode("utf-8", errors="replace"), max_positions=max_positions,
                              max_samples=limits.max_series)
-    except vm.TooManySamples as error:
+    except vllm_page.TooManySamples as error:
         return f"/metrics: {error}", (f"/metrics {error}",)
     except ValueError as error:
         return f"/metrics: {error}", ()

@@ -22,6 +22,7 @@ from datetime import UTC, datetime
 import aiohttp
 
 from specpilot.observe import promql
+from specpilot import vllm_page
 from specpilot.observe import vllm_metrics as vm
 from specpilot.observe.bounded import ReadLimits, ReadRefused, bounded_get, new_session
 from specpilot.observe.model import MetricsUnavailable, PoolObservation
@@ -103,25 +104,27 @@ class PrometheusSource:
                                      f"{self.stale_after_s:g} s) for pods matching {pod_name_regex} "
                                      f"in namespace {namespace}")
 
-        generation_tokens = await scalar(promql.pool_increase(vm.GENERATION_TOKENS_TOTAL, selector, window_s))
+        generation_tokens = await scalar(promql.pool_increase(vllm_page.GENERATION_TOKENS_TOTAL, selector, window_s))
         spec_decode = await self._spec_decode_increase(selector, now, max_positions, cut)
         summary = vm.spec_decode_summary(spec_decode, generation_tokens or 0.0)
-        tpot_p95_s = await scalar(promql.pool_quantile(vm.TPOT_QUANTILE, vm.TPOT_SECONDS, selector, window_s))
+        tpot_p95_s = await scalar(promql.pool_quantile(vm.TPOT_QUANTILE, vllm_page.TPOT_SECONDS, selector, window_s))
         return PoolObservation(
             replicas_reporting=int(await scalar(promql.replicas_reporting(selector, self.stale_after_s)) or 0),
             running_per_replica=await scalar(promql.mean_per_replica(
-                vm.NUM_REQUESTS_RUNNING, selector, window_s, step_s, self.pod_label)) or 0.0,
+                vllm_page.NUM_REQUESTS_RUNNING, selector, window_s, step_s, self.pod_label)) or 0.0,
             waiting_per_replica=await scalar(promql.mean_per_replica(
-                vm.NUM_REQUESTS_WAITING, selector, window_s, step_s, self.pod_label)) or 0.0,
-            total_running=await scalar(promql.pool_total(vm.NUM_REQUESTS_RUNNING, selector, window_s, step_s)) or 0.0,
-            total_waiting=await scalar(promql.pool_total(vm.NUM_REQUESTS_WAITING, selector, window_s, step_s)) or 0.0,
-            generation_tokens_per_second=await scalar(promql.pool_rate(vm.GENERATION_TOKENS_TOTAL, selector,
+                vllm_page.NUM_REQUESTS_WAITING, selector, window_s, step_s, self.pod_label)) or 0.0,
+            total_running=await scalar(promql.pool_total(
+                vllm_page.NUM_REQUESTS_RUNNING, selector, window_s, step_s)) or 0.0,
+            total_waiting=await scalar(promql.pool_total(
+                vllm_page.NUM_REQUESTS_WAITING, selector, window_s, step_s)) or 0.0,
+            generation_tokens_per_second=await scalar(promql.pool_rate(vllm_page.GENERATION_TOKENS_TOTAL, selector,
                                                                        window_s)),
             tpot_p95_ms=None if tpot_p95_s is None else tpot_p95_s * 1000.0,
             acceptance_per_position=summary.acceptance_per_position,
             drafts_per_step=summary.drafts_per_step,
             mean_acceptance_length=summary.mean_acceptance_length,
-            kv_cache_usage=await scalar(promql.mean_gauge(vm.KV_CACHE_USAGE_PERC, selector, window_s, step_s)),
+            kv_cache_usage=await scalar(promql.mean_gauge(vllm_page.KV_CACHE_USAGE_PERC, selector, window_s, step_s)),
             observed_at=datetime.fromtimestamp(now, UTC),
             window_s=window_s,
             concurrency_histogram=vm.concurrency_histogram(await self._running_samples(selector, now)),
@@ -164,30 +167,31 @@ class PrometheusSource:
         async def instant(query: str) -> list[dict]:
             return await self._instant(query, now)
 
-        drafts = _value(await instant(promql.pool_increase(vm.SPEC_DECODE_DRAFTS_TOTAL, selector, self.window_s)))
+        drafts = _value(await instant(promql.pool_increase(vllm_page.SPEC_DECODE_DRAFTS_TOTAL, selector,
+                                                           self.window_s)))
         if drafts is None:
             return None
         per_position: dict[int, float] = {}
         ignored = 0
         for series in await instant(promql.pool_increase_by(
-                vm.SPEC_DECODE_ACCEPTED_PER_POS_TOTAL, vm.POSITION_LABEL, selector, self.window_s)):
-            if vm.POSITION_LABEL not in series["metric"]:
+                vllm_page.SPEC_DECODE_ACCEPTED_PER_POS_TOTAL, vllm_page.POSITION_LABEL, selector, self.window_s)):
+            if vllm_page.POSITION_LABEL not in series["metric"]:
                 continue
-            position = vm.position_index(series["metric"][vm.POSITION_LABEL], max_positions)
+            position = vm.position_index(series["metric"][vllm_page.POSITION_LABEL], max_positions)
             if position is None:
                 ignored += 1
             else:
                 per_position[position] = _value([series]) or 0.0
         if ignored:
-            cut.append(f"Prometheus at {self.url}: {ignored} {vm.POSITION_LABEL} label(s) outside "
+            cut.append(f"Prometheus at {self.url}: {ignored} {vllm_page.POSITION_LABEL} label(s) outside "
                        f"0..{min(max_positions, vm.MAX_POSITIONS) - 1} (the method's K) ignored")
         width = max(per_position, default=-1) + 1
         return vm.SpecDecodeCounts(
             drafts=drafts,
             draft_tokens=_value(await instant(promql.pool_increase(
-                vm.SPEC_DECODE_DRAFT_TOKENS_TOTAL, selector, self.window_s))) or 0.0,
+                vllm_page.SPEC_DECODE_DRAFT_TOKENS_TOTAL, selector, self.window_s))) or 0.0,
             accepted_tokens=_value(await instant(promql.pool_increase(
-                vm.SPEC_DECODE_ACCEPTED_TOKENS_TOTAL, selector, self.window_s))) or 0.0,
+                vllm_page.SPEC_DECODE_ACCEPTED_TOKENS_TOTAL, selector, self.window_s))) or 0.0,
             accepted_per_position=tuple(per_position.get(j, 0.0) for j in range(width)),
         )
 

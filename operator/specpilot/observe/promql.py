@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import re
 
-from specpilot.observe import vllm_metrics as vm
+from specpilot import vllm_page
 
 
 def pool_pod_regex(deployment_name: str) -> str:
@@ -52,13 +52,13 @@ def newest_sample_time(selector: str, window_s: float, step_s: float) -> str:
     A subquery because timestamp() needs an instant vector; after a failed scrape Prometheus writes a
     staleness marker, so a stopped pod drops out instead of repeating its last sample.
     """
-    return (f"max(max_over_time(timestamp({vm.NUM_REQUESTS_RUNNING}{selector})"
+    return (f"max(max_over_time(timestamp({vllm_page.NUM_REQUESTS_RUNNING}{selector})"
             f"[{duration(window_s)}:{duration(step_s)}]))")
 
 
 def replicas_reporting(selector: str, recent_s: float) -> str:
     """Number of pods with at least one running-requests sample in the last `recent_s` seconds."""
-    return f"count(count_over_time({vm.NUM_REQUESTS_RUNNING}{selector}[{duration(recent_s)}]))"
+    return f"count(count_over_time({vllm_page.NUM_REQUESTS_RUNNING}{selector}[{duration(recent_s)}]))"
 
 
 def mean_per_replica(metric: str, selector: str, window_s: float, step_s: float, pod_label: str = "pod") -> str:
@@ -99,7 +99,7 @@ def pool_quantile(q: float, histogram: str, selector: str, window_s: float) -> s
 
 def running_per_pod(selector: str, pod_label: str = "pod") -> str:
     """Each pod's running requests (engines summed): the series of the concurrency range query."""
-    return f"sum by ({pod_label}) ({vm.NUM_REQUESTS_RUNNING}{selector})"
+    return f"sum by ({pod_label}) ({vllm_page.NUM_REQUESTS_RUNNING}{selector})"
 
 
 def duration(seconds: float) -> str:

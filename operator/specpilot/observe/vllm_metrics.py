@@ -1,17 +1,14 @@
-"""vLLM's metric names and the arithmetic that turns them into load and live acceptance.
+"""The arithmetic that turns vLLM's metrics into load and live acceptance.
 
-One place for both observation sources (Prometheus and direct pod scraping) and for the test exporter:
-the metric names as vLLM (0.3x) serves them, parsing of a /metrics page into a per-pod snapshot, counter
-increases that survive restarts, Prometheus-compatible histogram quantiles, and speculative-decoding
+One place for both observation sources (Prometheus and direct pod scraping) and for the test exporter (the
+metric names and the page parser are `specpilot.vllm_page`'s): a /metrics page read into a per-pod snapshot,
+counter increases that survive restarts, Prometheus-compatible histogram quantiles, and speculative-decoding
 statistics from counter increases. Everything here is pure.
 
-Speculative decoding from counter increases over a window (vLLM's own definitions):
-- per-position acceptance p_j = accepted_at_position_j / drafts
-- mean acceptance length = 1 + accepted / drafts
-- drafts per request-step f = drafts / (generated tokens - accepted tokens - finished requests), the one
-  definition in `specpilot.observe.spec_decode` that the benchmark Job and the planner use too. A window
-  reads no request counter, so it passes no finished requests: f is then low by about one step per request
-  (under 1% for outputs of a few hundred tokens).
+Speculative decoding from counter increases over a window: per-position acceptance, mean acceptance length
+and drafts per request-step as `specpilot.specdec` defines them for every reader of vLLM's counters. A window
+reads no request counter, so it passes no finished requests: drafts per request-step is then low by about one
+step per request (under 1% for outputs of a few hundred tokens).
 """
 
 from __future__ import annotations
@@ -21,27 +18,22 @@ import math
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 
-from prometheus_client.parser import text_string_to_metric_families
-
-from .spec_decode import drafts_per_request_step
-
-NUM_REQUESTS_RUNNING = "vllm:num_requests_running"
-NUM_REQUESTS_WAITING = "vllm:num_requests_waiting"
-KV_CACHE_USAGE_PERC = "vllm:kv_cache_usage_perc"
-GENERATION_TOKENS_TOTAL = "vllm:generation_tokens_total"
-SPEC_DECODE_DRAFTS_TOTAL = "vllm:spec_decode_num_drafts_total"
-SPEC_DECODE_DRAFT_TOKENS_TOTAL = "vllm:spec_decode_num_draft_tokens_total"
-SPEC_DECODE_ACCEPTED_TOKENS_TOTAL = "vllm:spec_decode_num_accepted_tokens_total"
-SPEC_DECODE_ACCEPTED_PER_POS_TOTAL = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
-POSITION_LABEL = "position"
-"""Label of SPEC_DECODE_ACCEPTED_PER_POS_TOTAL: the draft position, "0" .. "K-1"."""
-TPOT_SECONDS = "vllm:request_time_per_output_token_seconds"
-"""Histogram of each finished request's time per output token (per token even under SD, unlike
-vllm:inter_token_latency_seconds, whose samples span a whole engine step)."""
-TTFT_SECONDS = "vllm:time_to_first_token_seconds"
-CACHE_CONFIG_INFO = "vllm:cache_config_info"
-ENGINE_LABEL = "engine"
-MODEL_NAME_LABEL = "model_name"
+from .. import specdec
+from ..vllm_page import (
+    GENERATION_TOKENS_TOTAL,
+    KV_CACHE_USAGE_PERC,
+    MAX_SAMPLES,
+    NUM_REQUESTS_RUNNING,
+    NUM_REQUESTS_WAITING,
+    POSITION_LABEL,
+    SPEC_DECODE_ACCEPTED_PER_POS_TOTAL,
+    SPEC_DECODE_ACCEPTED_TOKENS_TOTAL,
+    SPEC_DECODE_DRAFT_TOKENS_TOTAL,
+    SPEC_DECODE_DRAFTS_TOTAL,
+    TPOT_SECONDS,
+    TooManySamples,
+    parse_samples,
+)
 
 TPOT_BUCKETS_S = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
                   20.0, 40.0, 80.0)
@@ -124,14 +116,6 @@ MAX_BUCKETS = 64
 """Most TPOT histogram buckets kept (vLLM has 20); a page with more has its histogram ignored."""
 MAX_GAUGE = 1e6
 """Largest plausible running/waiting requests per engine; larger or non-finite values are ignored."""
-MAX_SAMPLES = 10_000
-"""Default bound on samples read from one page (vLLM serves a few hundred)."""
-
-
-class TooManySamples(ValueError):
-    """The page holds more samples than allowed: refused as a whole."""
-
-
 def parse_snapshot(text: str, *, max_positions: int = MAX_POSITIONS, max_samples: int = MAX_SAMPLES) -> VllmSnapshot:
     """Reads a vLLM /metrics page (Prometheus text format). Raises ValueError when it is not one."""
     return parse_page(text, max_positions=max_positions, max_samples=max_samples)[0]
@@ -152,43 +136,33 @@ def parse_page(text: str, *, max_positions: int = MAX_POSITIONS,
     counters: dict[str, float] = defaultdict(float)
     per_position: dict[int, float] = defaultdict(float)
     buckets: dict[float, float] = defaultdict(float)
-    ignored_positions = ignored_values = samples = 0
-    try:
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                samples += 1
-                if samples > max_samples:
-                    raise TooManySamples(f"more than {max_samples} samples (metricsReadLimits.maxSeries): refused")
-                value = sample.value
-                if not math.isfinite(value) or value < 0:
-                    ignored_values += sample.name in _READ
+    ignored_positions = ignored_values = 0
+    for name, series in parse_samples(text, max_samples=max_samples).items():
+        for labels, value in series:
+            if not math.isfinite(value) or value < 0:
+                ignored_values += name in _READ
+                continue
+            if name in (NUM_REQUESTS_RUNNING, NUM_REQUESTS_WAITING, KV_CACHE_USAGE_PERC):
+                if value > MAX_GAUGE:
+                    ignored_values += 1
+                else:
+                    gauges[name].append(value)
+            elif name == SPEC_DECODE_ACCEPTED_PER_POS_TOTAL:
+                position = _position(labels.get(POSITION_LABEL), max_positions)
+                if position is None:
+                    ignored_positions += 1
+                else:
+                    per_position[position] += value
+            elif name in (GENERATION_TOKENS_TOTAL, SPEC_DECODE_DRAFTS_TOTAL,
+                          SPEC_DECODE_DRAFT_TOKENS_TOTAL, SPEC_DECODE_ACCEPTED_TOKENS_TOTAL):
+                counters[name] += value
+            elif name == TPOT_SECONDS + "_bucket":
+                try:
+                    le = float(labels.get("le", ""))
+                except ValueError:
+                    ignored_values += 1
                     continue
-                if sample.name in (NUM_REQUESTS_RUNNING, NUM_REQUESTS_WAITING, KV_CACHE_USAGE_PERC):
-                    if value > MAX_GAUGE:
-                        ignored_values += 1
-                    else:
-                        gauges[sample.name].append(value)
-                elif sample.name == SPEC_DECODE_ACCEPTED_PER_POS_TOTAL:
-                    position = _position(sample.labels.get(POSITION_LABEL), max_positions)
-                    if position is None:
-                        ignored_positions += 1
-                    else:
-                        per_position[position] += value
-                elif sample.name in (GENERATION_TOKENS_TOTAL, SPEC_DECODE_DRAFTS_TOTAL,
-                                     SPEC_DECODE_DRAFT_TOKENS_TOTAL, SPEC_DECODE_ACCEPTED_TOKENS_TOTAL):
-                    counters[sample.name] += value
-                elif sample.name == TPOT_SECONDS + "_bucket":
-                    try:
-                        le = float(sample.labels.get("le", ""))
-                    except ValueError:
-                        ignored_values += 1
-                        continue
-                    buckets[le] += value
-    except TooManySamples:
-        raise
-    except (ValueError, TypeError, KeyError, IndexError) as error:
-        # The parser's own message quotes the offending line: never pass it on.
-        raise ValueError("not a page in the Prometheus text format") from error
+                buckets[le] += value
     if NUM_REQUESTS_RUNNING not in gauges:
         raise ValueError(f"no {NUM_REQUESTS_RUNNING} on the page: not a vLLM /metrics endpoint, "
                          "or the engine is not up yet")
@@ -292,14 +266,14 @@ def spec_decode_summary(spec_decode: SpecDecodeCounts | None, generation_tokens:
     (acceptance and length only from MIN_DRAFTS_FOR_ACCEPTANCE drafts on)."""
     if spec_decode is None:
         return SpecDecodeSummary([], None, None)
-    drafts_per_step = drafts_per_request_step(spec_decode.drafts, generation_tokens, spec_decode.accepted_tokens,
-                                              finished_requests)
+    drafts_per_step = specdec.drafts_per_request_step(spec_decode.drafts, generation_tokens,
+                                                      spec_decode.accepted_tokens, finished_requests)
     if spec_decode.drafts < MIN_DRAFTS_FOR_ACCEPTANCE:
         return SpecDecodeSummary([], drafts_per_step, None)
     return SpecDecodeSummary(
-        acceptance_per_position=[a / spec_decode.drafts for a in spec_decode.accepted_per_position],
+        acceptance_per_position=specdec.acceptance_per_position(spec_decode.drafts, spec_decode.accepted_per_position),
         drafts_per_step=drafts_per_step,
-        mean_acceptance_length=1.0 + spec_decode.accepted_tokens / spec_decode.drafts,
+        mean_acceptance_length=specdec.mean_acceptance_length(spec_decode.drafts, spec_decode.accepted_tokens),
     )
 
 

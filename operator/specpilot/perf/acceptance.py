@@ -3,7 +3,7 @@
 An `AcceptanceProfile` holds, for chain drafts, p_j = P(draft token j is accepted | a draft was made),
 which is also P(at least j tokens accepted) and so non-increasing in j, and f = drafts per request-step
 (1 for model-based drafters; the share of request-steps where n-gram / suffix matching found a proposal).
-Tokens per step with k drafts: E_k = 1 + f * sum_{j<=k} p_j. A k-draft run accepts min(a, k) tokens
+Tokens per step with k drafts E_k is `specpilot.specdec.tokens_per_step`. A k-draft run accepts min(a, k) tokens
 where a is what a longer run accepts (prefix truncation), so one vector serves every k.
 
 The defaults are estimates anchored to published measurements (sources beside each table); measured
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from .. import specdec
 from ..api.methods import METHOD_FAMILIES
 
 __all__ = [
@@ -56,7 +57,7 @@ class AcceptanceProfile:
         return len(self.per_position)
 
     def tokens_per_step(self, k: int) -> float:
-        """E_k = 1 + f * sum_{j<=k} p_j."""
+        """E_k (`specpilot.specdec.tokens_per_step`)."""
         return expected_tokens_per_step(self, k)
 
     def truncated(self, k: int) -> AcceptanceProfile:
@@ -67,10 +68,10 @@ class AcceptanceProfile:
 
 
 def expected_tokens_per_step(profile: AcceptanceProfile, k: int) -> float:
-    """Expected tokens a sequence gains per step with k drafts: 1 + f * sum_{j<=k} p_j."""
+    """Expected tokens a sequence gains per step with k drafts: E_k (`specpilot.specdec.tokens_per_step`)."""
     if not 0 <= k <= profile.max_k:
         raise ValueError(f"k must be within 0..{profile.max_k} (the profile's positions); got {k}")
-    return 1.0 + profile.drafts_per_step * sum(profile.per_position[:k])
+    return specdec.tokens_per_step(profile.per_position, profile.drafts_per_step, k)
 
 
 # (per-position p_1..p_8, drafts per request-step f) per method and workload.

@@ -24,6 +24,7 @@ import math
 
 import numpy as np
 
+from .. import specdec
 from ..api.methods import ALL_HEADS_AT_ONCE_FAMILIES, HOST_DRAFTED_FAMILIES, SpeculativeMethod
 from .acceptance import AcceptanceProfile, acceptance_profile
 from .catalog import GpuSpec
@@ -160,12 +161,9 @@ class Twin:
         self._target = _pass_constants(model, gpu, tensor_parallel_size, self.calibration)
         self._draft = (_pass_constants(self.drafter, gpu, tensor_parallel_size, self.calibration)
                        if self.drafter is not None else None)
-        cumulative = [0.0]
-        for p in self.acceptance.per_position:
-            cumulative.append(cumulative[-1] + p)
-        f = self.acceptance.drafts_per_step
-        self._cum_accept = tuple(1.0 + f * c for c in cumulative)  # E_k for k = 0..max_k
-        self._query_per_k = tuple(1.0 + f * k for k in range(len(cumulative)))  # verified tokens per sequence
+        p, f, max_k = self.acceptance.per_position, self.acceptance.drafts_per_step, self.acceptance.max_k
+        self._cum_accept = specdec.tokens_per_step_curve(p, f, max_k)  # E_k for k = 0..max_k
+        self._query_per_k = tuple(specdec.verified_tokens_per_step(f, k) for k in range(max_k + 1))
 
     def __repr__(self) -> str:
         return (f"Twin(gpu={self.gpu.sku!r}, model={self.model.name!r}, tp={self.tensor_parallel_size}, "

@@ -32,6 +32,7 @@ from datetime import datetime
 
 from pydantic import ValidationError
 
+from .. import specdec
 from ..api.deployment import (
     MAX_TPOT_POINTS,
     Autoscaling,
@@ -285,7 +286,7 @@ def basis(generation: int | None, baseline: ProfileLike | None, methods: dict[st
                                                                                      key=lambda kv: kv[0]):
         parts.append(f"{key}:{_fingerprint(profile)}")
     for key, (per_position, drafts_per_step) in sorted((live or {}).items()):
-        length = 1 + drafts_per_step * sum(per_position)
+        length = specdec.tokens_per_step(per_position, drafts_per_step, len(per_position))
         parts.append(f"live:{key}:{round(length * 10) / 10:.1f}")
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:12]
 

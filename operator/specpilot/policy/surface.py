@@ -56,8 +56,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from .. import specdec
 from ..api.profile import LevelPoint, Run
-from ..observe.spec_decode import drafts_per_request_step
 
 __all__ = [
     "FIT_MAX_RMS",
@@ -218,7 +218,7 @@ def acceptance_from_run(run: Run, model_drafter: bool) -> tuple[list[float], flo
 
     From the counters when the points carry them (p_j = sum accepted_per_position[j] / sum num_drafts;
     f = drafts / request-steps, request-steps = generation tokens - accepted tokens - requests, because each
-    request's first token comes from its prefill: `specpilot.observe.spec_decode`, the definition the
+    request's first token comes from its prefill: `specpilot.specdec`, the definition the
     benchmark Job and live observation share), else from `run.acceptance`. A model drafter proposes at
     every step, so f = 1 for it whatever the counters say. p is clipped to [0, 1] and made non-increasing.
     """
@@ -239,8 +239,8 @@ def acceptance_from_run(run: Run, model_drafter: bool) -> tuple[list[float], flo
                 per_position.append(0)
             per_position[j] += value
     if counted and per_position:
-        p = [value / drafts for value in per_position]
-        f = drafts_per_request_step(drafts, generation, accepted, completed) if generation else None
+        p = specdec.acceptance_per_position(drafts, per_position)
+        f = specdec.drafts_per_request_step(drafts, generation, accepted, completed) if generation else None
     elif run.acceptance is not None and run.acceptance.per_position:
         p = list(run.acceptance.per_position)
         f = run.acceptance.drafts_per_step
@@ -259,15 +259,6 @@ def _non_increasing(values: Sequence[float]) -> list[float]:
         clean.append(value)
         previous = value
     return clean
-
-
-def _tokens_per_step(per_position: Sequence[float], drafts_per_step: float, max_k: int) -> tuple[float, ...]:
-    """E_0..E_max_k; positions past the measured ones accept nothing."""
-    out = [1.0]
-    for k in range(1, max_k + 1):
-        p = per_position[k - 1] if k - 1 < len(per_position) else 0.0
-        out.append(out[-1] + drafts_per_step * p)
-    return tuple(out)
 
 
 def _k_weights(measured: Sequence[int], k: int) -> tuple[int, int, float]:
@@ -882,7 +873,7 @@ def _build_surface(baseline: Run, runs: Sequence[Run], model_drafter: bool, evid
         notes.append("the runs share no concurrency level: compared by interpolation only")
     measured = (0, *sorted(spec_curves))
     curves = (base, *(spec_curves[k] for k in measured[1:]))
-    tokens_per_step = _tokens_per_step(per_position, drafts_per_step, max_k)
+    tokens_per_step = specdec.tokens_per_step_curve(per_position, drafts_per_step, max_k)
     outputs = [c.output_tokens for c in curves if c.output_tokens and c.output_tokens >= 2]
     output_tokens = float(np.median(outputs)) if outputs else _DEFAULT_OUTPUT_TOKENS
     baseline_prefill, prefill = _prefills(base, curves[1:], model_drafter, notes)
@@ -899,7 +890,7 @@ def _build_surface(baseline: Run, runs: Sequence[Run], model_drafter: bool, evid
         prefill_samples = base.prefill_samples
     else:
         prefill_samples = sum(c.prefill_samples for c in curves[1:] if c.prefill_s is not None)
-    verified = tuple(1.0 + drafts_per_step * k for k in range(max_k + 1))
+    verified = tuple(specdec.verified_tokens_per_step(drafts_per_step, k) for k in range(max_k + 1))
     counts = [c.counts or (1,) * len(c.levels) for c in curves]
     candidates = _solve_roofline([c.levels for c in curves], decode, measured, verified, counts)
     fit = candidates.fit() if candidates is not None else None
@@ -962,7 +953,7 @@ def with_live_acceptance(surface: MethodSurface, per_position: Sequence[float],
     f = drafts_per_step if _finite_positive(drafts_per_step) else surface.drafts_per_step
     f = min(1.0, f)
     return dataclasses.replace(surface, per_position=tuple(clean), drafts_per_step=f,
-                               tokens_per_step=_tokens_per_step(clean, f, surface.max_k))
+                               tokens_per_step=specdec.tokens_per_step_curve(clean, f, surface.max_k))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -44,7 +44,7 @@ from collections.abc import Callable, Iterator, Sequence
 import numpy as np
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 
-from ..observe import vllm_metrics as vm
+from .. import vllm_page
 from ..observe.exporter import PromHistogram, VllmMetricsState
 from ..perf.twin import Twin
 from .clock import VirtualClock, WallClock
@@ -60,10 +60,6 @@ ITL_BUCKETS_S = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 
 E2E_BUCKETS_S = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
                  240.0, 480.0, 960.0, 1920.0, 7680.0)
 """vLLM's bucket upper bounds for end-to-end request latency (a +Inf bucket follows)."""
-PROMPT_TOKENS_TOTAL = "vllm:prompt_tokens_total"
-NUM_PREEMPTIONS_TOTAL = "vllm:num_preemptions_total"
-ITL_SECONDS = "vllm:inter_token_latency_seconds"
-E2E_SECONDS = "vllm:e2e_request_latency_seconds"
 MAX_CATCH_UP_S = 0.02
 """How far (wall seconds) the step deadline may lag behind now before the engine stops catching up: a
 pause of the process (GC, a busy laptop) must not turn into a burst of back-to-back steps."""
@@ -116,16 +112,17 @@ class EngineMetrics(VllmMetricsState):
 
     def metric_families(self) -> Iterator[Metric]:
         yield from super().metric_families()
-        labels = [vm.ENGINE_LABEL, vm.MODEL_NAME_LABEL]
+        labels = [vllm_page.ENGINE_LABEL, vllm_page.MODEL_NAME_LABEL]
         values = [self.engine, self.model_name]
-        for name, doc, value in ((PROMPT_TOKENS_TOTAL, "Number of prefill tokens processed.", self.prompt_tokens),
-                                 (NUM_PREEMPTIONS_TOTAL, "Cumulative number of preemption from the engine.",
+        for name, doc, value in ((vllm_page.PROMPT_TOKENS_TOTAL, "Number of prefill tokens processed.",
+                                  self.prompt_tokens),
+                                 (vllm_page.NUM_PREEMPTIONS_TOTAL, "Cumulative number of preemption from the engine.",
                                   self.preemptions)):
             family = CounterMetricFamily(name, doc, labels=labels)
             family.add_metric(values, value)
             yield family
-        for name, doc, hist in ((ITL_SECONDS, "Histogram of inter-token latency in seconds.", self.itl),
-                                (E2E_SECONDS, "Histogram of e2e request latency in seconds.", self.e2e)):
+        for name, doc, hist in ((vllm_page.ITL_SECONDS, "Histogram of inter-token latency in seconds.", self.itl),
+                                (vllm_page.E2E_SECONDS, "Histogram of e2e request latency in seconds.", self.e2e)):
             family = HistogramMetricFamily(name, doc, labels=labels)
             family.add_metric(values, hist.cumulative(), sum_value=hist.sum_s)
             yield family

@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 
 import numpy as np
 
+from .. import specdec
 from ..api.deployment import DEFAULT_CONCURRENCY_LEVELS, DEFAULT_ENGINE_IMAGE, Workload
 from ..api.methods import CandidateMethod, method_family
 from ..api.profile import (
@@ -109,10 +110,12 @@ def _run(twin: Twin, scenario: Scenario, k: int, levels: Sequence[int], rng: np.
     if k > 0:
         drafts = sum(p.num_drafts for p in points)
         accepted = sum(p.num_accepted_tokens for p in points)
-        per_position = [sum(p.accepted_per_position[j] for p in points) / drafts for j in range(k)]
-        request_steps = sum(p.generation_tokens - p.num_accepted_tokens - p.completed for p in points)
-        acceptance = Acceptance(per_position=per_position, drafts_per_step=min(1.0, drafts / request_steps),
-                                mean_acceptance_length=1.0 + accepted / drafts)
+        per_position = specdec.acceptance_per_position(
+            drafts, [sum(p.accepted_per_position[j] for p in points) for j in range(k)])
+        drafts_per_step = specdec.drafts_per_request_step(drafts, sum(p.generation_tokens for p in points), accepted,
+                                                          sum(p.completed for p in points))
+        acceptance = Acceptance(per_position=per_position, drafts_per_step=drafts_per_step,
+                                mean_acceptance_length=specdec.mean_acceptance_length(drafts, accepted))
     return Run(num_speculative_tokens=k, points=points, acceptance=acceptance)
 
 
