@@ -639,7 +639,7 @@ def _deploy_words(case: DeployCase, load: _Load) -> str:
 
 
 def _decision(chosen: CandidatePlan, rows: list[CandidatePlan], base_expected: float, load: _Load,
-              source: str, now: datetime, objective: str, min_gain_percent: float = 0.0) -> Decision:
+              source: str, now: datetime, objective: str, min_gain_percent: float) -> Decision:
     baseline = rows[0]
     load_words = load.words
     ranked = sorted((r for r in rows[1:] if r.ready and r.expected_goodput_tok_s),

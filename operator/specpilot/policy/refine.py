@@ -59,7 +59,7 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from ..api.deployment import Policy, Strategy
+from ..api.deployment import Policy, Profiling, Strategy
 from ..api.methods import CandidateMethod
 from ..api.profile import SpeculationProfile
 from .choose import BASELINE_KEY, PoolPlan, decide_pool
@@ -85,11 +85,12 @@ __all__ = [
     "spent_levels",
 ]
 
-DEFAULT_BUDGET_SHARE = 2.0
-"""Refinement budget, in measured levels, as a share of the levels the group's first sweep measured. On the
-twin (benchmarks/decision_quality.py, 5% noise per level) its one round at 2.0 costs about +45% profiling time
-on average, engine starts included (the levels it measures are the cheaper, higher ones): within the +50%
-that issue 14 allows. 1.5 costs about +38% and settles fewer draws (docs/decisions.md)."""
+DEFAULT_BUDGET_SHARE = Profiling.model_fields["refine_budget_percent"].default / 100
+"""Refinement budget, in measured levels, as a share of the levels the group's first sweep measured: the API's
+default (spec.profiling.refineBudgetPercent), its one home. On the twin (benchmarks/decision_quality.py, 5%
+noise per level) its one round at 2.0 costs about +45% profiling time on average, engine starts included (the
+levels it measures are the cheaper, higher ones): within the +50% that issue 14 allows. 1.5 costs about +38%
+and settles fewer draws (docs/decisions.md)."""
 MAX_REPEAT = 8
 """Most measurements asked of one level of one run in one round at the default budget (`max_repeat`)."""
 MAX_REPEAT_CEILING = 12

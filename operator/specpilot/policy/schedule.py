@@ -28,9 +28,13 @@ import dataclasses
 import math
 from collections.abc import Sequence
 
+from ..api.deployment import Policy
 from ..api.profile import Run
 from ..api.schedule import ScheduleRange, compress, schedule_problems
 from .surface import MethodSurface, NotEnoughDataError, build_surface
+
+MIN_GAIN_PERCENT = Policy.model_fields["min_gain_percent"].default
+"""The noise guard when a caller names none: the API's default (spec.policy.minGainPercent), its one home."""
 
 __all__ = ["SMOOTHING_TOLERANCE", "SchedulePlan", "plan_from_runs", "plan_schedule"]
 
@@ -144,7 +148,8 @@ def _smooth(dense: list[int], goodput_of: dict[int, list[float]], tolerance: flo
     return dense
 
 
-def plan_schedule(surface: MethodSurface, tpot_slo_ms: float | None = None, min_gain_percent: float = 5.0,
+def plan_schedule(surface: MethodSurface, tpot_slo_ms: float | None = None,
+                  min_gain_percent: float = MIN_GAIN_PERCENT,
                   max_batch_size: int = 256, ks: Sequence[int] | None = None) -> SchedulePlan:
     """The schedule over batch sizes 1..max_batch_size from a surface (see the module for the rules)."""
     if max_batch_size < 1:
@@ -277,7 +282,7 @@ def _describe(dense: Sequence[int], crossover: int | None, unmet: Sequence[int],
 
 
 def plan_from_runs(baseline: Run | None, runs: Sequence[Run], model_drafter: bool = True,
-                   tpot_slo_ms: float | None = None, min_gain_percent: float = 5.0,
+                   tpot_slo_ms: float | None = None, min_gain_percent: float = MIN_GAIN_PERCENT,
                    max_batch_size: int = 256, shared_prior=None) -> SchedulePlan:
     """Build the surface and plan the schedule; a plan with ok=False names what data is missing.
 
