@@ -143,7 +143,8 @@ def _time_scale(text: str) -> float:
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="the whole loop on this machine: sandbox API, simulated GPUs, real operator")
-    p.add_argument("--fast", action="store_true", help="a shorter scenario (under 30 s)")
+    p.add_argument("--fast", action="store_true",
+                   help="a shorter scenario: about 1-1.5 min on two cores (the full one about 2.5 min)")
     p.add_argument("--out", default="out/demo", help="where the report and plots go (default out/demo)")
     p.add_argument("--time-scale", type=_time_scale, help="simulated seconds per wall second of the GPUs (> 0; "
                    "below 1 gives a slow or busy host more wall time per simulated step)")
