@@ -17,6 +17,7 @@ NAMESPACE = "team"
 
 H100 = "NVIDIA-H100-80GB-HBM3"
 H200 = "NVIDIA-H200"
+A100 = "NVIDIA-A100-SXM4-80GB"
 
 
 def node(name: str, product: str, pool_label: str) -> dict:
@@ -65,6 +66,11 @@ def jobs(api: SandboxApiServer) -> list[dict]:
 
 def status(api: SandboxApiServer, name: str = "llama") -> dict:
     return (api.get("speculativedeployments", NAMESPACE, name) or {}).get("status") or {}
+
+
+def pools(api: SandboxApiServer, name: str = "llama") -> dict[str, dict]:
+    """The deployment's pools in its status, by name."""
+    return {p["name"]: p for p in status(api, name).get("pools") or []}
 
 
 def condition(api: SandboxApiServer, type_: str, name: str = "llama") -> dict | None:

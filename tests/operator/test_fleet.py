@@ -12,6 +12,7 @@ import pytest
 
 from specpilot.observe.exporter import VllmMetricsState, start_exporter
 from tests.operator.scenario import (
+    A100,
     H100,
     H200,
     NAMESPACE,
@@ -20,6 +21,7 @@ from tests.operator.scenario import (
     events,
     node,
     play_deployment_controller,
+    pools,
     publish_results,
     sdep,
     status,
@@ -27,13 +29,8 @@ from tests.operator.scenario import (
 
 pytestmark = pytest.mark.operator
 
-A100 = "NVIDIA-A100-SXM4-80GB"
 POOLS = {"a100": (A100, "A100-80GB-SXM"), "h100": (H100, "H100-SXM"), "h200": (H200, "H200")}
 PORT = 29000 + random.randint(0, 999)
-
-
-def pools(api) -> dict[str, dict]:
-    return {p["name"]: p for p in status(api).get("pools") or []}
 
 
 def replicas(api) -> dict[str, int]:

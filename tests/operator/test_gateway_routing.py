@@ -19,6 +19,7 @@ from specpilot.observe.exporter import VllmMetricsState, start_exporter
 from specpilot.policy.fleet import route_weights
 from specpilot.sandbox.apiserver import SandboxApiServer
 from tests.operator.scenario import (
+    A100,
     H100,
     NAMESPACE,
     condition,
@@ -27,6 +28,7 @@ from tests.operator.scenario import (
     events,
     node,
     play_deployment_controller,
+    pools,
     publish_results,
     sdep,
     status,
@@ -34,7 +36,6 @@ from tests.operator.scenario import (
 
 pytestmark = pytest.mark.operator
 
-A100 = "NVIDIA-A100-SXM4-80GB"
 POOLS = {"a100": (A100, "A100-80GB-SXM"), "h100": (H100, "H100-SXM")}
 PORT = 29000 + random.randint(0, 999)
 GATEWAY = {"parentRefs": [{"name": "inference"}, {"name": "public", "namespace": "gateway-system",
@@ -67,10 +68,6 @@ def route(api: SandboxApiServer) -> dict | None:
 def route_split(api: SandboxApiServer) -> dict[str, int]:
     rules = ((route(api) or {}).get("spec") or {}).get("rules") or [{}]
     return {b["name"]: b["weight"] for b in rules[0].get("backendRefs", [])}
-
-
-def pools(api) -> dict[str, dict]:
-    return {p["name"]: p for p in status(api).get("pools") or []}
 
 
 def fleet_sdep(**serving) -> dict:
