@@ -13,6 +13,7 @@ STATUS = {
         {"name": "h100", "sku": "H100", "trafficShare": 0.6, "fleetTargetReplicas": 2, "costPerMtok": 0.16,
          "full": True},
         {"name": "h200", "sku": None},  # not placed yet
+        {"name": "b200", "sku": "B200", "trafficShare": 0.0, "costPerMtok": None},  # held: no profile yet
     ],
 }
 
@@ -23,7 +24,7 @@ def _sample(at_s: float, share: dict[str, float], cost: float) -> TimelineSample
 
 def test_placement_of_reads_the_placed_pools_only() -> None:
     placed = placement_of(STATUS)
-    assert set(placed) == {"a100", "h100"}
+    assert set(placed) == {"a100", "h100", "b200"}
     assert placed["h100"] == {"share": 0.6, "replicas": 2, "cost_per_mtok": 0.16, "full": True, "sku": "H100"}
 
 
@@ -36,8 +37,8 @@ def test_each_phase_and_the_join_are_told_in_words() -> None:
         _sample(18, {"a100": 0.2, "h100": 0.5, "h200": 0.3}, 0.15),
     ])
     lines = fleet_lines(result)
-    assert lines[1] == ("  busy: a100 40% (1 replica, $0.230/Mtok); h100 60% (2 replicas, $0.160/Mtok, full); "
-                        "fleet $0.190/Mtok")
+    assert lines[1] == ("  busy: a100 40% (1 replica, $0.230/Mtok); b200 0% (its own replicas until profiled, -); "
+                        "h100 60% (2 replicas, $0.160/Mtok, full); fleet $0.190/Mtok")
     assert lines[2] == ("  h200 joined at 12 s: before, a100 40%, h100 60%, fleet $0.190/Mtok; placed 6 s after "
                         "joining; at the end a100 20%, h100 50%, h200 30%, fleet $0.150/Mtok")
     assert len(lines) == 3

@@ -149,6 +149,13 @@ def _cost(value: float | None) -> str:
     return "-" if value is None else f"${value:.3f}/Mtok"
 
 
+def _replicas(replicas: int | None) -> str:
+    """A pool's fleet target in words; None: the fleet holds the pool at its own count (no profile yet)."""
+    if replicas is None:
+        return "its own replicas until profiled, "
+    return f"{replicas} replica{'s' if replicas != 1 else ''}, "
+
+
 def fleet_lines(result: DemoResult) -> list[str]:
     """The fleet placement in words: at the end of each phase, each pool's planned share of the traffic, the
     replicas the fleet wants of it and its $/Mtok at the load it gets, and the fleet's $/Mtok; then the new GPU
@@ -162,8 +169,8 @@ def fleet_lines(result: DemoResult) -> list[str]:
              "at the load each pool gets; published as each pool's desiredReplicas):"]
     for phase in placed:
         pools = "; ".join(
-            f"{pool} {p['share']:.0%} ({p['replicas']} replica{'s' if p['replicas'] != 1 else ''}, "
-            f"{_cost(p['cost_per_mtok'])}{', full' if p['full'] else ''})"
+            f"{pool} {p['share']:.0%} ({_replicas(p['replicas'])}{_cost(p['cost_per_mtok'])}"
+            f"{', full' if p['full'] else ''})"
             for pool, p in sorted(phase.placement.items()))
         lines.append(f"  {phase.phase.name}: {pools}; fleet {_cost(phase.fleet.get('costPerMtok'))}")
     if result.joined_pool and result.joined_at_s is not None:
@@ -279,14 +286,18 @@ def _plots(result: DemoResult, rows: list[Row], out: Path) -> list[Path]:
         ax_k.set_title("Speculation each pool's engines run (decided schedule at the requests per pod; 0 = off)",
                        fontsize=10)
         ax_k.yaxis.get_major_locator().set_params(integer=True)
+        top_k = max((k for s in result.timeline for k in s.k.values()), default=1)
+        ax_k.set_ylim(-0.3, top_k + 0.5)  # 0 (speculation off) on the axis, as its title says
         ax_k.legend(loc="upper left", fontsize=8)
         if shares:
             ax_share = axes[2]
             share_pools = sorted({p for s in result.timeline for p in s.share})
             for pool in share_pools:
                 points = [(s.at_s, 100 * s.share.get(pool, 0.0)) for s in result.timeline if s.share]
+                i = share_pools.index(pool)  # equal shares overlap: wide solid, dashed and dotted keep each visible
                 ax_share.step([t for t, _ in points], [v for _, v in points], where="pre",
-                              color=colours.get(pool, "black"), label=f"{pool}: planned share")
+                              color=colours.get(pool, "black"), label=f"{pool}: planned share",
+                              linestyle=("-", "--", ":")[i % 3], linewidth=(4, 2, 2)[i % 3])
             ax_fleet = ax_share.twinx()
             costs = [(s.at_s, s.fleet_cost) for s in result.timeline if s.fleet_cost is not None]
             if costs:
@@ -318,8 +329,16 @@ def _plots(result: DemoResult, rows: list[Row], out: Path) -> list[Path]:
         ax.bar(list(x), [r.cost_always_sd for r in rows], width, label="always SD (max K)")
         ax.bar([i + width for i in x], [r.cost_specpilot for r in rows], width, label="specpilot schedule")
         ax.set_xticks(list(x), labels, fontsize=8)
-        ax.set_ylabel("$ per million output tokens")
+        # A log scale: the quiet phases cost several times the busy ones per token, and on a linear scale the
+        # few percent between policies at the peak (where a loss would show) cannot be seen.
+        ax.set_yscale("log")
+        ax.set_ylabel("$ per million output tokens (log scale)")
         ax.set_title("Cost per token at each phase's load (the same simulated engine under each configuration)")
+        for i, r in enumerate(rows):
+            best_fixed = min(r.cost_no_sd, r.cost_always_sd)
+            delta = 100 * (r.cost_specpilot / best_fixed - 1)
+            ax.annotate(f"{delta:+.0f}%", (i + width, r.cost_specpilot), textcoords="offset points", xytext=(0, 3),
+                        ha="center", fontsize=7, color="firebrick" if delta > 1 else "black")
         ax.legend()
         fig.tight_layout()
         path = out / "demo-cost.png"
