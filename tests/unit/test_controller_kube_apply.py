@@ -44,7 +44,7 @@ class Recording(Kube):
 
     async def _call(self, method, path, body=None, content_type="application/json", query=None, resource="",
                     name_given=False):
-        self._on_request(request_verb(method, path, content_type, name_given), resource)
+        self._on_request(request_verb(method, content_type, name_given), resource)
         self.sent.append((method, path, content_type))
         return _live(body) if body and "metadata" in body else {}
 

@@ -92,7 +92,7 @@ def digest(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:32]
 
 
-def request_verb(method: str, path: str, content_type: str, name_given: bool) -> str:
+def request_verb(method: str, content_type: str, name_given: bool) -> str:
     """The Kubernetes audit verb of a request: what a per-verb request count reports."""
     if method == "GET":
         return "get" if name_given else "list"
@@ -216,7 +216,7 @@ class Kube:
     async def _call(self, method: str, path: str, body: Any = None, content_type: str = "application/json",
                     query: list[tuple[str, Any]] | None = None, resource: str = "", name_given: bool = False) -> Any:
         if self._on_request is not None:
-            self._on_request(request_verb(method, path, content_type, name_given), resource)
+            self._on_request(request_verb(method, content_type, name_given), resource)
         def call() -> Any:
             method_, url, headers, body_, post = self._api.param_serialize(
                 method, path, query_params=query or [], body=body,

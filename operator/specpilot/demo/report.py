@@ -232,8 +232,9 @@ def write_reports(result: DemoResult, scenario: DemoScenario, rows: list[Row], o
                      f"{r.ms_per_token_always_sd:.1f} | {r.cost_specpilot:.3f} | {r.cost_no_sd:.3f} | "
                      f"{r.cost_always_sd:.3f} |")
     lines += ["", COST_BASIS]
-    if fleet_lines(result):
-        lines += ["", *fleet_lines(result)]
+    placement = fleet_lines(result)
+    if placement:
+        lines += ["", *placement]
     path = out / "demo.md"
     path.write_text("\n".join(lines) + "\n")
     written.append(path)
