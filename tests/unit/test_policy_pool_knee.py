@@ -10,14 +10,8 @@ import numpy as np
 from specpilot.api.deployment import Policy
 from specpilot.policy.choose import decide_pool
 from specpilot.policy.schedule import plan_schedule
-from specpilot.policy.surface import (
-    _ALL_KNEES,
-    ROOFLINE_GRID_SHAPE,
-    MethodSurface,
-    build_surface,
-    pool_roofline_priors,
-    pool_surfaces,
-)
+from specpilot.perf.roofline_fit import _ALL_KNEES, ROOFLINE_GRID_SHAPE, pool_roofline_priors
+from specpilot.policy.surface import MethodSurface, build_surface, pool_surfaces
 from specpilot.sim.synthetic import Scenario, synthetic_profiles
 
 METHODS = ("eagle3", "draft_model", "ngram")

@@ -222,7 +222,7 @@ def test_tying_the_per_sequence_costs_makes_the_step_ratios_more_precise_under_n
     # the step-time ratios between k are what the schedule weighs; 5% noise per level, 60 draws
     import numpy as np
 
-    import specpilot.policy.surface as module
+    import specpilot.perf.roofline_fit as module
 
     def true_step(k: int, b: float) -> float:
         return 7e-3 + 1e-3 * k + (4e-5 + 2e-5 * k) * b + 0.9 * 7e-3 * max(0.0, (1 + k) * b / 200 - 1)

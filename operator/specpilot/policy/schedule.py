@@ -287,7 +287,7 @@ def plan_from_runs(baseline: Run | None, runs: Sequence[Run], model_drafter: boo
     """Build the surface and plan the schedule; a plan with ok=False names what data is missing.
 
     `shared_prior`: what the pool's other methods measured of the knee and weight share
-    (`surface.pool_roofline_priors`); `policy.choose.decide_pool` pools a pool's methods this way."""
+    (`perf.roofline_fit.pool_roofline_priors`); `policy.choose.decide_pool` pools a pool's methods this way."""
     if baseline is None:
         return SchedulePlan(ok=False, reason="not enough data: no baseline run (K=0)")
     try:
