@@ -335,4 +335,4 @@ def test_profiles_as_stored_give_the_same_plan_and_are_validated_only_to_decide(
     # The next reconciliation keeps the decision: nothing is validated.
     again = PoolProfiles(bodies=stored.bodies, ready=2, total=2)
     kept = plan_pool(_inputs(spec, again, _reread(raw.status), None, replicas=1, now=NOW + timedelta(seconds=15)))
-    assert kept.status.decision == raw.status.decision and "_typed" not in again.__dict__
+    assert kept.status.decision == raw.status.decision and "_validated" not in again.__dict__

@@ -87,7 +87,7 @@ class Context:
     and physical bounds hold."""
     counted_jobs: Bounded = field(default_factory=Bounded)
     """Uids of benchmark Jobs already counted as succeeded in the metrics."""
-    left_at: Bounded = field(default_factory=Bounded)
+    profiles_written_over: Bounded = field(default_factory=Bounded)
     """"namespace/profile" -> ("Failed" or "Restarted", the resourceVersions this operator wrote over): until
     the index shows the write, a reconciliation that still sees one of those versions sees the profile as the
     write left it (and does not fail it again, posting ProfilingFailed and counting it twice, nor restart it

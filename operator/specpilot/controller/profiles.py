@@ -304,7 +304,7 @@ def _as_left_here(ctx: Context, namespace: str, profile: dict | None) -> dict | 
         return None
     meta = profile.get("metadata") or {}
     version = meta.get("resourceVersion")
-    left = ctx.left_at.get(f"{namespace}/{meta.get('name')}")
+    left = ctx.profiles_written_over.get(f"{namespace}/{meta.get('name')}")
     if not version or left is None or version not in left[1]:
         return profile
     if left[0] == "Failed":
@@ -327,7 +327,7 @@ async def _fail_profile(ctx: Context, namespace: str, need: desired.NeededProfil
     versions = tuple(v for v in ((profile.get("metadata") or {}).get("resourceVersion"),
                                  ((between or {}).get("metadata") or {}).get("resourceVersion")) if v)
     if versions:
-        ctx.left_at[f"{namespace}/{need.name}"] = ("Failed", versions)
+        ctx.profiles_written_over[f"{namespace}/{need.name}"] = ("Failed", versions)
     events.append(Event("Warning", "ProfilingFailed", f"{need.key} on {need.sku}: {event_message}"))
     ctx.metrics.profiling_jobs.labels(namespace, "failed").inc()
     return "Failed"
@@ -371,7 +371,7 @@ async def restart_profile(ctx: Context, namespace: str, name: str, profile: dict
     versions = tuple(v for v in ((profile.get("metadata") or {}).get("resourceVersion"),
                                  ((between or {}).get("metadata") or {}).get("resourceVersion")) if v)
     if versions:
-        ctx.left_at[f"{namespace}/{name}"] = ("Restarted", versions)
+        ctx.profiles_written_over[f"{namespace}/{name}"] = ("Restarted", versions)
     await ctx.kube.patch("speculationprofiles", namespace, name, {"status": {
         "phase": "Pending", "reason": "Reprofiling", "message": None, "attempts": 0, "runs": None,
         "completedAt": None, "seal": None, "benchFailure": None}}, subresource="status")

@@ -332,7 +332,7 @@ async def apply_pool_step(ctx: Context, body: dict, spec: SpeculativeDeploymentS
     pool.rollout, rollout_message = desired.rollout_state(applied or current)
     if pool.rollout == desired.ROLLOUT_STALLED and old.rollout != desired.ROLLOUT_STALLED:
         events.append(Event("Warning", "RolloutStalled", f"pool {view.pool.name}: {rollout_message}"))
-    profiled = profiled_acceptance(pool_profiles.light()[1].get(pool.decision.method)) \
+    profiled = profiled_acceptance(pool_profiles.unvalidated()[1].get(pool.decision.method)) \
         if pool.decision and pool.decision.method else None
     ctx.metrics.record_pool(namespace, name, pool, profiled[0][0] if profiled and profiled[0] else None,
                             spec.policy.tpot_slo_ms)

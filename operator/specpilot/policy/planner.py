@@ -106,18 +106,18 @@ class PoolProfiles:
     rests on is read from the stored form, and validating every profile each time would cost more than
     the rest of the reconciliation)."""
 
-    def light(self) -> tuple[ProfileLike | None, dict[str, ProfileLike]]:
+    def unvalidated(self) -> tuple[ProfileLike | None, dict[str, ProfileLike]]:
         """(baseline, method key -> profile), stored or typed: enough for the basis and live acceptance."""
         if self.bodies is None:
             return self.baseline, dict(self.methods)
         return self.bodies.get("baseline"), {k: v for k, v in self.bodies.items() if k != "baseline"}
 
-    def typed(self) -> tuple[SpeculationProfile | None, dict[str, SpeculationProfile]]:
+    def validated(self) -> tuple[SpeculationProfile | None, dict[str, SpeculationProfile]]:
         """(baseline, method key -> profile), validated once per PoolProfiles; a stored profile that does not
         validate is left out (it is then as if not measured)."""
         if self.bodies is None:
             return self.baseline, dict(self.methods)
-        cached = self.__dict__.get("_typed")
+        cached = self.__dict__.get("_validated")
         if cached is None:
             valid = {}
             for key, body in self.bodies.items():
@@ -126,7 +126,7 @@ class PoolProfiles:
                 except ValidationError:
                     continue
             cached = (valid.pop("baseline", None), valid)
-            object.__setattr__(self, "_typed", cached)
+            object.__setattr__(self, "_validated", cached)
         return cached
 
 
@@ -324,7 +324,7 @@ def plan_pool(inputs: PoolInputs) -> PoolOutcome:
     if inputs.observation is not None:
         status.observed = observed_load(inputs.observation)
 
-    _, methods = profiles.light()
+    _, methods = profiles.unvalidated()
     drift = acceptance_drift(status, methods)
     if drift is not None and drift > inputs.spec.profiling.reprofile.acceptance_drift:
         served = status.decision.method
@@ -339,7 +339,7 @@ def plan_pool(inputs: PoolInputs) -> PoolOutcome:
             methods.pop(served, None)  # measured again: the decision does without it meanwhile
             outcome.events.append(PlannedEvent(
                 "Warning", "AcceptanceDrift", f"pool {status.name}: live acceptance of {served} is {drift:.0%} "
-                f"off its profile: re-profiling {_name(profiles.light()[1][served], served)}"))
+                f"off its profile: re-profiling {_name(profiles.unvalidated()[1][served], served)}"))
 
     decision, capacity, pool_plan = _decide(inputs, status, methods)
     status.decision = decision
@@ -368,13 +368,13 @@ def _decide(inputs: PoolInputs, old: PoolStatus,
     the cooldown). A change of method or schedule means a rollout."""
     spec, profiles, now = inputs.spec, inputs.profiles, inputs.now
     live = live_acceptance(old, methods)
-    baseline = profiles.light()[0]
+    baseline = profiles.unvalidated()[0]
     key = basis(inputs.generation, baseline, methods, live)
     histogram = inputs.observation.concurrency_histogram if inputs.observation else None
     if old.decision is not None and old.decision.basis == key and not revisit_for_load(
             old.decision, histogram, now, spec.policy.hysteresis.cooldown_seconds):
         return old.decision, None, None
-    typed_baseline, typed_methods = profiles.typed()
+    typed_baseline, typed_methods = profiles.validated()
     typed_methods = {k: v for k, v in typed_methods.items() if k in methods}
     if baseline is None or typed_baseline is None or not typed_methods:
         decision = _waiting_decision(spec, profiles.ready, profiles.total, now)
@@ -406,7 +406,7 @@ def _refine(inputs: PoolInputs, status: PoolStatus, plan: PoolPlan | None, metho
     spec, old = inputs.spec, inputs.previous.refinement
     percent = spec.profiling.refine_budget_percent
     if percent == 0 or status.decision is None or status.decision.source in ("none", "prior") \
-            or inputs.profiles.light()[0] is None:
+            or inputs.profiles.unvalidated()[0] is None:
         status.refinement = None
         return
     status.refinement = old
@@ -427,7 +427,7 @@ def _refine(inputs: PoolInputs, status: PoolStatus, plan: PoolPlan | None, metho
             return
     if plan is None:
         return  # the decision stands on the same profiles: so does what refinement found
-    typed_baseline, typed_methods = inputs.profiles.typed()
+    typed_baseline, typed_methods = inputs.profiles.validated()
     typed_methods = {k: v for k, v in typed_methods.items() if k in methods}
     budget = math.ceil(percent / 100 * initial_levels([typed_baseline, *typed_methods.values()]))
     found = refine_pool_plan(plan, spec.policy, typed_baseline, typed_methods, budget_levels=budget)
