@@ -31,6 +31,7 @@ import aiohttp
 import numpy as np
 from specpilot.api.profile import Acceptance, LatencyStats, LevelPoint, Run
 from specpilot import specdec
+from specpilot.vllm_page import SPEC_DECODE_ACCEPTED_TOKENS_TOTAL
 
 from . import loadgen
 from .loadgen import CompletionRequest
@@ -91,7 +92,7 @@ def counters_problem(concurrency: int, result: dict[str, Any], deltas: ServerDel
     allowed = seen * (1 + ACCEPTANCE_CROSSCHECK_TOLERANCE) + warmup_tokens + completed
     if server <= allowed:
         return None
-    return (f"at concurrency {concurrency} the engine's vllm:spec_decode_num_accepted_tokens_total rose by {server}, "
+    return (f"at concurrency {concurrency} the engine's {SPEC_DECODE_ACCEPTED_TOKENS_TOTAL} rose by {server}, "
             f"but its streams showed {seen} accepted tokens (output tokens beyond one per chunk over "
             f"{completed} requests; allowed up to {allowed:.0f}: +{ACCEPTANCE_CROSSCHECK_TOLERANCE:.0%}, "
             f"{warmup_tokens} warm-up tokens and one per request): the engine's acceptance is not what it served")
