@@ -70,3 +70,19 @@ def test_unknown_fleet_scenario_is_refused(capsys):
         main(["simulate", "--fleet", "nope"])
     assert exc.value.code == 2
     assert "invalid choice" in capsys.readouterr().err
+
+
+def test_a_loose_slo_fleet_serves_its_main_type_without_the_drafter_that_costs_it_capacity():
+    """The simulated fleet decides its pools as the operator does for a deployment it places: under the
+    loose-slo scenario's 30 ms the H100 engine holds more tokens/s within the SLO without EAGLE-3."""
+    from specpilot.sim.mixed import prepare
+    from specpilot.sim.traces import parse_trace
+
+    scenario = SCENARIOS["loose-slo"]
+    prepared = {p.spec.name: p for p in prepare(scenario, parse_trace(scenario.trace), FleetConfig())}
+    assert prepared["h100"].sd_method is None
+    assert "in a fleet placed by cost per token" in prepared["h100"].planning.dynamic.decision.reason
+    assert prepared["h100"].sd_pool.curve == prepared["h100"].plain_pool.curve
+    # At the default's 15 ms every pool keeps EAGLE-3: there it holds more within the SLO.
+    tight = SCENARIOS["default"]
+    assert all(p.sd_method == "eagle3" for p in prepare(tight, parse_trace(tight.trace), FleetConfig()))

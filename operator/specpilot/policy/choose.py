@@ -329,8 +329,12 @@ def decide_pool(policy: Policy, candidates: list[CandidateMethod], baseline: Spe
                 live_acceptance: dict[str, tuple[list[float], float]] | None = None,
                 incumbent: str | None = None,
                 engine_supports_dynamic: bool = True, max_batch_size: int = 256,
-                now: datetime | None = None) -> PoolPlan:
-    """Decide what one pool serves. Never raises on profile data: missing data becomes a reasoned decision."""
+                now: datetime | None = None, fleet_placed: bool = False) -> PoolPlan:
+    """Decide what one pool serves. Never raises on profile data: missing data becomes a reasoned decision.
+
+    `fleet_placed`: the pool is one of a deployment's fleet placed by cost per token (policy.fleet), where a
+    replica's SLO-feasible throughput sets what its tokens cost; under a TPOT SLO the method is then dropped
+    where it holds less within the SLO than no speculation (`fleet_capacity_check`)."""
     now = now or datetime.now(UTC)
     args = (policy, candidates, price_per_gpu_hour, gpus_per_replica, concurrency_histogram, live_acceptance or {},
             engine_supports_dynamic, max_batch_size)
@@ -345,9 +349,19 @@ def decide_pool(policy: Policy, candidates: list[CandidateMethod], baseline: Spe
             before = {r.key: r for r in earlier[0][1:]}
             guard = _margin(policy.min_gain_percent) - 1.0
             rows = [rows[0], *(_held(r, before.get(r.key), guard) for r in rows[1:])]
-    chosen = _pick(rows, policy.objective, policy.min_gain_percent, incumbent)
+    picked = chosen = _pick(rows, policy.objective, policy.min_gain_percent, incumbent)
+    # Only under a TPOT SLO: it is the bound the fleet sizes replicas by. Without one a replica's capacity is
+    # its batch ceiling, where the drafter's KV share always costs throughput: the pool's own goodput
+    # decision (speculation where the load is light) stands.
+    fleet_note = fleet_capacity_check(picked, rows[0], policy.min_gain_percent) \
+        if fleet_placed and policy.tpot_slo_ms is not None else None
+    if fleet_note is not None:
+        chosen = rows[0]
     decision = _decision(chosen, rows, base_expected, load, sources.get(chosen.key, "profile"), now,
                          policy.objective, policy.min_gain_percent)
+    if fleet_note is not None:
+        decision.reason = (f"{fleet_note} (on the pool's own {load.words} {picked.key} would get "
+                           f"{_pct(picked.expected_goodput_tok_s, base_expected)} goodput over no speculation)")
     if load.words == "observed load":
         decision.load_concurrency = observed_load_level(concurrency_histogram)
     return PoolPlan(decision=decision, candidates=tuple(rows),
@@ -571,6 +585,37 @@ def _pick(rows: list[CandidatePlan], objective: str, min_gain_percent: float,
         return current
     paying = [r for r in usable if _case(r, baseline).pays(margin - 1.0)]
     return max(paying, key=rank) if paying else baseline
+
+
+def slo_capacity_tok_s(row: CandidatePlan) -> float | None:
+    """Output tokens/s one replica delivers at its SLO-feasible concurrency (Little's law: c * 1000 / TPOT(c));
+    None when the row has no curve or no feasible concurrency."""
+    c = row.capacity_concurrency
+    if not row.ready or row.tpot_ms_at is None or not c or c <= 0:
+        return None
+    ms = float(row.tpot_ms_at(c))
+    return c * 1000.0 / ms if math.isfinite(ms) and ms > 0 else None
+
+
+def fleet_capacity_check(chosen: CandidatePlan, baseline: CandidatePlan, min_gain_percent: float) -> str | None:
+    """Whether a pool of a fleet placed by cost per token should serve without speculation after all.
+
+    The fleet planner (policy.fleet) pays for whole replicas and sizes each pool by its SLO-feasible throughput,
+    so a pool's tokens cost its price over that throughput wherever the fleet runs it above its minimum (at the
+    minimum the replicas are paid for whatever they serve). A drafter takes KV cache and step time even where
+    the schedule is off, so under a loose SLO an engine without speculation can hold more load within the SLO
+    than the same engine with it: then deploying the method makes the fleet's tokens dearer even though it
+    speeds up the pool's own load. Returns why to serve without speculation when that throughput beats the
+    chosen method's by the minimum gain, else None (the pool's own decision stands)."""
+    if chosen is baseline or chosen.method is None:
+        return None
+    with_sd, without = slo_capacity_tok_s(chosen), slo_capacity_tok_s(baseline)
+    if with_sd is None or without is None or not without > with_sd * _margin(min_gain_percent):
+        return None
+    return (f"no speculation: in a fleet placed by cost per token, a replica without speculation holds "
+            f"{without:.0f} tok/s within the SLO ({baseline.capacity_concurrency:.0f} requests) against "
+            f"{with_sd:.0f} with {chosen.key} ({chosen.capacity_concurrency:.0f}), {_pct(without, with_sd)}: "
+            f"its tokens cost less without the drafter")
 
 
 LOAD_REVISIT_FACTOR = 2.0

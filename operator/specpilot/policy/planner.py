@@ -387,7 +387,8 @@ def _decide(inputs: PoolInputs, old: PoolStatus,
         concurrency_histogram=histogram, live_acceptance=live,
         # A change of method rolls the pods: the one served now stays unless another beats it by the margin.
         incumbent=old.decision.method if old.decision is not None else None,
-        engine_supports_dynamic=spec.model.data_parallel_size == 1, now=now)
+        engine_supports_dynamic=spec.model.data_parallel_size == 1, now=now,
+        fleet_placed=fleet_placed(spec))
     chosen = next((r for r in plan.candidates if r.key == (plan.decision.method or BASELINE_KEY)), None)
     update: dict = {"basis": key, "tpot_curve": tpot_curve(chosen.tpot_ms_at if chosen else None,
                                                           plan.capacity_concurrency_per_replica)}
@@ -454,6 +455,13 @@ def _refine(inputs: PoolInputs, status: PoolStatus, plan: PoolPlan | None, metho
         "Normal", "Refining", f"pool {status.name}: round {rounds}: measuring "
         + "; ".join(f"{j.profile} k={','.join(map(str, j.ks))} at {','.join(map(str, j.levels))} x{j.repeat}"
                     for j in jobs) + f" ({found.reason})"))
+
+
+def fleet_placed(spec: SpeculativeDeploymentSpec) -> bool:
+    """Whether the deployment's pools are placed by the fleet planner (policy.placement): two or more pools
+    and replicas not fixed. Its pools then weigh speculation by what it does to the fleet's cost per token
+    (policy.choose.fleet_capacity_check)."""
+    return len(spec.gpu_pools) >= 2 and spec.serving.autoscaling != Autoscaling.NONE.value
 
 
 def _waiting_decision(spec: SpeculativeDeploymentSpec, ready: int, total: int, now: datetime) -> Decision:

@@ -208,7 +208,7 @@ def _prepare(scenario: MixedScenario, trace: LoadTrace, config: FleetConfig, see
         setup = FleetSetup(scenario.model_id, pool.sku, scenario.workload, tp, pool.price_per_gpu_hour)
         inputs = PlanningInputs(setup, candidates, replicas=max(1, hi // 2), min_replicas=1, max_replicas=hi,
                                 slo_tpot_ms=scenario.slo_tpot_ms, max_num_seqs=config.max_num_seqs,
-                                seed=seed + 17 * i)
+                                seed=seed + 17 * i, fleet_placed=True)
         planning = profile_and_decide_pool(inputs, trace, histograms.get(pool.name))
         chosen, base = planning.chosen, planning.row(planning.dynamic, None)
         if planning.dynamic.decision.method and chosen.schedule is not None:

@@ -122,6 +122,8 @@ class PlanningInputs:
     hysteresis: Hysteresis = dataclasses.field(default_factory=Hysteresis)
     target_utilization_percent: float = 80.0
     scale_down_stabilization_s: float = 300.0
+    fleet_placed: bool = False
+    """The pool is one of a fleet placed by cost per token (decide_pool's `fleet_placed`)."""
 
     def __post_init__(self) -> None:
         if not self.candidates:
@@ -222,7 +224,7 @@ def profile_and_decide_pool(inputs: PlanningInputs, trace: LoadTrace,
     def decide(strategy: Strategy) -> PoolPlan:
         policy = Policy(tpot_slo_ms=inputs.slo_tpot_ms, strategy=strategy, hysteresis=inputs.hysteresis)
         return decide_pool(policy, candidates, baseline, profiles, price, gpus, concurrency_histogram=histogram,
-                           max_batch_size=inputs.max_num_seqs, now=_EPOCH)
+                           max_batch_size=inputs.max_num_seqs, now=_EPOCH, fleet_placed=inputs.fleet_placed)
 
     return PoolPlanning(dynamic=decide(Strategy.DYNAMIC), restart=decide(Strategy.RESTART), profiles=profiles,
                         baseline=baseline, concurrency_histogram=histogram, candidates=tuple(candidates))
