@@ -204,8 +204,8 @@ def fit_roofline(levels: Sequence[Sequence[float]], decode_s: Sequence[Sequence[
 
 
 def solve_roofline(levels: Sequence[Sequence[float]], decode_s: Sequence[Sequence[float]],
-                    measured_k: Sequence[int], verified_tokens: Sequence[float],
-                    counts: Sequence[Sequence[int]] | None = None) -> RooflineCandidates | None:
+                   measured_k: Sequence[int], verified_tokens: Sequence[float],
+                   counts: Sequence[Sequence[int]] | None = None) -> RooflineCandidates | None:
     """All (knee, theta) candidates of fit_roofline, solved, before they are weighed."""
     runs = len(measured_k)
     if any(len(set(lv)) < _FIT_MIN_LEVELS for lv in levels):
