@@ -26,6 +26,7 @@ from ..api.schedule import summary as schedule_summary
 from ..config import OperatorConfig
 from ..manifests import names
 from ..perf.catalog import DEFAULT_CATALOG, GpuCatalog, UnknownGpuError
+from ..policy import profiling
 
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 AMD_PRODUCT_LABEL = "amd.com/gpu.product-name"
@@ -240,15 +241,12 @@ def owned_view(profile: dict) -> OwnedView:
 
 
 def profile_is_fresh(profile: dict, max_age_hours: float, now: datetime) -> bool:
-    """A Succeeded profile younger than the max age (measured from completion); any age when it is 0."""
+    """A Succeeded profile younger than the max age (measured from completion); any age when it is 0
+    (`policy.profiling.is_fresh` on the profile's status)."""
     status = profile.get("status") or {}
-    if status.get("phase") != "Succeeded":
-        return False
     completed = status.get("completedAt")
-    if not completed or max_age_hours == 0:
-        return True
-    when = datetime.fromisoformat(completed.replace("Z", "+00:00"))
-    return now - when <= timedelta(hours=max_age_hours)
+    when = datetime.fromisoformat(completed.replace("Z", "+00:00")) if completed else None
+    return profiling.is_fresh(status.get("phase"), when, max_age_hours, now)
 
 
 def job_completed_at(job: dict) -> datetime | None:
@@ -261,13 +259,9 @@ def job_completed_at(job: dict) -> datetime | None:
 
 
 def result_overdue(job: dict, now: datetime, grace_s: float) -> bool:
-    """A Job that completed more than `grace_s` ago without its profile holding a result.
-
-    The bench exits 0 only after publishing, so a result normally arrives before (or with, by watch order)
-    the Job's completion; the grace covers the watch order. A Job with no completion time is never overdue.
-    """
-    completed = job_completed_at(job)
-    return completed is not None and (now - completed).total_seconds() > grace_s
+    """A Job that completed more than `grace_s` ago without its profile holding a result
+    (`policy.profiling.result_overdue` on the Job's completion time; one with none is never overdue)."""
+    return profiling.result_overdue(job_completed_at(job), now, grace_s)
 
 
 ROLLOUT_DONE = "RolledOut"
@@ -356,9 +350,8 @@ def max_parallel_jobs(spec: SpeculativeDeploymentSpec, config: OperatorConfig) -
     return config.profiling_defaults.max_parallel_jobs_per_pool
 
 
-def jobs_allowed(pending: list[str], running: int, max_parallel: int) -> list[str]:
-    """Which waiting profiles may get a Job now, oldest-first order preserved."""
-    return pending[: max(0, max_parallel - running)]
+jobs_allowed = profiling.jobs_allowed
+"""Which waiting profiles may get a Job now, oldest-first order preserved (`policy.profiling`)."""
 
 
 def set_condition(conditions: list[Condition], type_: str, status: bool | None, reason: str, message: str,
@@ -397,16 +390,8 @@ def decision_summary(pools: list[PoolStatus]) -> str:
     return " ".join(f"{p.name}={decision_text(p)}" for p in pools)
 
 
-def overall_phase(profiles_ready: int, profiles_total: int, profiles_failed: int) -> Phase:
-    """Pending: nothing to profile yet (no pool has a known GPU type); Profiling: measurements outstanding;
-    Degraded: some measurements failed for good (those pools serve without them); Serving: all decided."""
-    if profiles_total == 0:
-        return Phase.PENDING
-    if profiles_failed:
-        return Phase.DEGRADED
-    if profiles_ready < profiles_total:
-        return Phase.PROFILING
-    return Phase.SERVING
+overall_phase = profiling.overall_phase
+"""The deployment's phase from its profiles' roll-up (`policy.profiling`)."""
 
 
 def append_history(history: list[HistoryEntry], entry: HistoryEntry) -> list[HistoryEntry]:

@@ -25,11 +25,12 @@ from ..manifests.benchmark import benchmark_job
 from ..manifests.rbac import bench_rbac
 from ..manifests.serving import serving_service_account
 from ..perf.plausibility import checked_result_problems
+from ..policy import profiling
 from . import desired
 from .context import Context
 from .kube import Conflict
 
-REPROFILE_ANNOTATION = "specpilot.io/reprofile"
+REPROFILE_ANNOTATION = profiling.REPROFILE_ANNOTATION
 """Set to any new value (e.g. a timestamp) to re-measure every profile of the deployment."""
 JOB_UID_ANNOTATION = "specpilot.io/job-uid"
 """On a SpeculationProfile: the uid of the Job measuring it now."""
@@ -44,9 +45,9 @@ class Event:
 
 BENCH_IDENTITY_RECHECK_S = 300
 """How often a namespace's benchmark ServiceAccount/Role/RoleBinding are checked again (someone may delete them)."""
-RESULT_GRACE_S = 60
+RESULT_GRACE_S = profiling.RESULT_GRACE_S
 """How long after a benchmark Job completes its result may take to reach the profile (watch order)."""
-RETRY_HINT = f"set the annotation {REPROFILE_ANNOTATION} on the SpeculativeDeployment to retry"
+RETRY_HINT = profiling.RETRY_HINT
 """How a profile that failed for good is measured again, as its message says."""
 
 
@@ -95,7 +96,9 @@ async def reconcile_profiles(ctx: Context, spec: SpeculativeDeploymentSpec, name
                              needed: list[desired.NeededProfile], profiles: dict[str, dict],
                              jobs: dict[str, dict], reprofile: str | None, now: datetime,
                              events: list[Event]) -> dict[str, str]:
-    """Reuse fresh profiles, create missing ones and their Jobs (bounded per pool), mirror Job failures.
+    """Execute the profiling planner (`policy.profiling`) one profile at a time: read the profile and its Job
+    into the planner's view, ask it for the profile's renewal (create, restart) and its next step, do what it
+    says (API writes, Events, counters), then start the Jobs it allows per pool.
 
     Returns profile name -> phase.
     """
@@ -103,45 +106,109 @@ async def reconcile_profiles(ctx: Context, spec: SpeculativeDeploymentSpec, name
         else ctx.config.profiling_defaults.max_age_hours
     states: dict[str, str] = {}
     current: dict[str, dict] = {}
-    waiting: dict[str, list[desired.NeededProfile]] = {}
+    waiting: dict[str, list[profiling.Need]] = {}
     running: dict[str, int] = {}
+    by_name = {need.name: need for need in needed}
     for need in needed:
         if need.name in states:
             continue
+        plan_need = _need(need)
         stored = _as_left_here(ctx, namespace, profiles.get(need.name))
         if stored is not None:
             stored = await _owned(ctx, namespace, need, stored, events)
-        profile = await _current_profile(ctx, namespace, need, stored, reprofile, max_age, now, events)
+        renew = profiling.renewal(plan_need, _view(ctx, namespace, stored) if stored is not None else None,
+                                  reprofile, max_age, now)
+        profile = await _renew(ctx, namespace, need, stored, renew, events) if renew is not None else stored
         current[need.name] = profile
-        phase = (profile.get("status") or {}).get("phase") or "Pending"
         job = _current_job(jobs.get(f"{namespace}/{names.bench_job_name(need.name)}"), profile)
-        if job is not None and phase in ("Pending", "Running"):
-            profile = await _sync_nonce(ctx, namespace, need.name, profile, job)
-        if phase in ("Pending", "Running") and job is None:
-            waiting.setdefault(need.pool, []).append(need)
-        elif phase in ("Pending", "Running"):
-            phase = await _follow_job(ctx, namespace, need, profile, job, phase, now, events)
-            running[need.pool] = running.get(need.pool, 0) + (phase in ("Pending", "Running")
-                                                              and job_state(job) == "Active")
-        elif phase == "Succeeded" and (refused := _result_refusal(ctx, namespace, profile)):
-            reason, shown = refused
-            phase = await _fail_profile(ctx, namespace, need, profile, events,
-                                        {"reason": reason, "message": f"result refused: {shown}; {RETRY_HINT}"},
-                                        f"{reason}: {shown}")
-        elif phase == "Succeeded":
-            if desired.verdict_of(profile) is None:
-                await _accept_result(ctx, namespace, need, profile, events)
+        step = profiling.follow(plan_need, _view(ctx, namespace, profile, job), _job_view(job, profile), now,
+                                RESULT_GRACE_S)
+        for action in step.actions:
+            await _execute(ctx, namespace, need, current[need.name], job, action, events)
+        if step.phase == "Succeeded":
             uid = (job or {}).get("metadata", {}).get("uid")
             if uid and uid not in ctx.counted_jobs:
                 ctx.counted_jobs[uid] = True
                 ctx.metrics.profiling_jobs.labels(namespace, "succeeded").inc()
-        states[need.name] = phase
+        if step.waiting:
+            waiting.setdefault(need.pool, []).append(plan_need)
+        running[need.pool] = running.get(need.pool, 0) + step.running
+        states[need.name] = step.phase
     max_parallel = desired.max_parallel_jobs(spec, ctx.config)
     for pool, queue in waiting.items():
         view_pool = next(p for p in spec.gpu_pools if p.name == pool)
-        for need in desired.jobs_allowed(queue, running.get(pool, 0), max_parallel):
+        for start in profiling.jobs_allowed(queue, running.get(pool, 0), max_parallel):
+            need = by_name[start.name]
             await _start_job(ctx, spec, namespace, sdep_name, view_pool, need, current[need.name])
     return states
+
+
+def _need(need: desired.NeededProfile) -> profiling.Need:
+    return profiling.Need(need.name, need.pool, need.key, need.sku)
+
+
+def _stamp(text: str | None) -> datetime | None:
+    return datetime.fromisoformat(text.replace("Z", "+00:00")) if text else None
+
+
+def _view(ctx: Context, namespace: str, profile: dict, job: dict | None = None) -> profiling.ProfileView:
+    """The planner's view of a profile as the operator reads it (after `_owned`); a Succeeded result's seal and
+    plausibility are checked here (they need the result key and the catalog), a failure's account quoted (its
+    seal checked with the current Job's nonce, which `RecordNonce` records first)."""
+    status = profile.get("status") or {}
+    phase = status.get("phase") or "Pending"
+    annotations = ((profile.get("metadata") or {}).get("annotations")) or {}
+    if job is not None and phase in profiling.MEASURING:
+        profile = _with_nonce(profile, job)
+    return profiling.ProfileView(
+        phase=phase, verdict=desired.verdict_of(profile) is not None, completed_at=_stamp(status.get("completedAt")),
+        attempts=status.get("attempts", 0), reprofile_mark=annotations.get(REPROFILE_ANNOTATION),
+        refusal=_result_refusal(ctx, namespace, profile) if phase == "Succeeded" else None,
+        bench_said=_bench_account(ctx, namespace, profile) if phase in profiling.MEASURING else "")
+
+
+def _job_view(job: dict | None, profile: dict) -> profiling.JobView | None:
+    if job is None:
+        return None
+    status = job.get("status") or {}
+    job_nonce = (((job.get("metadata") or {}).get("annotations")) or {}).get(seal.NONCE_ANNOTATION)
+    recorded = ((((profile.get("metadata") or {}).get("annotations")) or {}).get(seal.NONCE_ANNOTATION) or "").split()
+    return profiling.JobView(
+        name=(job.get("metadata") or {}).get("name", ""), state=job_state(job), active=int(status.get("active") or 0),
+        failed=int(status.get("failed") or 0), completed_at=desired.job_completed_at(job), failure=_job_failure(job),
+        nonce_recorded=not job_nonce or job_nonce in recorded)
+
+
+async def _renew(ctx: Context, namespace: str, need: desired.NeededProfile, profile: dict | None,
+                 action: profiling.CreateProfile | profiling.Restart, events: list[Event]) -> dict:
+    """Create the profile, or measure it again; the profile as it looks right after."""
+    events.append(Event(*action.event(_need(need))))
+    if isinstance(action, profiling.CreateProfile):
+        return await _create_profile(ctx, namespace, need, action.reprofile)
+    await restart_profile(ctx, namespace, need.name, profile, action.reprofile)
+    return _restarted(profile)
+
+
+async def _execute(ctx: Context, namespace: str, need: desired.NeededProfile, profile: dict, job: dict | None,
+                   action: profiling.Action, events: list[Event]) -> None:
+    """One of the planner's actions on a profile (API writes, Events, counters)."""
+    if isinstance(action, profiling.RecordNonce):
+        await _sync_nonce(ctx, namespace, need.name, profile, job)
+    elif isinstance(action, profiling.MarkFailed):
+        await _fail_profile(ctx, namespace, need, profile, events, action.status, action.event_message)
+    elif isinstance(action, profiling.Accept):
+        await _accept_result(ctx, namespace, need, profile, events)
+    elif isinstance(action, profiling.MarkRunning):
+        await ctx.kube.patch("speculationprofiles", namespace, need.name,
+                             {"status": {"phase": "Running", "reason": "Measuring",
+                                         "message": f"the benchmark Job {action.job_name} is running"}},
+                             subresource="status")
+    elif isinstance(action, profiling.RecordRetry):
+        await ctx.kube.patch("speculationprofiles", namespace, need.name,
+                             {"status": {"attempts": action.attempts, "reason": "Retrying",
+                                         "message": f"attempt {action.attempts + 1} after a failure"}},
+                             subresource="status")
+    # Wait: nothing to write (the timer or the Job's next change brings the next reconciliation)
 
 
 async def _owned(ctx: Context, namespace: str, need: desired.NeededProfile, profile: dict,
@@ -181,65 +248,6 @@ async def _accept_result(ctx: Context, namespace: str, need: desired.NeededProfi
     events.append(Event("Normal", "Profiled", f"{need.key} on {need.sku} ({need.name}): result accepted"))
 
 
-async def _current_profile(ctx: Context, namespace: str, need: desired.NeededProfile, profile: dict | None,
-                           reprofile: str | None, max_age: float, now: datetime, events: list[Event]) -> dict:
-    """The profile as it is to be measured now: created when missing, restarted when stale or when the
-    deployment's reprofile annotation asks for it (as the profile looks right after)."""
-    annotations = ((profile or {}).get("metadata") or {}).get("annotations") or {}
-    stale_request = reprofile is not None and annotations.get(REPROFILE_ANNOTATION) != reprofile
-    phase = ((profile or {}).get("status") or {}).get("phase")
-    if profile is None:
-        events.append(Event("Normal", "Profiling", f"measuring {need.key} on {need.sku} ({need.name})"))
-        return await _create_profile(ctx, namespace, need, reprofile)
-    if phase == "Succeeded" and (stale_request or not desired.profile_is_fresh(profile, max_age, now)):
-        why = "requested by annotation" if stale_request else f"older than {max_age:g} h"
-    elif phase == "Failed" and stale_request:
-        why = "requested by annotation"
-    else:
-        return profile
-    await restart_profile(ctx, namespace, need.name, profile, reprofile)
-    events.append(Event("Normal", "Reprofiling", f"re-measuring {need.name}: {why}"))
-    return _restarted(profile)
-
-
-async def _follow_job(ctx: Context, namespace: str, need: desired.NeededProfile, profile: dict, job: dict,
-                      phase: str, now: datetime, events: list[Event]) -> str:
-    """Mirror the profile's benchmark Job: a failure for good fails the profile (with the Job's reason), a
-    retry is counted in the profile's status, a completed Job's result is waited for a grace period."""
-    state = job_state(job)
-    said = _bench_account(ctx, namespace, profile)
-    if state == "Failed":
-        reason, message = _job_failure(job)
-        attempts = int((job.get("status") or {}).get("failed") or 0)
-        return await _fail_profile(ctx, namespace, need, profile, events,
-                                   {"reason": reason, "attempts": attempts,
-                                    "message": f"{message} after {attempts} attempt(s){said}; {RETRY_HINT}"},
-                                   f"{reason}: {message} ({attempts} attempts){said}")
-    if state == "Complete":
-        # The bench exits 0 only after publishing, so the result is on its way (watch order); past the
-        # grace it never will come, and waiting longer would hang the pool at Profiling.
-        if not desired.result_overdue(job, now, RESULT_GRACE_S):
-            return "Running"
-        job_name = job["metadata"]["name"]
-        message = (f"the benchmark Job {job_name} completed but no result reached the profile within "
-                   f"{RESULT_GRACE_S} s{said}; see `kubectl logs job/{job_name}`, then {RETRY_HINT}")
-        return await _fail_profile(ctx, namespace, need, profile, events, {"reason": "NoResult", "message": message},
-                                   f"NoResult: {message}")
-    failures = int((job.get("status") or {}).get("failed") or 0)
-    if phase == "Pending" and int((job.get("status") or {}).get("active") or 0) > 0 and not failures:
-        await ctx.kube.patch("speculationprofiles", namespace, need.name,
-                             {"status": {"phase": "Running", "reason": "Measuring",
-                                         "message": f"the benchmark Job {job['metadata']['name']} is running"}},
-                             subresource="status")
-        return "Running"
-    if failures and (profile.get("status") or {}).get("attempts", 0) != failures:
-        await ctx.kube.patch("speculationprofiles", namespace, need.name,
-                             {"status": {"attempts": failures, "reason": "Retrying",
-                                         "message": f"attempt {failures + 1} after a failure"}},
-                             subresource="status")
-    return phase
-
-
 def _bench_account(ctx: Context, namespace: str, profile: dict) -> str:
     """The benchmark's own account of why it stopped (status.benchFailure), quoted only when the profile's seal
     holds (its Job wrote it, not tenant code or another writer); "" otherwise."""
@@ -263,6 +271,17 @@ async def _start_job(ctx: Context, spec: SpeculativeDeploymentSpec, namespace: s
     await ctx.kube.patch("speculationprofiles", namespace, need.name,
                          {"status": {"jobName": created["metadata"]["name"], "reason": "JobCreated"}},
                          subresource="status")
+
+
+def _with_nonce(profile: dict, job: dict) -> dict:
+    """The profile with its current Job's result nonce recorded (as `_sync_nonce` leaves it)."""
+    job_nonce = (((job.get("metadata") or {}).get("annotations")) or {}).get(seal.NONCE_ANNOTATION)
+    meta = profile.get("metadata") or {}
+    recorded = ((meta.get("annotations") or {}).get(seal.NONCE_ANNOTATION) or "").split()
+    if not job_nonce or job_nonce in recorded:
+        return profile
+    return {**profile, "metadata": {**meta, "annotations": {**(meta.get("annotations") or {}),
+                                                             seal.NONCE_ANNOTATION: job_nonce}}}
 
 
 async def _sync_nonce(ctx: Context, namespace: str, name: str, profile: dict, job: dict) -> dict:

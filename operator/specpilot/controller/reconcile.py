@@ -37,6 +37,7 @@ from ..observe.model import MetricsUnavailable
 from ..perf.catalog import GpuCatalog
 from ..policy.fleet import Routing, route_weights
 from ..policy.placement import FleetMember, FleetOutcome, clear_plan, place_fleet, write_plan
+from ..policy.profiling import Rollup, rollup
 from ..policy.planner import PoolInputs, PoolOutcome, PoolProfiles, plan_pool, profiled_acceptance
 from . import desired
 from .context import Context
@@ -138,10 +139,10 @@ async def reconcile(ctx: Context, body: dict, nodes: list[dict], profiles: dict[
     served = {view.pool.name for view, _, step in steps if step.outcome.serve is not None}
     await _reconcile_routing(ctx, body, spec, status, old, route, served, generation, now, events)
 
-    ready = sum(1 for n in needed if states.get(n.name) == "Succeeded")
-    failed = sum(1 for n in needed if states.get(n.name) == "Failed")
-    status.phase = desired.overall_phase(ready, len(needed), failed)
-    status.progress = f"profiles {ready}/{len(needed)}" + (f", {failed} failed" if failed else "")
+    counted = rollup(needed, states)
+    ready, failed = counted.ready, counted.failed
+    status.phase = counted.phase
+    status.progress = counted.progress
     status.observed_generation = generation
     status.decision_summary = desired.decision_summary(status.pools)
     observed = [p.observed.concurrency for p in status.pools if p.observed and p.observed.concurrency is not None]
@@ -195,9 +196,7 @@ def _conditions(ctx: Context, status: SpeculativeDeploymentStatus, old: Speculat
         return any(c.type == type_ and c.status == value and (reason is None or c.reason == reason)
                    for c in old.conditions)
 
-    set_("Profiled", ready == total and total > 0,
-         "AllProfilesReady" if ready == total and total else ("ProfilesFailed" if failed else "Profiling"),
-         status.progress)
+    set_("Profiled", *Rollup(ready, total, failed).profiled, status.progress)
     no_nodes = [v.pool.name for v in views if not v.nodes]
     set_("NodesAvailable", not no_nodes, "PoolsWithoutNodes" if no_nodes else "NodesFound",
          f"no nodes match the nodeSelector of pool(s) {', '.join(no_nodes)}: check spec.gpuPools[].nodeSelector"
@@ -241,10 +240,9 @@ def _pool_profiles(needed: list[desired.NeededProfile], view: desired.PoolView, 
         bodies[need.key] = {**body, "status": {**(body.get("status") or {}), "phase": "Succeeded"}}
         if need.candidate is not None and users.get(need.name, set()) - {uid}:
             shared.add(need.key)
+    counted = rollup(pool_needed, states)
     return PoolProfiles(
-        bodies=bodies, shared=frozenset(shared),
-        ready=sum(1 for n in pool_needed if states.get(n.name) == "Succeeded"), total=len(pool_needed),
-        failed=sum(1 for n in pool_needed if states.get(n.name) == "Failed"),
+        bodies=bodies, shared=frozenset(shared), ready=counted.ready, total=counted.total, failed=counted.failed,
         names=tuple(sorted({n.name for n in pool_needed})))
 
 
