@@ -17,7 +17,7 @@ DEFAULT_GPU = "H100-SXM"
 DEFAULT_METHODS = "ngram:4,eagle3:4,draft_model:4"
 DEFAULT_TRACE = "diurnal:100:20:3"
 FAST_TRACE = "diurnal:40:8:0.25"
-FLEET_SCENARIOS = ("default", "owned-a100", "loose-slo", "code")
+FLEET_SCENARIOS = ("default", "owned-a100", "loose-slo", "code", "join")
 """The mixed-fleet scenarios of `--fleet` (sim.mixed.SCENARIOS)."""
 FLEET_FAST_STARTUP_S = 15.0
 """Replica start-up under --fleet --fast: a day in a quarter-hour is 96x faster than real time, and 120 s
@@ -160,6 +160,8 @@ def _run_fleet(args: argparse.Namespace) -> int:
                           f"${pool.setup.gpu_price_per_hour:.2f}/GPU-h, min {pool.spec.min_replicas}; "
                           f"{pool.sd_method or 'no speculation'} "
                           f"{pool.planning.dynamic.decision.schedule_summary or ''}".rstrip())
+            if pool.joining is not None:
+                console.print(f"  joined: {pool.joining.words()}")
         rows = table_rows(comparison)
         table = Table(header_style="bold")
         for i, column in enumerate(rows[0]):

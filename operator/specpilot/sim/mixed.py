@@ -23,6 +23,10 @@ streams per pool with rate share x rate, so each pool is served by the request-l
 drained on scale-down). Shares follow the replicas serving (a planned replica serves `startup_s` after it
 was asked for), as a Service's endpoints and the planner's ready-replica weights do. The fleet's figures
 add the pools': $/Mtok = dollars / tokens, SLO attainment over all arrived requests, GPU-hours.
+
+A pool may join mid-trace (`MixedPool.joins_at_s`, the `join` scenario): the operator's profiling planner
+runs its profiling Jobs on the twin's time (`sim.joining`), it takes no replicas until its profiles are
+Ready, and its Jobs' GPU time (refinement included) is added to every placement's cost and GPU-hours.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ from ..policy.fleet import (
 from ..policy.replicas import ReplicaState, plan_replicas
 from .connector import EPOCH
 from .fleet import Action, FleetConfig, FleetSetup, Mode, Observation, SimResult, simulate
+from .joining import Joining, plan_joining, with_refinement
 from .policies import Candidate, PlanningInputs, PoolPlanning, profile_and_decide_pool
 from .traces import LoadTrace, parse_trace
 
@@ -83,6 +88,9 @@ class MixedPool:
     min_replicas: int = 0
     price_per_gpu_hour: float | None = None
     """USD per GPU-hour; the catalog's on-demand price when unset."""
+    joins_at_s: float | None = None
+    """The pool's nodes appear this many seconds into the trace (None: there from the start): the profiling
+    planner profiles it then (`sim.joining`), and it serves once its profiles are Ready."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,15 +104,22 @@ class MixedScenario:
     model_id: str = DEFAULT_MODEL
     methods: str = "ngram:4,eagle3:4"
     tensor_parallel_size: int = 1
+    profiling_time_scale: float = 1.0
+    """A joining pool's Jobs take their time on the twin times this (--fast shrinks them with the trace)."""
 
     def fast(self) -> MixedScenario:
-        """The same fleet and shape at a quarter of the load and GPUs, over a quarter-hour: for tests."""
+        """The same fleet and shape at a quarter of the load and GPUs, over a quarter-hour: for tests (a pool
+        joins at the same point of the day, and its profiling shrinks with the day)."""
         kind, *numbers = self.trace.split(":")
         if kind != "diurnal":
             raise ValueError(f"scenario {self.name}: --fast needs a diurnal trace (got {self.trace})")
         peak, trough = float(numbers[0]) / 4, float(numbers[1]) / 4
-        pools = tuple(dataclasses.replace(p, gpus=max(1, p.gpus // 4)) for p in self.pools)
-        return dataclasses.replace(self, pools=pools, trace=f"diurnal:{peak:g}:{trough:g}:0.25")
+        squeeze = 0.25 / float(numbers[2]) if len(numbers) > 2 else 1.0
+        pools = tuple(dataclasses.replace(p, gpus=max(1, p.gpus // 4),
+                                          joins_at_s=p.joins_at_s * squeeze if p.joins_at_s is not None else None)
+                      for p in self.pools)
+        return dataclasses.replace(self, pools=pools, trace=f"diurnal:{peak:g}:{trough:g}:0.25",
+                                   profiling_time_scale=self.profiling_time_scale * squeeze)
 
 
 _DAY = "a day's diurnal load compressed into 3 hours"
@@ -132,6 +147,13 @@ SCENARIOS: dict[str, MixedScenario] = {s.name: s for s in (
         (MixedPool("a100", "A100-80GB-SXM", 8, 1), MixedPool("h100", "H100-SXM", 8),
          MixedPool("h200", "H200", 8)),
         "diurnal:320:40:3", 15.0, workload="humaneval"),
+    MixedScenario(
+        "join", f"the default fleet, but the H200 pool's nodes appear 1 h into {_DAY} (before the peak at "
+                "1.5 h): the profiling planner profiles the new GPU type (baseline, ngram, EAGLE-3, one Job at "
+                "a time on the twin) and the pool serves once its profiles are Ready",
+        (MixedPool("a100", "A100-80GB-SXM", 8, 1), MixedPool("h100", "H100-SXM", 8),
+         MixedPool("h200", "H200", 8, joins_at_s=3600.0)),
+        "diurnal:320:40:3", 15.0),
 )}
 
 
@@ -149,6 +171,11 @@ class PreparedPool:
     plain_pool: FleetPool
     """As an SD-unaware optimiser sees it: the baseline's curve."""
     max_replicas: int
+    joining: Joining | None = None
+    """A pool that joins mid-trace: when it joined, when it serves, the Jobs it ran (None: there throughout)."""
+
+    def serving_at(self, t_s: float) -> bool:
+        return self.joining is None or t_s >= self.joining.serving_at_s
 
 
 def _curve(tpot_ms_at: Callable[[float], float] | None, max_num_seqs: int) -> tuple[CurvePoint, ...]:
@@ -166,7 +193,9 @@ def _curve(tpot_ms_at: Callable[[float], float] | None, max_num_seqs: int) -> tu
 def prepare(scenario: MixedScenario, trace: LoadTrace, config: FleetConfig, seed: int = 0) -> list[PreparedPool]:
     """Profile and decide every pool as the operator would: first on the load the trace would give half its
     replicas, then again on the per-replica concurrency the fleet placement gives it (the operator re-decides
-    a pool on the load it observes, and under fleet placement a pool runs near its capacity)."""
+    a pool on the load it observes, and under fleet placement a pool runs near its capacity). A pool that joins
+    mid-trace is profiled from when it joins (`sim.joining`): it serves once its profiles are Ready, and the
+    refinement its decision asks for is charged after."""
     first = _prepare(scenario, trace, config, seed, {})
     output_tokens = float(first[0].setup.lengths.mean_output_tokens)
     timeline = place("specpilot", first, trace, output_tokens, config, scenario)
@@ -184,7 +213,12 @@ def prepare(scenario: MixedScenario, trace: LoadTrace, config: FleetConfig, seed
         if seen:
             total = sum(seen.values())
             histograms[name] = sorted((float(c), w / total) for c, w in seen.items())
-    return _prepare(scenario, trace, config, seed, histograms)
+    prepared = _prepare(scenario, trace, config, seed, histograms)
+    for pool in prepared:
+        if pool.joining is not None:
+            pool.joining = with_refinement(pool.joining, pool.planning, pool.setup, scenario.slo_tpot_ms,
+                                           scenario.profiling_time_scale)
+    return prepared
 
 
 def _concurrency_at(view: FleetPool, tokens_per_second: float, max_num_seqs: int) -> int:
@@ -224,7 +258,9 @@ def _prepare(scenario: MixedScenario, trace: LoadTrace, config: FleetConfig, see
                              _curve(row.tpot_ms_at, config.max_num_seqs), row.capacity_concurrency,
                              gpus_available=pool.gpus)
 
-        prepared.append(PreparedPool(pool, setup, planning, mode, method, view(chosen), view(base), hi))
+        joining = None if pool.joins_at_s is None else plan_joining(
+            pool.name, pool.sku, setup, candidates, pool.joins_at_s, trace.duration_s, scenario.profiling_time_scale)
+        prepared.append(PreparedPool(pool, setup, planning, mode, method, view(chosen), view(base), hi, joining))
     return prepared
 
 
@@ -265,6 +301,10 @@ def place(placement: str, prepared: Sequence[PreparedPool], trace: LoadTrace, ou
         ready = {n: _ready(asked[n], t, config.startup_s, current[n]) for n in names}
         pools = [dataclasses.replace(v, current_replicas=current[v.name], ready_replicas=ready[v.name] if i else None)
                  for v in views]
+        # a pool that has not joined yet, or is still profiling, has no GPUs to place replicas on
+        pools = [p if pool.serving_at(float(t)) else dataclasses.replace(p, min_replicas=0, max_replicas=0,
+                                                                        gpus_available=0)
+                 for p, pool in zip(pools, prepared, strict=True)]
         now = EPOCH + timedelta(seconds=float(t))
         if placement == "even-split":
             wanted = even_split_replicas(pools, demand, settings)
@@ -350,6 +390,9 @@ class PlacementResult:
     timeline: Timeline
     pools: dict[str, SimResult | None]
     """Each pool's request-level run (None: the pool never ran a replica)."""
+    profiling_cost_usd: float = 0.0
+    """Joining pools' profiling and refinement Jobs (their GPUs bill while they measure)."""
+    profiling_gpu_hours: float = 0.0
 
     @property
     def _runs(self) -> list[SimResult]:
@@ -357,7 +400,7 @@ class PlacementResult:
 
     @property
     def cost_usd(self) -> float:
-        return sum(r.cost_usd for r in self._runs)
+        return sum(r.cost_usd for r in self._runs) + self.profiling_cost_usd
 
     @property
     def output_tokens(self) -> float:
@@ -369,7 +412,7 @@ class PlacementResult:
 
     @property
     def gpu_hours(self) -> float:
-        return sum(r.gpu_hours for r in self._runs)
+        return sum(r.gpu_hours for r in self._runs) + self.profiling_gpu_hours
 
     @property
     def requests_arrived(self) -> int:
@@ -445,5 +488,7 @@ def compare(scenario: MixedScenario, config: FleetConfig | None = None, seed: in
             # Every placement sees the same arrivals per pool stream seed (the routed rates differ).
             runs[name] = simulate(policy, routed, pool.setup, config, scenario.slo_tpot_ms,
                                   max_replicas=pool.max_replicas, seed=seed + 1000 * j)
-        results.append(PlacementResult(placement, timeline, runs))
+        joinings = [p.joining for p in prepared if p.joining is not None]
+        results.append(PlacementResult(placement, timeline, runs, sum(j.cost_usd for j in joinings),
+                                       sum(j.gpu_hours for j in joinings)))
     return MixedComparison(scenario, trace, prepared, results)

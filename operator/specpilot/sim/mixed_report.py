@@ -1,7 +1,8 @@
 """Reports of a mixed-fleet comparison (`specpilot simulate --fleet`): table rows, verdict, plot, markdown, JSON.
 
 The plot (`fleet-SCENARIO.png`, matplotlib Agg) shows over the trace, per placement policy, the arrival rate,
-each pool's replicas and each pool's share of traffic.
+each pool's replicas and each pool's share of traffic (and, for a pool that joins mid-trace, when it joined
+(dotted) and when it started serving (dash-dot)).
 """
 
 from __future__ import annotations
@@ -89,6 +90,11 @@ def plot_fleet(comparison: MixedComparison, path: Path) -> None:
         twin = top.twinx()
         twin.plot(hours, rate, color="grey", linewidth=0.8, linestyle="--")
         twin.set_ylabel("arrivals req/s", color="grey", fontsize=8)
+        for pool in comparison.prepared:
+            if pool.joining is not None:  # joined, then serving once profiled
+                for ax in (top, bottom):
+                    ax.axvline(pool.joining.joined_at_s / 3600.0, color="black", linewidth=0.6, linestyle=":")
+                    ax.axvline(pool.joining.serving_at_s / 3600.0, color="black", linewidth=0.6, linestyle="-.")
     axes[0][0].legend(fontsize=8, loc="upper left")
     fig.suptitle(f"mixed fleet '{comparison.scenario.name}': {comparison.scenario.description}", fontsize=9)
     fig.tight_layout()
@@ -120,7 +126,9 @@ def write_fleet_reports(comparisons: list[MixedComparison], out_dir: Path) -> li
         lines += [f"## {scenario.name}", "", scenario.description, "",
                   "| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
         lines += ["| " + " | ".join(row) + " |" for row in rows[1:]]
-        lines += ["", verdict.words(), "", f"![shares and replicas]({plot.name})", ""]
+        lines += ["", verdict.words(), ""]
+        joined = [f"Joined: {p.joining.words()}." for p in comparison.prepared if p.joining is not None]
+        lines += [*joined, *([""] if joined else []), f"![shares and replicas]({plot.name})", ""]
         report.append({"scenario": scenario.name, "description": scenario.description, "trace": scenario.trace,
                        "slo_tpot_ms": scenario.slo_tpot_ms,
                        "pools": [{"name": p.spec.name, "sku": p.spec.sku, "gpus": p.spec.gpus,
@@ -129,6 +137,8 @@ def write_fleet_reports(comparisons: list[MixedComparison], out_dir: Path) -> li
                                   "schedule": p.planning.dynamic.decision.schedule_summary}
                                  for p in comparison.prepared],
                        "placements": {r.placement: r.summary() for r in comparison.results},
+                       **({"joins": [p.joining.to_dict() for p in comparison.prepared if p.joining is not None]}
+                          if any(p.joining for p in comparison.prepared) else {}),
                        "verdict": dataclasses.asdict(verdict)})
     lines += ["## Placements", ""] + [f"- `{name}`: {words}" for name, words in PLACEMENT_WORDS.items()]
     md, js = out_dir / "fleet-report.md", out_dir / "fleet-report.json"

@@ -1,0 +1,252 @@
+"""A GPU type joining a simulated fleet: its profiling Jobs, decided by the operator's profiling planner
+(`policy.profiling`), each taking the time its benchmark sweep takes on the twin, then its refinement.
+
+What a benchmark Job does (benchmark-job/specpilot_bench/cli.py and sweep.py, manifests/benchmark.py), and how
+it is timed here:
+
+- one engine start per run (`BENCH_ENGINE_START_S`, the fleet's replica start-up: image, model load, CUDA
+  graphs); a baseline profile is one run (k = 0), a method's two (k = 1 and its largest K, the drafter loaded);
+- per run the concurrency levels in order (the API's default levels, 1 to 256); per level a warm-up of
+  min(c, 4) requests (about one request's latency at c) and then max(requestsPerLevel, 2c) requests kept c in
+  flight, which take requests / the twin's request throughput at c (`Twin.benchmark_point`, steady state);
+- a run stops early once its output throughput gained under 5% at each of two steps, as the bench's
+  saturation stop does (its SLO stop is not modelled: a run may take longer here than it would);
+- Jobs run one at a time per pool (profilingDefaults.maxParallelJobsPerPool = 1) on one replica's GPUs: the
+  profiling planner starts them, follows them and accepts each result when its Job completes (the result
+  reaches the profile with the Job's completion);
+- refinement (`policy.refine`, as `policy.planner` asks for it from the pool's decision, at the default
+  refineBudgetPercent): its first round's Jobs, each an engine start per k and its levels x repeats; Jobs of
+  one profile run one after another (appends go one Job at a time), different profiles' side by side. The
+  operator serves a pool's decision while it refines, so refinement is charged (GPU-hours) but does not hold
+  serving; later rounds, which depend on what the first measures, are not simulated.
+
+The pool serves once every profile it needs is Ready. Until then the simulator keeps it out of the placement
+(the operator would serve it by its own autoscaling with speculation off, and the fleet planner holds a pool
+without a curve at the replicas that gives it; the simulator's placements need a pool's curve, which only its
+profiles give).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from datetime import timedelta
+
+from ..api.deployment import DEFAULT_CONCURRENCY_LEVELS, Policy, Strategy
+from ..perf.twin import Twin
+from ..policy import profiling
+from ..policy.refine import initial_levels, refine_pool_plan
+from .connector import EPOCH
+
+__all__ = ["BENCH_ENGINE_START_S", "Joining", "JobRecord", "plan_joining", "profile_seconds", "run_seconds"]
+
+BENCH_ENGINE_START_S = 120.0
+"""Seconds from a benchmark Job's start to its engine serving (image pull, model load, CUDA graphs), per run;
+the fleet simulator's replica start-up."""
+REQUESTS_PER_LEVEL = 64
+"""spec.profiling.requestsPerLevel's default."""
+MIN_WAVES = 2
+"""The bench sends at least this many waves of c requests at level c."""
+WARMUP_REQUESTS = 4
+SATURATION_GAIN = 0.05
+REFINE_BUDGET_PERCENT = 200
+"""spec.profiling.refineBudgetPercent's default."""
+
+
+def level_seconds(twin: Twin, concurrency: int, k: int, prompt_tokens: int, output_tokens: int,
+                  requests_per_level: int = REQUESTS_PER_LEVEL) -> tuple[float, float]:
+    """(seconds, output tokens/s) of one level: its warm-up, then max(requests, 2c) requests at c in flight."""
+    point = twin.benchmark_point(concurrency, k, prompt_tokens, max(2, output_tokens))
+    rate = float(point["request_throughput"])
+    requests = max(requests_per_level, MIN_WAVES * concurrency)
+    warmup = concurrency / rate  # the warm-up's few requests: about one request's latency at c (Little)
+    return warmup + requests / rate, float(point["output_throughput_tok_s"])
+
+
+def run_seconds(twin: Twin, k: int, prompt_tokens: int, output_tokens: int,
+                levels: Sequence[int] = tuple(DEFAULT_CONCURRENCY_LEVELS),
+                requests_per_level: int = REQUESTS_PER_LEVEL, repeat: int = 1, early_stop: bool = True) -> float:
+    """Seconds of one run's sweep (no engine start), stopping once saturated as the bench does."""
+    total, throughputs = 0.0, []
+    for c in levels:
+        seconds, throughput = level_seconds(twin, int(c), k, prompt_tokens, output_tokens, requests_per_level)
+        total += seconds * max(1, repeat)
+        throughputs.append(throughput)
+        if early_stop and len(throughputs) >= 3:
+            a, b, last = throughputs[-3:]
+            if a > 0 and b > 0 and b < a * (1 + SATURATION_GAIN) and last < b * (1 + SATURATION_GAIN):
+                break
+    return total
+
+
+def profile_seconds(setup, method: str | None, max_k: int, engine_start_s: float = BENCH_ENGINE_START_S) -> float:
+    """Seconds of one profiling Job: the baseline's k = 0 run (`method` None), or a method's k = 1 and K runs,
+    each with an engine start. `setup`: the pool's `sim.fleet.FleetSetup`."""
+    lengths = setup.lengths
+    prompt, output = lengths.mean_prompt_tokens, max(2, lengths.mean_output_tokens)
+    twin = setup.twin(method)
+    ks = (0,) if method is None else tuple(sorted({1, max_k}))
+    return sum(engine_start_s + run_seconds(twin, k, prompt, output) for k in ks)
+
+
+@dataclasses.dataclass(frozen=True)
+class JobRecord:
+    profile: str
+    """The profile's key: baseline or the candidate's."""
+    kind: str
+    """profile or refine."""
+    start_s: float
+    end_s: float
+
+    @property
+    def seconds(self) -> float:
+        return self.end_s - self.start_s
+
+
+@dataclasses.dataclass(frozen=True)
+class Joining:
+    """A pool whose nodes appear during the trace: when, when it serves, and the Jobs it ran."""
+
+    pool: str
+    sku: str
+    joined_at_s: float
+    serving_at_s: float
+    """When every profile it needs was Ready (math.inf: one failed, or the trace ended first)."""
+    jobs: tuple[JobRecord, ...]
+    gpus_per_job: int
+    price_per_gpu_hour: float
+
+    @property
+    def profiling_s(self) -> float:
+        return self.serving_at_s - self.joined_at_s
+
+    @property
+    def refined_at_s(self) -> float | None:
+        ends = [j.end_s for j in self.jobs if j.kind == "refine"]
+        return max(ends) if ends else None
+
+    @property
+    def gpu_hours(self) -> float:
+        return sum(j.seconds for j in self.jobs) * self.gpus_per_job / 3600.0
+
+    @property
+    def cost_usd(self) -> float:
+        return self.gpu_hours * self.price_per_gpu_hour
+
+    def words(self) -> str:
+        profiles = sum(1 for j in self.jobs if j.kind == "profile")
+        refines = [j for j in self.jobs if j.kind == "refine"]
+        refined = (f"; {len(refines)} refinement Job(s) until {self.refined_at_s / 3600:.2f} h"
+                   if refines else "; no refinement asked for")
+        return (f"pool {self.pool} ({self.sku}) joined at {self.joined_at_s / 3600:.2f} h, ran {profiles} "
+                f"profiling Job(s) one at a time for {self.profiling_s / 60:.1f} min and serves from "
+                f"{self.serving_at_s / 3600:.2f} h{refined}; {self.gpu_hours:.2f} GPU-hours of Jobs "
+                f"(${self.cost_usd:.2f}) charged to every placement")
+
+    def to_dict(self) -> dict:
+        return {"pool": self.pool, "sku": self.sku, "joined_at_s": self.joined_at_s,
+                "serving_at_s": self.serving_at_s, "profiling_s": self.profiling_s,
+                "refined_at_s": self.refined_at_s, "gpu_hours": self.gpu_hours, "cost_usd": self.cost_usd,
+                "jobs": [dataclasses.asdict(j) for j in self.jobs]}
+
+
+def run_profiling(pool: str, sku: str, seconds: dict[str, float], joined_at_s: float, horizon_s: float,
+                  max_parallel_jobs: int = 1) -> tuple[float, list[JobRecord]]:
+    """Drive the profiling planner over simulated Jobs from `joined_at_s`: `seconds` is each needed profile's
+    Job time by key (baseline first). A Job's result reaches its profile when the Job completes. Returns
+    (when every profile was Ready, or math.inf; the Jobs run)."""
+    needed = [profiling.Need(f"{pool}-{key}", pool, key, sku) for key in seconds]
+    key_of = {n.name: n.key for n in needed}
+    profiles: dict[str, profiling.ProfileView] = {}
+    running: dict[str, tuple[float, float]] = {}
+    records: list[JobRecord] = []
+    t = joined_at_s
+    while t <= horizon_s:
+        now = EPOCH + timedelta(seconds=t)
+        jobs = {}
+        for name, (start, end) in running.items():
+            if t >= end:
+                jobs[name] = profiling.JobView(f"bench-{name}", "Complete", completed_at=EPOCH + timedelta(seconds=end))
+                if profiles[name].phase in profiling.MEASURING:  # the bench publishes before it exits
+                    profiles[name] = profiling.ProfileView("Succeeded", completed_at=jobs[name].completed_at)
+            else:
+                jobs[name] = profiling.JobView(f"bench-{name}", "Active", active=1)
+        plan = profiling.plan_profiling(profiling.ProfilingInputs(needed, profiles, jobs, now,
+                                                                  max_parallel_jobs=max_parallel_jobs))
+        for action in plan.actions:
+            name = getattr(action, "name", None)
+            if isinstance(action, (profiling.CreateProfile, profiling.Restart)):
+                profiles[name] = profiling.ProfileView("Pending")
+                running.pop(name, None)
+            elif isinstance(action, profiling.StartJob):
+                running[name] = (t, t + seconds[key_of[name]])
+                records.append(JobRecord(key_of[name], "profile", t, t + seconds[key_of[name]]))
+            elif isinstance(action, profiling.MarkRunning):
+                profiles[name] = dataclasses.replace(profiles[name], phase="Running")
+            elif isinstance(action, profiling.Accept):
+                profiles[name] = dataclasses.replace(profiles[name], verdict=True)
+            elif isinstance(action, profiling.MarkFailed):
+                profiles[name] = profiling.ProfileView("Failed", verdict=True)
+        if plan.rollup.failed:
+            return math.inf, records
+        if plan.rollup.ready == plan.rollup.total:
+            return t, records
+        # the next change: a Job completing (the watch wakes the operator), else a Wait's end, else a second on
+        ends = [end for _, end in running.values() if end > t]
+        wake = plan.next_wake
+        later = [s for s in [*ends, *([(wake - EPOCH).total_seconds()] if wake is not None else [])] if s > t]
+        t = min(later, default=t + 1.0)
+    return math.inf, records
+
+
+def refinement_records(planning, setup, slo_tpot_ms: float, start_s: float, time_scale: float,
+                       engine_start_s: float = BENCH_ENGINE_START_S) -> list[JobRecord]:
+    """The first refinement round `policy.refine` asks for from the pool's decision (`planning`: its
+    `sim.policies.PoolPlanning`), timed on the twin; Jobs of one profile one after another from `start_s`."""
+    if planning.dynamic.decision.source in ("none", "prior"):
+        return []
+    policy = Policy(tpot_slo_ms=slo_tpot_ms, strategy=Strategy.DYNAMIC)
+    budget = math.ceil(REFINE_BUDGET_PERCENT / 100 * initial_levels([planning.baseline,
+                                                                      *planning.profiles.values()]))
+    found = refine_pool_plan(planning.dynamic, policy, planning.baseline, dict(planning.profiles),
+                             budget_levels=budget)
+    if found.done:
+        return []
+    lengths = setup.lengths
+    prompt, output = lengths.mean_prompt_tokens, max(2, lengths.mean_output_tokens)
+    method_of = {c.key: c.method for c in planning.candidates}
+    ends: dict[str, float] = {}
+    records = []
+    for job in found.jobs():
+        method = method_of.get(job.profile_key)
+        twin = setup.twin(method)
+        seconds = sum(engine_start_s + run_seconds(twin, k, prompt, output, job.levels, repeat=job.repeat,
+                                                   early_stop=False) for k in job.ks) * time_scale
+        begin = ends.get(job.profile_key, start_s)
+        ends[job.profile_key] = begin + seconds
+        records.append(JobRecord(job.profile_key, "refine", begin, begin + seconds))
+    return records
+
+
+def plan_joining(pool: str, sku: str, setup, candidates, joined_at_s: float, horizon_s: float,
+                 time_scale: float = 1.0, max_parallel_jobs: int = 1) -> Joining:
+    """The pool's profiling from `joined_at_s` (`candidates`: `sim.policies.Candidate`s; `time_scale` shrinks
+    every Job's time with a compressed trace), without refinement (`with_refinement` adds it). A profile is
+    named by its method (method:K when two candidates share one)."""
+    seconds = {"baseline": profile_seconds(setup, None, 0) * time_scale}
+    methods = [c.method for c in candidates]
+    for candidate in candidates:
+        key = candidate.method if methods.count(candidate.method) == 1 else f"{candidate.method}:{candidate.max_k}"
+        seconds[key] = profile_seconds(setup, candidate.method, candidate.max_k) * time_scale
+    serving_at, records = run_profiling(pool, sku, seconds, joined_at_s, horizon_s, max_parallel_jobs)
+    return Joining(pool, sku, joined_at_s, serving_at, tuple(records), setup.tensor_parallel_size,
+                   setup.gpu_price_per_hour)
+
+
+def with_refinement(joining: Joining, planning, setup, slo_tpot_ms: float, time_scale: float = 1.0) -> Joining:
+    if not math.isfinite(joining.serving_at_s):
+        return joining
+    refine = refinement_records(planning, setup, slo_tpot_ms, joining.serving_at_s, time_scale)
+    return dataclasses.replace(joining, jobs=(*joining.jobs, *refine))
+
