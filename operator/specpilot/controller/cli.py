@@ -72,6 +72,113 @@ def limit_malloc_arenas(arenas: int = MALLOC_ARENAS) -> bool:
         return False
 
 
+TRACEMALLOC_ENV = "SPECPILOT_TRACEMALLOC"
+"""Off unless set: a number of frames (e.g. 1, or 10 for tracebacks) makes the operator trace its Python
+allocations from the start (tracemalloc, which slows it and costs memory of its own: for finding where memory
+goes, never in production) and print the top allocations to stderr on SIGUSR2 and once at exit. `allocators`
+traces nothing and prints only the allocators' figures (glibc's heap, CPython's small-object arenas: what the
+RSS holds beyond live objects; tracemalloc hides the latter)."""
+TRACEMALLOC_TOP = 40
+"""How many lines a tracemalloc dump prints."""
+
+
+def enable_tracemalloc(value: str | None = None) -> bool:
+    """Start tracemalloc when SPECPILOT_TRACEMALLOC (or `value`) asks for it; `kill -USR2 <pid>` then prints the
+    top allocations by line (and by traceback when more than one frame is kept), or with `allocators` only the
+    allocators' figures. False when it is off."""
+    import atexit
+    import tracemalloc
+
+    value = os.environ.get(TRACEMALLOC_ENV, "") if value is None else value
+    if not value or value == "0":
+        return False
+    if value != "allocators":
+        try:
+            frames = max(1, int(value))
+        except ValueError:
+            frames = 1
+        tracemalloc.start(frames)
+    signal.signal(signal.SIGUSR2, lambda *_: dump_tracemalloc())
+    atexit.register(dump_tracemalloc)
+    return True
+
+
+def dump_tracemalloc(out=None, top: int = TRACEMALLOC_TOP) -> None:
+    """Print the top `top` allocation sites of the traced memory to `out` (stderr): by line, and with each
+    site's traceback when tracemalloc keeps more than one frame; then the allocators' figures (only those when
+    nothing is traced)."""
+    import gc
+    import tracemalloc
+
+    out = out or sys.stderr
+    if not tracemalloc.is_tracing():
+        print(f"allocators: {malloc_summary()}", file=out, flush=True)
+        return
+    gc.collect()
+    snapshot = tracemalloc.take_snapshot().filter_traces((
+        tracemalloc.Filter(False, tracemalloc.__file__), tracemalloc.Filter(False, "<frozen importlib._bootstrap>")))
+    current, peak = tracemalloc.get_traced_memory()
+    lines = [f"tracemalloc: traced {current / 2**20:.1f} MiB now, {peak / 2**20:.1f} MiB at peak; "
+             f"top {top} by line:"]
+    for stat in snapshot.statistics("lineno")[:top]:
+        lines.append(f"  {stat.size / 2**20:8.2f} MiB {stat.count:9d} blocks  {stat.traceback[0]}")
+    if tracemalloc.get_traceback_limit() > 1:
+        lines.append(f"tracemalloc: top {top} by traceback:")
+        for stat in snapshot.statistics("traceback")[:top]:
+            lines.append(f"  {stat.size / 2**20:8.2f} MiB {stat.count:9d} blocks")
+            lines.extend(f"      {frame}" for frame in stat.traceback.format(most_recent_first=True))
+    lines.append(f"allocators: {malloc_summary()}")
+    print("\n".join(lines), file=out, flush=True)
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+def malloc_summary() -> str:
+    """Where the memory tracemalloc does not see is: glibc's heap (in use, free but kept, mmapped) and
+    CPython's small-object arenas (sys._debugmallocstats, parsed). Empty parts where unavailable."""
+    import io
+    import re
+    import tempfile
+
+    parts = []
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallinfo2.restype = _MallInfo2
+        info = libc.mallinfo2()
+        parts.append(f"glibc heap {info.arena / 2**20:.1f} MiB (in use {info.uordblks / 2**20:.1f}, free "
+                     f"{info.fordblks / 2**20:.1f}), mmapped {info.hblkhd / 2**20:.1f} MiB in {info.hblks} blocks")
+    except (OSError, AttributeError):
+        pass
+    try:  # _debugmallocstats writes to the C stderr: catch it through a temporary file on fd 2
+        with tempfile.TemporaryFile() as tmp:
+            saved = os.dup(2)
+            try:
+                sys.stderr.flush()
+                os.dup2(tmp.fileno(), 2)
+                sys._debugmallocstats()
+            finally:
+                os.dup2(saved, 2)
+                os.close(saved)
+            tmp.seek(0)
+            text = io.TextIOWrapper(tmp, errors="replace").read()
+
+        def number(pattern: str) -> float:  # MiB
+            return sum(int(v.replace(",", "")) for v in re.findall(pattern + r"\s*=\s*([\d,]+)", text, re.M)) / 2**20
+
+        arenas = number(r"^\d+ arenas \* \d+ bytes/arena")
+        if arenas:
+            used, free = number(r"^# bytes in allocated blocks"), number(r"^# bytes in available blocks")
+            unused = number(r"^\d+ unused pools \* \d+ bytes")
+            parts.append(f"pymalloc arenas {arenas:.1f} MiB (in blocks {used:.1f}, free in pools {free:.1f}, "
+                         f"unused pools {unused:.1f})")
+    except (OSError, AttributeError):
+        pass
+    return "; ".join(parts)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     import kopf
 
@@ -83,6 +190,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from .context import Context
 
     limit_malloc_arenas()  # before the API client's threads start
+    enable_tracemalloc()  # off unless SPECPILOT_TRACEMALLOC is set
     configure_logging(args.log_format, args.verbose)
     # `kill -USR1 <pid>` prints every thread's stack to stderr: what a stuck operator is waiting on.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
