@@ -24,6 +24,7 @@ from ..api.sanitize import bounded_status
 from ..manifests.names import LABEL_PROFILE, label_value
 from . import desired
 from .kube import Refused, Unreachable
+from .profile_index import Packed, pack
 from .reconcile import Context, reconcile
 
 GROUP, VERSION = "specpilot.io", "v1alpha1"
@@ -107,10 +108,11 @@ def register(registry: kopf.OperatorRegistry, ctx: Context, *, peering: bool) ->
         ctx.use_profiles(namespace, uid, profile_names(body))
 
     @kopf.index(*SPROF, id="profiles_index", registry=registry)
-    def profiles_index(body: kopf.Body, namespace: str, name: str, **_: Any) -> dict[str, dict]:
+    def profiles_index(body: kopf.Body, namespace: str, name: str, **_: Any) -> dict[str, Any]:
         _profile_moved(ctx, namespace, label_value(name))
-        return {f"{namespace}/{name}": {"metadata": _kept_metadata(body), "spec": dict(body.spec),
-                                        "status": dict(body.get("status") or {})}}
+        # packed (profile_index): a measured profile's status is ~45 KB as Python objects, ~3 KB packed
+        return {f"{namespace}/{name}": pack({"metadata": _kept_metadata(body), "spec": dict(body.spec),
+                                             "status": dict(body.get("status") or {})})}
 
     @kopf.index("batch", "v1", "jobs", labels={"app.kubernetes.io/managed-by": "specpilot"},
                 id="jobs_index", registry=registry)
@@ -269,10 +271,13 @@ class IndexView(Mapping):
     """A kopf index read as a mapping of one object per key, looked up on demand: a reconciliation reads the
     few profiles and Jobs it needs instead of copying every entry of the cluster's indexes (O(1) per lookup;
     iterating, which nothing on the hot path does, walks the index). `prefix` scopes it (and is left out of
-    its keys): "namespace/" for the namespace's profiles by name."""
+    its keys): "namespace/" for the namespace's profiles by name. A packed entry (profile_index) is unpacked
+    on its first lookup through the view, and that copy is what the view answers after: a view lives for one
+    reconciliation, so each reads one copy of each profile it needs, and the index keeps only the packed one."""
 
     def __init__(self, index: kopf.Index, prefix: str = "") -> None:
         self._index, self._prefix = index, prefix
+        self._unpacked: dict[str, tuple[Packed, dict]] = {}
 
     def __getitem__(self, key: str) -> dict:
         try:
@@ -280,7 +285,12 @@ class IndexView(Mapping):
         except KeyError:
             raise KeyError(key) from None
         for value in values:
-            return value
+            if not isinstance(value, Packed):
+                return value
+            seen = self._unpacked.get(key)
+            if seen is None or seen[0] is not value:  # first lookup, or the index took a newer version since
+                seen = self._unpacked[key] = (value, value.unpack())
+            return seen[1]
         raise KeyError(key)
 
     def __iter__(self):
