@@ -116,8 +116,8 @@ async def reconcile_profiles(ctx: Context, spec: SpeculativeDeploymentSpec, name
         stored = _as_left_here(ctx, namespace, profiles.get(need.name))
         if stored is not None:
             stored = await _owned(ctx, namespace, need, stored, events)
-        renew = profiling.renewal(plan_need, _view(ctx, namespace, stored) if stored is not None else None,
-                                  reprofile, max_age, now)
+        renew = profiling.renewal(plan_need, _view(ctx, namespace, stored, checked=False)
+                                  if stored is not None else None, reprofile, max_age, now)
         profile = await _renew(ctx, namespace, need, stored, renew, events) if renew is not None else stored
         current[need.name] = profile
         job = _current_job(jobs.get(f"{namespace}/{names.bench_job_name(need.name)}"), profile)
@@ -151,10 +151,12 @@ def _stamp(text: str | None) -> datetime | None:
     return datetime.fromisoformat(text.replace("Z", "+00:00")) if text else None
 
 
-def _view(ctx: Context, namespace: str, profile: dict, job: dict | None = None) -> profiling.ProfileView:
-    """The planner's view of a profile as the operator reads it (after `_owned`); a Succeeded result's seal and
-    plausibility are checked here (they need the result key and the catalog), a failure's account quoted (its
-    seal checked with the current Job's nonce, which `RecordNonce` records first)."""
+def _view(ctx: Context, namespace: str, profile: dict, job: dict | None = None,
+          checked: bool = True) -> profiling.ProfileView:
+    """The planner's view of a profile as the operator reads it (after `_owned`). With `checked` (its step, not
+    its renewal, which needs only phase, age and reprofile value) a Succeeded result's seal and plausibility are
+    checked (they need the result key and the catalog) and a failure's account quoted (its seal checked with
+    the current Job's nonce, which `RecordNonce` records first)."""
     status = profile.get("status") or {}
     phase = status.get("phase") or "Pending"
     annotations = ((profile.get("metadata") or {}).get("annotations")) or {}
@@ -163,20 +165,18 @@ def _view(ctx: Context, namespace: str, profile: dict, job: dict | None = None) 
     return profiling.ProfileView(
         phase=phase, verdict=desired.verdict_of(profile) is not None, completed_at=_stamp(status.get("completedAt")),
         attempts=status.get("attempts", 0), reprofile_mark=annotations.get(REPROFILE_ANNOTATION),
-        refusal=_result_refusal(ctx, namespace, profile) if phase == "Succeeded" else None,
-        bench_said=_bench_account(ctx, namespace, profile) if phase in profiling.MEASURING else "")
+        refusal=_result_refusal(ctx, namespace, profile) if checked and phase == "Succeeded" else None,
+        bench_said=_bench_account(ctx, namespace, profile) if checked and phase in profiling.MEASURING else "")
 
 
 def _job_view(job: dict | None, profile: dict) -> profiling.JobView | None:
     if job is None:
         return None
     status = job.get("status") or {}
-    job_nonce = (((job.get("metadata") or {}).get("annotations")) or {}).get(seal.NONCE_ANNOTATION)
-    recorded = ((((profile.get("metadata") or {}).get("annotations")) or {}).get(seal.NONCE_ANNOTATION) or "").split()
     return profiling.JobView(
         name=(job.get("metadata") or {}).get("name", ""), state=job_state(job), active=int(status.get("active") or 0),
         failed=int(status.get("failed") or 0), completed_at=desired.job_completed_at(job), failure=_job_failure(job),
-        nonce_recorded=not job_nonce or job_nonce in recorded)
+        nonce_recorded=_job_nonce(profile, job) is None)
 
 
 async def _renew(ctx: Context, namespace: str, need: desired.NeededProfile, profile: dict | None,
@@ -273,29 +273,31 @@ async def _start_job(ctx: Context, spec: SpeculativeDeploymentSpec, namespace: s
                          subresource="status")
 
 
+def _job_nonce(profile: dict, job: dict) -> str | None:
+    """The current Job's result nonce (the Job carries it in an annotation) when the profile does not record it
+    yet, else None."""
+    job_nonce = (((job.get("metadata") or {}).get("annotations")) or {}).get(seal.NONCE_ANNOTATION)
+    recorded = ((((profile.get("metadata") or {}).get("annotations")) or {}).get(seal.NONCE_ANNOTATION) or "").split()
+    return job_nonce if job_nonce and job_nonce not in recorded else None
+
+
 def _with_nonce(profile: dict, job: dict) -> dict:
     """The profile with its current Job's result nonce recorded (as `_sync_nonce` leaves it)."""
-    job_nonce = (((job.get("metadata") or {}).get("annotations")) or {}).get(seal.NONCE_ANNOTATION)
-    meta = profile.get("metadata") or {}
-    recorded = ((meta.get("annotations") or {}).get(seal.NONCE_ANNOTATION) or "").split()
-    if not job_nonce or job_nonce in recorded:
+    job_nonce = _job_nonce(profile, job)
+    if job_nonce is None:
         return profile
+    meta = profile.get("metadata") or {}
     return {**profile, "metadata": {**meta, "annotations": {**(meta.get("annotations") or {}),
                                                              seal.NONCE_ANNOTATION: job_nonce}}}
 
 
-async def _sync_nonce(ctx: Context, namespace: str, name: str, profile: dict, job: dict) -> dict:
-    """The profile records its current Job's result nonce (the Job carries it in an annotation): after an
-    operator that stopped between creating the Job and recording it, the next reconciliation catches up."""
-    job_nonce = (((job.get("metadata") or {}).get("annotations")) or {}).get(seal.NONCE_ANNOTATION)
-    meta = profile.get("metadata") or {}
-    recorded = ((meta.get("annotations") or {}).get(seal.NONCE_ANNOTATION) or "").split()
-    if not job_nonce or job_nonce in recorded:
-        return profile
-    await ctx.kube.patch("speculationprofiles", namespace, name,
-                         {"metadata": {"annotations": {seal.NONCE_ANNOTATION: job_nonce}}})
-    return {**profile, "metadata": {**meta, "annotations": {**(meta.get("annotations") or {}),
-                                                             seal.NONCE_ANNOTATION: job_nonce}}}
+async def _sync_nonce(ctx: Context, namespace: str, name: str, profile: dict, job: dict) -> None:
+    """The profile records its current Job's result nonce (the planner's RecordNonce): after an operator that
+    stopped between creating the Job and recording it, the next reconciliation catches up."""
+    job_nonce = _job_nonce(profile, job)
+    if job_nonce is not None:
+        await ctx.kube.patch("speculationprofiles", namespace, name,
+                             {"metadata": {"annotations": {seal.NONCE_ANNOTATION: job_nonce}}})
 
 
 def _result_refusal(ctx: Context, namespace: str, profile: dict) -> tuple[str, str] | None:

@@ -116,6 +116,7 @@ class Joining:
     jobs: tuple[JobRecord, ...]
     gpus_per_job: int
     price_per_gpu_hour: float
+    max_parallel_jobs: int = 1
 
     @property
     def profiling_s(self) -> float:
@@ -139,8 +140,13 @@ class Joining:
         refines = [j for j in self.jobs if j.kind == "refine"]
         refined = (f"; {len(refines)} refinement Job(s) until {self.refined_at_s / 3600:.2f} h"
                    if refines else "; no refinement asked for")
+        if not math.isfinite(self.serving_at_s):
+            return (f"pool {self.pool} ({self.sku}) joined at {self.joined_at_s / 3600:.2f} h and was not profiled "
+                    f"before the trace ended (or a profile failed): it never serves; {self.gpu_hours:.2f} GPU-hours "
+                    f"of Jobs (${self.cost_usd:.2f}) charged to every placement")
         return (f"pool {self.pool} ({self.sku}) joined at {self.joined_at_s / 3600:.2f} h, ran {profiles} "
-                f"profiling Job(s) one at a time for {self.profiling_s / 60:.1f} min and serves from "
+                f"profiling Job(s) {'one' if self.max_parallel_jobs == 1 else f'up to {self.max_parallel_jobs}'} at a time "
+                f"for {self.profiling_s / 60:.1f} min and serves from "
                 f"{self.serving_at_s / 3600:.2f} h{refined}; {self.gpu_hours:.2f} GPU-hours of Jobs "
                 f"(${self.cost_usd:.2f}) charged to every placement")
 
@@ -241,7 +247,7 @@ def plan_joining(pool: str, sku: str, setup, candidates, joined_at_s: float, hor
         seconds[key] = profile_seconds(setup, candidate.method, candidate.max_k) * time_scale
     serving_at, records = run_profiling(pool, sku, seconds, joined_at_s, horizon_s, max_parallel_jobs)
     return Joining(pool, sku, joined_at_s, serving_at, tuple(records), setup.tensor_parallel_size,
-                   setup.gpu_price_per_hour)
+                   setup.gpu_price_per_hour, max_parallel_jobs)
 
 
 def with_refinement(joining: Joining, planning, setup, slo_tpot_ms: float, time_scale: float = 1.0) -> Joining:
