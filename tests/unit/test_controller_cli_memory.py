@@ -32,3 +32,35 @@ def test_a_dump_names_the_sites_that_hold_memory():
     assert "test_controller_cli_memory.py" in text  # the list above is the largest site
     assert "by traceback" in text  # more than one frame kept
     assert "allocators:" in text
+
+
+def test_free_heap_pages_are_handed_back_periodically(monkeypatch):
+    import threading
+
+    trimmed = threading.Event()
+
+    class Trim:
+        argtypes = restype = None
+
+        def __call__(self, pad):
+            assert pad == 0
+            trimmed.set()
+            return 1
+
+    class Libc:
+        malloc_trim = Trim()
+
+    monkeypatch.setattr(cli.ctypes, "CDLL", lambda name: Libc())
+    stop = cli.start_malloc_trim(every_s=0.01)
+    try:
+        assert trimmed.wait(30)
+    finally:
+        stop.set()
+
+
+def test_no_trim_where_the_c_library_is_not_glibc(monkeypatch):
+    def refuse(name):
+        raise OSError(name)
+
+    monkeypatch.setattr(cli.ctypes, "CDLL", refuse)
+    assert cli.start_malloc_trim() is None

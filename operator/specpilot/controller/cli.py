@@ -10,6 +10,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 from datetime import UTC, datetime
 
 
@@ -70,6 +71,31 @@ def limit_malloc_arenas(arenas: int = MALLOC_ARENAS) -> bool:
         return bool(libc.mallopt(-8, arenas))  # -8: M_ARENA_MAX in glibc's malloc.h
     except (OSError, AttributeError):
         return False
+
+
+MALLOC_TRIM_S = 30
+"""How often the operator hands glibc's free heap pages back to the system (malloc_trim). glibc keeps what a
+burst of reconciliations freed in its heap for reuse; at 200 deployments that was 7-10 MiB of the RSS, idle
+for good once the burst was over. A trim of a heap that size takes about a millisecond."""
+
+
+def start_malloc_trim(every_s: float = MALLOC_TRIM_S) -> threading.Event | None:
+    """Call glibc's malloc_trim(0) every `every_s` seconds from a daemon thread (it takes each arena's lock, as
+    malloc does; the event loop is not held up). Returns the Event that stops it; None where the C library is
+    not glibc."""
+    try:
+        trim = ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+
+    def loop() -> None:
+        while not stop.wait(every_s):
+            trim(0)
+
+    stop = threading.Event()
+    threading.Thread(target=loop, name="specpilot-malloc-trim", daemon=True).start()
+    return stop
 
 
 TRACEMALLOC_ENV = "SPECPILOT_TRACEMALLOC"
@@ -190,6 +216,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from .context import Context
 
     limit_malloc_arenas()  # before the API client's threads start
+    start_malloc_trim()
     enable_tracemalloc()  # off unless SPECPILOT_TRACEMALLOC is set
     configure_logging(args.log_format, args.verbose)
     # `kill -USR1 <pid>` prints every thread's stack to stderr: what a stuck operator is waiting on.
