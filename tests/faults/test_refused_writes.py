@@ -88,3 +88,23 @@ async def test_jobs_refused_as_too_large_are_reported_then_run(sandbox, operator
     assert_no_duplicate_jobs(sandbox)
     assert {p["status"]["phase"] for p in profiles(sandbox)} == {"Succeeded"}
     assert NAMESPACE
+
+
+async def test_a_job_created_but_not_recorded_on_its_profile_is_recorded_on_the_next_pass(sandbox, operators):
+    """The API server fails the write that names a new Job on its profile (status.jobName), as when it goes away
+    right after the Job's create: the next reconciliation records the Job it finds (its name, uid and nonce)
+    instead of leaving the profile without one (a user would see no Job on it, and a test waiting for it hang),
+    and its result is accepted."""
+    operators()
+    fault = sandbox.refuse("speculationprofiles", subresource="status", code=500, times=2, field="jobName",
+                           message="etcdserver: request timed out")
+    await sandbox.create(node("gpu-a", H100, "h100"))
+    await sandbox.create(sdep())
+    await sandbox.wait_for(lambda: fault.hits >= 2, timeout_s=60, what="the refused jobName writes")
+    await sandbox.wait_for(lambda: sum(1 for p in profiles(sandbox) if (p.get("status") or {}).get("jobName")) >= 2,
+                           timeout_s=60, what="the Jobs named on their profiles after all")
+    await publish_results(sandbox, SKU, timeout_s=120)
+    final = await reconciled(sandbox)
+    assert final["phase"] == "Serving"
+    assert_no_duplicate_jobs(sandbox)
+    assert {p["status"]["phase"] for p in profiles(sandbox)} == {"Succeeded"}

@@ -3,6 +3,8 @@ a Job, waited on, accepted or failed, and the deployment's phase, from what exis
 
 from __future__ import annotations
 
+import pytest
+
 from datetime import UTC, datetime, timedelta
 
 from hypothesis import given, settings
@@ -49,6 +51,17 @@ def test_a_started_job_marks_the_profile_running_once():
     jobs = {"a": pp.JobView("bench-a", "Active", active=1)}
     assert plan([need("a")], profiles, jobs).of(pp.MarkRunning) == [pp.MarkRunning("a", "bench-a")]
     assert not plan([need("a")], {"a": pp.ProfileView("Running")}, jobs).of(pp.MarkRunning)
+
+
+@pytest.mark.parametrize(("nonce", "name"), [(False, True), (True, False), (False, False)])
+def test_a_job_whose_record_was_lost_is_recorded_before_it_is_followed(nonce, name):
+    """The API server went away (or the operator stopped) between creating the Job and recording it on the
+    profile: the next plan records it (nonce, uid and status.jobName), then follows the Job as usual."""
+    profiles = {"a": pp.ProfileView("Pending")}
+    jobs = {"a": pp.JobView("bench-a", "Active", active=1, nonce_recorded=nonce, name_recorded=name)}
+    assert kinds(plan([need("a")], profiles, jobs)) == ["RecordJob", "MarkRunning"]
+    recorded = {"a": pp.JobView("bench-a", "Active", active=1)}
+    assert "RecordJob" not in kinds(plan([need("a")], {"a": pp.ProfileView("Running")}, recorded))
 
 
 def test_a_failed_attempt_is_recorded_as_a_retry_then_the_failed_job_fails_the_profile():

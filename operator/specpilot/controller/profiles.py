@@ -156,7 +156,7 @@ def _view(ctx: Context, namespace: str, profile: dict, job: dict | None = None,
     """The planner's view of a profile as the operator reads it (after `_owned`). With `checked` (its step, not
     its renewal, which needs only phase, age and reprofile value) a Succeeded result's seal and plausibility are
     checked (they need the result key and the catalog) and a failure's account quoted (its seal checked with
-    the current Job's nonce, which `RecordNonce` records first)."""
+    the current Job's nonce, which `RecordJob` records first)."""
     status = profile.get("status") or {}
     phase = status.get("phase") or "Pending"
     annotations = ((profile.get("metadata") or {}).get("annotations")) or {}
@@ -176,7 +176,8 @@ def _job_view(job: dict | None, profile: dict) -> profiling.JobView | None:
     return profiling.JobView(
         name=(job.get("metadata") or {}).get("name", ""), state=job_state(job), active=int(status.get("active") or 0),
         failed=int(status.get("failed") or 0), completed_at=desired.job_completed_at(job), failure=_job_failure(job),
-        nonce_recorded=_job_nonce(profile, job) is None)
+        nonce_recorded=_job_nonce(profile, job) is None,
+        name_recorded=(profile.get("status") or {}).get("jobName") == (job.get("metadata") or {}).get("name"))
 
 
 async def _renew(ctx: Context, namespace: str, need: desired.NeededProfile, profile: dict | None,
@@ -192,8 +193,8 @@ async def _renew(ctx: Context, namespace: str, need: desired.NeededProfile, prof
 async def _execute(ctx: Context, namespace: str, need: desired.NeededProfile, profile: dict, job: dict | None,
                    action: profiling.Action, events: list[Event]) -> None:
     """One of the planner's actions on a profile (API writes, Events, counters)."""
-    if isinstance(action, profiling.RecordNonce):
-        await _sync_nonce(ctx, namespace, need.name, profile, job)
+    if isinstance(action, profiling.RecordJob):
+        await _record_job(ctx, namespace, need.name, profile, job)
     elif isinstance(action, profiling.MarkFailed):
         await _fail_profile(ctx, namespace, need, profile, events, action.status, action.event_message)
     elif isinstance(action, profiling.Accept):
@@ -282,7 +283,7 @@ def _job_nonce(profile: dict, job: dict) -> str | None:
 
 
 def _with_nonce(profile: dict, job: dict) -> dict:
-    """The profile with its current Job's result nonce recorded (as `_sync_nonce` leaves it)."""
+    """The profile with its current Job's result nonce recorded (as `_record_job` leaves it)."""
     job_nonce = _job_nonce(profile, job)
     if job_nonce is None:
         return profile
@@ -291,13 +292,27 @@ def _with_nonce(profile: dict, job: dict) -> dict:
                                                              seal.NONCE_ANNOTATION: job_nonce}}}
 
 
-async def _sync_nonce(ctx: Context, namespace: str, name: str, profile: dict, job: dict) -> None:
-    """The profile records its current Job's result nonce (the planner's RecordNonce): after an operator that
-    stopped between creating the Job and recording it, the next reconciliation catches up."""
+async def _record_job(ctx: Context, namespace: str, name: str, profile: dict, job: dict) -> None:
+    """The profile records its current Job (the planner's RecordJob): after an operator that stopped, or an API
+    server that went away, between creating the Job and recording it, the next reconciliation catches up with
+    what was lost: the result nonce and the Job's uid (annotations), and status.jobName (alone: the phase the
+    Job may have written since stays). A Job being deleted (the one a restart replaces) is not recorded."""
+    if (job.get("metadata") or {}).get("deletionTimestamp"):
+        return
+    annotations = {}
     job_nonce = _job_nonce(profile, job)
     if job_nonce is not None:
-        await ctx.kube.patch("speculationprofiles", namespace, name,
-                             {"metadata": {"annotations": {seal.NONCE_ANNOTATION: job_nonce}}})
+        annotations[seal.NONCE_ANNOTATION] = job_nonce
+    recorded = ((profile.get("metadata") or {}).get("annotations")) or {}
+    uid = (job.get("metadata") or {}).get("uid")
+    if uid and JOB_UID_ANNOTATION not in recorded:
+        annotations[JOB_UID_ANNOTATION] = uid
+    if annotations:
+        await ctx.kube.patch("speculationprofiles", namespace, name, {"metadata": {"annotations": annotations}})
+    job_name = (job.get("metadata") or {}).get("name")
+    if job_name and (profile.get("status") or {}).get("jobName") != job_name:
+        await ctx.kube.patch("speculationprofiles", namespace, name, {"status": {"jobName": job_name}},
+                             subresource="status")
 
 
 def _result_refusal(ctx: Context, namespace: str, profile: dict) -> tuple[str, str] | None:

@@ -45,7 +45,7 @@ __all__ = [
     "ProfileView",
     "ProfilingInputs",
     "ProfilingPlan",
-    "RecordNonce",
+    "RecordJob",
     "RecordRetry",
     "Restart",
     "Rollup",
@@ -102,6 +102,9 @@ class JobView:
     nonce_recorded: bool = True
     """The profile records the Job's result nonce (False: the operator stopped between creating the Job and
     recording it; the next reconciliation catches up)."""
+    name_recorded: bool = True
+    """The profile's status.jobName names this Job (False: the API server went away, or the operator stopped,
+    between creating the Job and writing its name; the next reconciliation catches up)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,8 +176,9 @@ class StartJob:
 
 
 @dataclasses.dataclass(frozen=True)
-class RecordNonce:
-    """Record the current Job's result nonce on the profile."""
+class RecordJob:
+    """Record the current Job on the profile where a write after its creation was lost: its result nonce
+    (annotation) and its name (status.jobName), whichever is missing."""
 
     name: str
 
@@ -227,7 +231,7 @@ class MarkFailed:
         return out
 
 
-Action = CreateProfile | Restart | StartJob | RecordNonce | MarkRunning | RecordRetry | Wait | Accept | MarkFailed
+Action = CreateProfile | Restart | StartJob | RecordJob | MarkRunning | RecordRetry | Wait | Accept | MarkFailed
 
 
 # --- rules ----------------------------------------------------------------------------------------------------
@@ -305,7 +309,7 @@ def follow(need: Need, profile: ProfileView, job: JobView | None, now: datetime,
     if phase in MEASURING and job is None:
         return Step((), phase, waiting=True)
     if phase in MEASURING:
-        actions: list[Action] = [] if job.nonce_recorded else [RecordNonce(need.name)]
+        actions: list[Action] = [] if job.nonce_recorded and job.name_recorded else [RecordJob(need.name)]
         phase, more = _follow_job(need, profile, job, now, grace_s)
         actions.extend(more)
         return Step(tuple(actions), phase, running=phase in MEASURING and job.state == ACTIVE)

@@ -123,8 +123,9 @@ class Fault:
     """A write the sandbox refuses, as a real API server would for an invalid or oversized body.
 
     Matches requests to `resource` (plural), optionally one `name`, one `subresource` ("status"; None: the
-    object itself; ANY: both), with a verb in `verbs`. Answers `code` (422 Invalid, 413 too large, 500/503)
-    with a Status body, `times` times (None: until removed)."""
+    object itself; ANY: both), with a verb in `verbs` and, with `field`, a body whose top-level `status` or
+    `metadata` carries that field (one particular write, e.g. status.jobName). Answers `code` (422 Invalid, 413
+    too large, 500/503) with a Status body, `times` times (None: until removed)."""
 
     resource: str
     name: str | None = None
@@ -133,6 +134,7 @@ class Fault:
     verbs: frozenset[str] = frozenset({"create", "patch", "update"})
     times: int | None = None
     message: str = ""
+    field: str | None = None
     hits: int = 0
 
     ANY = "*"
@@ -143,6 +145,8 @@ class Fault:
         if self.name is not None and (request.name or _body_name(request)) != self.name:
             return False
         if self.subresource != Fault.ANY and request.subresource != self.subresource:
+            return False
+        if self.field is not None and not _body_has(request, self.field):
             return False
         return _verb(request) in self.verbs and (self.times is None or self.hits < self.times)
 
@@ -156,6 +160,12 @@ class Fault:
         return aiohttp.web.json_response({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
                                           "message": message, "reason": reason, "code": self.code},
                                          status=self.code)
+
+
+def _body_has(request: kmock.Request, field: str) -> bool:
+    """Whether the request's body sets `field` in its status or metadata."""
+    data = request.data if isinstance(request.data, dict) else {}
+    return any(isinstance(data.get(part), dict) and field in data[part] for part in ("status", "metadata"))
 
 
 def _body_name(request: kmock.Request) -> str | None:
@@ -511,11 +521,12 @@ class SandboxApiServer:
 
     def refuse(self, resource: str, name: str | None = None, *, code: int = 422, subresource: str | None = Fault.ANY,
                times: int | None = None, verbs: frozenset[str] = frozenset({"create", "patch", "update"}),
-               message: str = "") -> Fault:
+               message: str = "", field: str | None = None) -> Fault:
         """Refuse writes to `resource` (a plural; one `name`, one `subresource`: "status", None for the object
-        itself, Fault.ANY for both) with HTTP `code`, `times` times or until `allow(fault)`. Returns the fault,
-        whose `hits` counts the requests it refused."""
-        fault = Fault(resource, name, subresource, code, frozenset(verbs), times, message)
+        itself, Fault.ANY for both; with `field`, only writes that set it in status or metadata) with HTTP
+        `code`, `times` times or until `allow(fault)`. Returns the fault, whose `hits` counts the requests it
+        refused."""
+        fault = Fault(resource, name, subresource, code, frozenset(verbs), times, message, field)
         self.emulator.faults.append(fault)
         return fault
 
