@@ -2,8 +2,11 @@
 
 Asserts the outcome a platform team would check: every pool profiled for every method, the profiles holding
 the twin's figures, the engines speculating exactly where the decided schedule says (off above a pool's
-crossover, on below it), the decided configuration as good as the better of no speculation and always-on
-speculation at every phase, the GPU type that joins later profiled too, nothing left running.
+crossover, on below it), K falling with load, the clients' measurement on the simulated GPUs' clocks matching
+the same engine's host-free replay (so the summary's columns compare like for like), the configuration in
+force within 3% of the better of no speculation and always-on speculation at every phase or its row saying
+why, the GPU type that joins later serving (with rows in the table) and profiled too, the profiles' check
+printed before the decisions, nothing left running. These are the README's claims about the demo's table.
 
 The demo runs while another process keeps one core busy: what the simulated GPUs measure must not depend on
 the host being fast or idle.
@@ -12,6 +15,7 @@ the host being fast or idle.
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import math
 import os
@@ -21,7 +25,7 @@ import sys
 import pytest
 
 from specpilot.api.schedule import ScheduleRange, k_at
-from specpilot.demo.report import fleet_lines, summary_rows, write_reports
+from specpilot.demo.report import NOTES, WITHIN_PERCENT, fleet_lines, summary_rows, write_reports
 from specpilot.demo.run import Demo, DemoError
 from specpilot.demo.scenario import METHODS, NAMESPACE, fast_scenario
 from specpilot.sandbox.fidelity import FIDELITY_BOUND_PERCENT
@@ -73,14 +77,16 @@ def test_the_joining_gpu_type_is_profiled_and_decided(demo_run):
 
 def test_speculation_follows_the_schedule_at_each_load(demo_run):
     """Where the schedule says K=0 at a phase's load the engines proposed no drafts, and where it says K>0
-    they did: speculation off above the crossover, on below it."""
+    they did: speculation off above the crossover, on below it. The engines' counters give drafts per
+    request-step (`specdec.drafts_per_request_step`): 0 when off, the method's drafting rate when on (1 for
+    EAGLE-3, which drafts at every step)."""
     _, result, workdir = demo_run
     checked_on = checked_off = 0
     for phase in result.phases:
         for pool, seen in phase.pools.items():
             decision = phase.decisions.get(pool) or {}
             schedule = [ScheduleRange.model_validate(r) for r in decision.get("schedule") or []]
-            if not schedule or not seen.settled or seen.drafts_per_generated_token is None \
+            if not schedule or not seen.settled or seen.drafts_per_request_step is None \
                     or seen.concurrency_per_replica <= 0:
                 continue
             # The batch an engine steps with moves around the phase's mean concurrency: judge only phases where
@@ -88,15 +94,13 @@ def test_speculation_follows_the_schedule_at_each_load(demo_run):
             c = seen.concurrency_per_replica
             ks = {k_at(schedule, b) for b in range(max(1, math.floor(0.75 * c)), math.ceil(1.5 * c) + 1)}
             if ks == {0}:
-                # Off, but not quite silent: while the load ramps up, and in the steps whose batch dips below
-                # the crossover as finished requests wait for their clients' next ones, the schedule drafts (a
-                # few drafts per hundred tokens at the fast scenario's short peak, against ~0.58 when on). The
-                # ramp's share of a peak of a few seconds grows on a slower or busier host (6 per hundred with
-                # the host oversubscribed four times over), so the bar is a sixth of "on", not a fixed few.
-                assert seen.drafts_per_generated_token < 0.1, (phase.phase.name, pool, workdir)
+                # Off and silent: each phase begins with its clients arriving together at idle engines, so the
+                # batch holds at the phase's load from its first step (no ramp through the crossover); only a
+                # step whose batch dips while late clients' next requests come in could draft.
+                assert seen.drafts_per_request_step < 0.05, (phase.phase.name, pool, workdir)
                 checked_off += 1
             elif 0 not in ks:
-                assert seen.drafts_per_generated_token > 0.2, (phase.phase.name, pool, workdir)
+                assert seen.drafts_per_request_step > 0.25, (phase.phase.name, pool, workdir)
                 checked_on += 1
     # Which phases can be judged depends on what the simulated GPUs measured and on rollouts during the short
     # trace (a re-profile or a new decision mid-phase): every judged phase must agree with its schedule.
@@ -126,41 +130,101 @@ def test_nothing_is_left_running_and_reports_are_written(demo_run, tmp_path):
     assert report["profiles"] and all(p["phase"] != "Failed" or p["reason"] for p in report["profiles"])
 
 
-def test_the_decided_configuration_is_the_better_fixed_policy_at_every_phase(demo_run):
-    """The comparison columns come from the simulated engine itself at each phase's load. Below the crossover
-    speculation is the faster of the two. At every phase specpilot's configuration is within 3% of the better
-    fixed policy the engine offers there: speculation always on (max K), or off, which for a schedule is the
-    method loaded with K=0 (its drafter still prefills every prompt) and for a decision of no speculation the
-    plain engine. A phase whose load sits where the decision itself says its crossover is uncertain (twice
-    the standard error of the gain there covers the difference) is printed instead: what a profile of a
-    few requests per level cannot settle. At the peak some pool lowers K or turns speculation off."""
-    scenario, result, _ = demo_run
+def test_the_measured_column_is_the_same_engines_figure_as_the_fixed_policies(demo_run):
+    """Like for like: the clients time each request on the simulated GPU's clock, and the no-SD and always-SD
+    columns replay the same engine, the same requests at the same load, without a host. So wherever a pool's
+    pods ran the configuration in force through a phase whose load held (no rollout, no pod joining the
+    Service), what the clients measured is the replay of that configuration, within 3%, though a core is kept
+    busy (the engines' acceptance draws continue from earlier phases, which the replay's fresh engine does
+    not: the rest of the difference)."""
+    scenario, result, workdir = demo_run
+    rows = summary_rows(result, scenario)
+    compared = [r for r in rows if r.settled and not r.service_changed and r.ms_per_token_measured is not None]
+    assert len(compared) >= len(rows) / 2, (rows, workdir)
+    for r in compared:
+        assert r.ms_per_token_measured == pytest.approx(r.ms_per_token_specpilot_engine, rel=0.03), (r, workdir)
+    for r in rows:
+        # Every $/Mtok from the ms/token beside it, at the same requests per replica: the ratios agree.
+        assert r.cost_no_sd / r.cost_always_sd == pytest.approx(r.ms_per_token_no_sd / r.ms_per_token_always_sd)
+        if r.ms_per_token_measured is not None:
+            assert r.cost_specpilot / r.cost_no_sd == pytest.approx(r.ms_per_token_measured / r.ms_per_token_no_sd)
+
+
+def test_at_every_phase_the_decision_is_within_3_percent_of_the_better_fixed_policy_or_says_why(demo_run):
+    """The README's claim about the table: at every phase and pool, the measured ms/token of the configuration
+    in force is within 3% of the better of no speculation and always-on speculation (max K) at that load, or
+    the row carries a note saying why (not profiled yet, a rollout, pods joining, no request measured,
+    speculation scheduled off with the drafter still loaded, a load where the decision itself says its
+    crossover is uncertain). Most rows need none."""
+    scenario, result, workdir = demo_run
     rows = summary_rows(result, scenario)
     assert rows
-    judged = []
-    for row in rows:
-        assert row.ms_per_token_no_sd > 0 and row.ms_per_token_always_sd > 0
+    shapes = [short.split("{")[0] for short, _ in NOTES.values()]
+    for r in rows:
+        assert r.ms_per_token_no_sd > 0 and r.ms_per_token_always_sd > 0
         # Keeping the drafter loaded costs its prefill, and no more than that.
-        assert row.ms_per_token_no_sd <= row.ms_per_token_scheduled_off <= 1.06 * row.ms_per_token_no_sd, row
-        if row.concurrency_per_replica <= 4:
-            assert row.ms_per_token_always_sd < row.ms_per_token_no_sd, row
-        off = row.ms_per_token_scheduled_off if row.method else row.ms_per_token_no_sd
-        gap_percent = 100 * (row.ms_per_token_specpilot_engine / min(off, row.ms_per_token_always_sd) - 1)
-        decision = next(p for p in result.phases if p.phase.name == row.phase).decisions[row.pool]
-        uncertainty = decision.get("crossoverUncertaintyPercent") or 0.0
-        if gap_percent > 3 and gap_percent <= 2 * uncertainty:
-            print(f"{row.phase} {row.pool}: {gap_percent:.1f}% off the better fixed policy at "
-                  f"{row.concurrency_per_replica} per replica, within the decision's ±{uncertainty:.1f}%")
-            continue
-        assert gap_percent <= 3, (row, decision)
-        judged.append(row)
-    assert len(judged) >= len(rows) / 2, "most phases sit far from every crossover and are judged"
+        assert r.ms_per_token_no_sd <= r.ms_per_token_scheduled_off <= 1.06 * r.ms_per_token_no_sd, r
+        if r.note:
+            assert any(r.note.startswith(shape) for shape in shapes), r
+            assert r.vs_better_fixed_percent is None or r.vs_better_fixed_percent > WITHIN_PERCENT, r
+        else:
+            assert r.vs_better_fixed_percent is not None and r.vs_better_fixed_percent <= WITHIN_PERCENT, (r, workdir)
+    print("\n".join(f"{r.phase} {r.pool}: {r.vs_better_fixed_percent}% {r.note}" for r in rows))
+    plain = [r for r in rows if not r.note]
+    assert len(plain) >= len(rows) / 2, "most phases sit far from every crossover and need no note"
+    # Speculation pays where the load is light: at 4 per replica always-on speculation beats none.
+    assert all(r.ms_per_token_always_sd < r.ms_per_token_no_sd for r in rows if r.concurrency_per_replica <= 4)
+
+
+def test_k_falls_with_load(demo_run):
+    """K at each phase's load, from the decision in force: the largest K in the quiet phases, lower at the
+    peak for some pool, and for every pool never higher at a higher load."""
+    scenario, result, workdir = demo_run
+    rows = [r for r in summary_rows(result, scenario) if r.profiled]
     max_k = max(METHODS[m]["numSpeculativeTokens"] for m in scenario.methods)
     peak = max(p.concurrency for p in scenario.phases)
     at_peak = [r for r in rows if r.phase == next(p.name for p in scenario.phases if p.concurrency == peak)]
     quiet = [r for r in rows if r.concurrency_per_replica <= 4]
     assert quiet and all(r.k_specpilot == max_k for r in quiet), quiet
     assert at_peak and any(r.k_specpilot < max_k for r in at_peak), at_peak
+    for pool in {r.pool for r in rows}:
+        mine = sorted(((r.concurrency_per_replica, r.k_specpilot) for r in rows if r.pool == pool),
+                      key=lambda ck: (ck[0], -ck[1]))
+        assert all(k >= k_next for (_, k), (_, k_next) in zip(mine, mine[1:])), (pool, mine, workdir)
+
+
+def test_the_pool_that_joined_has_rows_for_the_phases_it_served(demo_run):
+    """The GPU type that joins as the last phase begins serves that phase (without speculation until its
+    profiles are in), and the table shows it there."""
+    scenario, result, workdir = demo_run
+    rows = summary_rows(result, scenario)
+    served = [p.phase.name for p in result.phases
+              if result.joined_pool in p.pools and p.pools[result.joined_pool].concurrency_per_replica > 0]
+    assert served, f"{result.joined_pool} served no phase (logs: {workdir})"
+    assert [r.phase for r in rows if r.pool == result.joined_pool] == served
+    joined = [r for r in rows if r.pool == result.joined_pool]
+    assert all(r.sku == "H200" for r in joined)
+    # Served before its profiles were in: no speculation, and the row says why it is not the better policy.
+    assert all(r.k_specpilot == 0 and (not r.profiled) == (r.note == NOTES["profiling"][0]) for r in joined), joined
+
+
+def test_the_summary_checks_the_profiles_against_the_twin_before_it_presents_a_decision(demo_run, tmp_path):
+    """The printed summary (what `specpilot demo` shows after its live view): the fidelity block first, then
+    the table (the joined pool in it), then the decisions."""
+    from rich.console import Console
+
+    from specpilot.demo.cli import print_summary
+
+    scenario, result, _ = demo_run
+    console = Console(record=True, width=170, file=io.StringIO())
+    print_summary(console, result, scenario, tmp_path)
+    text = console.export_text()
+    fidelity = text.index("Simulated GPUs vs the twin")
+    table = text.index("At each phase's load")
+    pool = result.status["pools"][0]
+    decisions = text.index(f"  {pool['name']} ({pool['sku']}): {pool['decision']['reason'][:30]}")
+    assert fidelity < table < decisions, text
+    assert f"{result.joined_pool} (H200)" in text[table:decisions]
 
 
 def test_a_profile_that_fails_for_good_stops_the_demo_with_its_reason(tmp_path, monkeypatch):

@@ -53,9 +53,7 @@ def output_problem(out: Path) -> str | None:
 
 def _run(args: argparse.Namespace, console, scenario, out: Path, workdir: Path) -> int:
     from rich.live import Live
-    from rich.table import Table
 
-    from .report import COST_BASIS, fidelity_lines, fleet_lines, stage_durations, summary_rows, write_reports
     from .run import Demo, DemoError
     from .view import render
 
@@ -83,21 +81,55 @@ def _run(args: argparse.Namespace, console, scenario, out: Path, workdir: Path) 
             console.print("Run again with --keep-logs to keep the operator's, the Jobs' and the engines' logs.")
         return 1
 
+    print_summary(console, result, scenario, out)
+    if result.processes_left:
+        return 1
+    # Decisions made from profiles that do not hold the twin's figures are not presented as the demo's result.
+    return 0 if result.faithful else 3
+
+
+def print_summary(console, result, scenario, out: Path) -> list[Path]:
+    """The demo's summary: the profiles' check against the twin first, then the table of what specpilot's
+    configuration delivered at each phase against the fixed policies, the decisions, the fleet placement and
+    where the time went; writes the reports into `out` and returns their paths."""
+    from rich import box
+    from rich.table import Table
+
+    from .report import (
+        COST_BASIS,
+        fidelity_lines,
+        fleet_lines,
+        percent,
+        stage_durations,
+        summary_rows,
+        table_notes,
+        write_reports,
+    )
+
+    # The profiles are checked against the twin before any decision is presented.
+    fidelity = fidelity_lines(result)
+    for i, line in enumerate(fidelity):
+        console.print(f"[bold red]{line}[/]" if not result.faithful and i == len(fidelity) - 1 else line,
+                      highlight=False)
     rows = summary_rows(result, scenario)
-    table = Table(title="At each phase's load: specpilot vs no SD and always-on SD (max K)")
-    for column in ("phase", "pool (GPU)", "conc./replica", "K", "drafts/token", "ms/token measured*",
-                   "ms/token no SD", "ms/token always SD", "$/Mtok specpilot", "$/Mtok no SD", "$/Mtok always SD"):
-        table.add_column(column, justify="right" if column != "phase" else "left")
+    table = Table(title="At each phase's load: specpilot vs no SD and always-on SD (max K), simulated GPU time",
+                  box=box.SIMPLE_HEAD)
+    for column in ("phase", "pool (GPU)", "conc./\nreplica", "K", "drafts/\nrequest-step", "ms/token\nmeasured",
+                   "ms/token\nno SD", "ms/token\nalways SD", "vs better\nfixed", "$/Mtok\nspecpilot", "$/Mtok\nno SD",
+                   "$/Mtok\nalways SD", "note"):
+        table.add_column(column, justify="left" if column in ("phase", "pool (GPU)", "note") else "right",
+                         no_wrap=True)
     for r in rows:
         table.add_row(r.phase, f"{r.pool} ({r.sku})", f"{r.concurrency_per_replica:.1f}", str(r.k_specpilot),
-                      "-" if r.sd_share is None else f"{r.sd_share:.2f}",
+                      "-" if r.drafts_per_request_step is None else f"{r.drafts_per_request_step:.2f}",
                       "-" if r.ms_per_token_measured is None else f"{r.ms_per_token_measured:.1f}",
-                      f"{r.ms_per_token_no_sd:.1f}", f"{r.ms_per_token_always_sd:.1f}", f"{r.cost_specpilot:.3f}",
-                      f"{r.cost_no_sd:.3f}", f"{r.cost_always_sd:.3f}")
+                      f"{r.ms_per_token_no_sd:.1f}", f"{r.ms_per_token_always_sd:.1f}",
+                      percent(r.vs_better_fixed_percent),
+                      "-" if r.cost_specpilot is None else f"{r.cost_specpilot:.3f}",
+                      f"{r.cost_no_sd:.3f}", f"{r.cost_always_sd:.3f}", r.note)
     console.print(table)
-    console.print(f"* clients' wall ms x {scenario.sim.time_scale:g} (the simulated GPUs' speed-up): the GPU time "
-                  "it stands for. The no-SD and always-SD columns are what the same simulated engine measures at "
-                  "that load with no speculation or with speculation always on at max K.")
+    for line in table_notes(rows):
+        console.print(line, highlight=False)
     console.print(COST_BASIS)
     for pool in result.status.get("pools") or []:
         decision = pool.get("decision") or {}
@@ -111,13 +143,7 @@ def _run(args: argparse.Namespace, console, scenario, out: Path, workdir: Path) 
                   f"Client errors: {result.errors}. Processes left running: {result.processes_left}. "
                   f"Wall time: {result.wall_s:.0f} s.")
     console.print("Wrote " + ", ".join(str(p) for p in written))
-    for i, line in enumerate(fidelity_lines(result)):
-        console.print(f"[bold red]{line}[/]" if not result.faithful and i == len(fidelity_lines(result)) - 1
-                      else line, highlight=False)
-    if result.processes_left:
-        return 1
-    # Decisions made from profiles that do not hold the twin's figures are not presented as the demo's result.
-    return 0 if result.faithful else 3
+    return written
 
 
 def missing_requirements() -> str | None:

@@ -2,9 +2,12 @@
 clients) against no speculation and always-on speculation at the same load, plus PNG plots and a
 JSON/markdown report.
 
-The baselines are what the same simulated engine (its continuous batching over the twin, prefill and time
-to first token included) measures at that load per client, run in virtual time: like for like with the
-clients' measurement, so the only difference left is the speculative configuration."""
+All three ms/token columns are the simulated GPU's: the clients time each request with the virtual clock of
+the replica it went to (`demo.load`), and the no-SD and always-SD columns are what the same simulated engine
+(its continuous batching over the twin, prefill and time to first token included) measures at that load per
+client in a host-free replay (`engine_core.closed_loop_ms_per_token`). So they compare like for like, and the
+only difference left is the speculative configuration. Every $/Mtok column is computed from the ms/token
+beside it the same way (`COST_BASIS`)."""
 
 from __future__ import annotations
 
@@ -19,10 +22,16 @@ from ..perf.catalog import DEFAULT_CATALOG
 from ..perf.cost import cost_per_million_tokens
 from ..sandbox.engine import build_config, make_core, tokenize
 from ..sandbox.engine_core import closed_loop_ms_per_token
-from .load import demo_prompts
 from ..sandbox.fidelity import FIDELITY_BOUND_PERCENT
+from .load import demo_prompts
 from .run import DemoResult
 from .scenario import DemoScenario
+
+WITHIN_PERCENT = 3.0
+"""How close (measured ms/token) the decided configuration must come to the better fixed policy at a phase's
+load for its row to need no note."""
+PROFILED = ("profile", "live-acceptance")
+"""Decision sources made from the pool's own profiles (the others: none yet, or a prior)."""
 
 
 @dataclass
@@ -34,20 +43,34 @@ class Row:
     method: str | None
     """The method the decision in force serves (None: no speculation at all, the plain engine)."""
     k_specpilot: int
-    sd_share: float | None
+    drafts_per_request_step: float | None
+    """What the engines did over the phase (their counters, `specdec.drafts_per_request_step`): 0 = off."""
     ms_per_token_measured: float | None
+    """What the clients measured (each request on its replica's virtual clock): the mean over the phase's
+    requests of end-to-end ms per output token."""
     ms_per_token_no_sd: float
-    """What the same simulated engine measures at this load without speculation (virtual time)."""
+    """What the same simulated engine measures at this load without speculation (host-free replay)."""
     ms_per_token_always_sd: float
     """... with speculation always on at the method's largest K."""
     ms_per_token_specpilot_engine: float
-    """... with the decided configuration (the figure the measured column should approach)."""
+    """... with the configuration in force (the figure the measured column should match)."""
     ms_per_token_scheduled_off: float
     """... with the method loaded and its schedule at K=0 at every batch size: what the dynamic actuator's
     "off" costs (the drafter still prefills every prompt), against which a K=0 range is judged like for like."""
-    cost_specpilot: float
+    cost_specpilot: float | None
+    """From the measured ms/token, as the other two from theirs (`COST_BASIS`)."""
     cost_no_sd: float
     cost_always_sd: float
+    profiled: bool = True
+    """The decision in force came from the pool's profiles (False: it was still being profiled)."""
+    settled: bool = True
+    """No rollout during the phase (`PoolPhase.settled`)."""
+    service_changed: bool = False
+    """Other pods joined or left the Service during the phase (`PoolPhase.service_changed`)."""
+    vs_better_fixed_percent: float | None = None
+    """Measured ms/token against the better of the no-SD and always-SD columns, in percent (+ = slower)."""
+    note: str = ""
+    """Why the row is more than WITHIN_PERCENT from the better fixed policy ("" when it is not)."""
 
 
 MAX_BATCH = 256
@@ -55,6 +78,7 @@ MAX_BATCH = 256
 
 
 def summary_rows(result: DemoResult, scenario: DemoScenario) -> list[Row]:
+    """A row per phase and pool that served load with a GPU type, the joined pool's included."""
     pools = {p["name"]: p for p in result.status.get("pools") or []}
     spec = scenario.deployment()["spec"]
     prompt_tokens = tuple(len(tokenize(p)) for p in demo_prompts())
@@ -64,10 +88,10 @@ def summary_rows(result: DemoResult, scenario: DemoScenario) -> list[Row]:
             pool = pools.get(name) or {}
             decision = phase.decisions.get(name) or {}
             sku = pool.get("sku")
-            if not sku or decision.get("source") not in ("profile", "live-acceptance") \
-                    or measured.concurrency_per_replica <= 0:
+            if not sku or measured.concurrency_per_replica <= 0:
                 continue
-            # A decision of no speculation at all is compared with the first listed method's always-on SD.
+            # A pool without a method in force (none decided yet, or no speculation) is compared with the
+            # first listed method's always-on SD.
             chosen = decision.get("method")
             candidate = CandidateMethod.model_validate(next(
                 (m for m in spec["methods"] if (m.get("name") or m["method"].replace("_", "-")) == chosen),
@@ -75,7 +99,7 @@ def summary_rows(result: DemoResult, scenario: DemoScenario) -> list[Row]:
             price = DEFAULT_CATALOG.resolve(sku).default_price_per_gpu_hour
             batch = max(1, round(measured.concurrency_per_replica))
             schedule = [ScheduleRange.model_validate(r) for r in decision.get("schedule") or []]
-            k = k_at(schedule, batch) if schedule else decision.get("numSpeculativeTokens", 0)
+            k = (k_at(schedule, batch) if schedule else int(decision.get("numSpeculativeTokens") or 0)) if chosen else 0
             configs = {
                 "none": None,
                 "always": candidate.speculative_config(),
@@ -84,43 +108,117 @@ def summary_rows(result: DemoResult, scenario: DemoScenario) -> list[Row]:
                 "scheduled_off": candidate.speculative_config(None, [ScheduleRange(
                     from_batch_size=1, to_batch_size=MAX_BATCH, num_speculative_tokens=0)]),
             }
-            # What the same simulated engine measures at this load under each configuration (virtual time).
+            # What the same simulated engine measures at this load under each configuration, host-free: a burst
+            # of `batch` requests, then as many requests as each replica's clients measured, the same prompts
+            # in the same turn (`demo.load`).
             ms = {key: _ms_per_token(spec["model"]["id"], sku, config, scenario.sim.workload, batch, prompt_tokens,
-                                     scenario.output_len) for key, config in configs.items()}
-            cost = {key: cost_per_million_tokens(price, 1, batch * 1000 / value) for key, value in ms.items()}
-            rows.append(Row(
-                phase=phase.phase.name, pool=name, sku=sku, concurrency_per_replica=round(measured.concurrency_per_replica, 1),
-                method=chosen, k_specpilot=k, sd_share=measured.drafts_per_generated_token,
-                # The simulated GPUs run time_scale times faster than the GPUs they stand for.
-                ms_per_token_measured=None if measured.ms_per_token_p50 is None
-                else measured.ms_per_token_p50 * scenario.sim.time_scale,
+                                     scenario.output_len, measured.requests_per_replica or None)
+                  for key, config in configs.items()}
+            row = Row(
+                phase=phase.phase.name, pool=name, sku=sku,
+                concurrency_per_replica=round(measured.concurrency_per_replica, 1), method=chosen, k_specpilot=k,
+                drafts_per_request_step=measured.drafts_per_request_step,
+                # Simulated ms already (the replica's virtual clock): no time scale to apply.
+                ms_per_token_measured=measured.ms_per_token,
                 ms_per_token_no_sd=ms["none"], ms_per_token_always_sd=ms["always"],
                 ms_per_token_specpilot_engine=ms["specpilot"], ms_per_token_scheduled_off=ms["scheduled_off"],
-                cost_specpilot=cost["specpilot"], cost_no_sd=cost["none"], cost_always_sd=cost["always"]))
+                cost_specpilot=None if measured.ms_per_token is None
+                else _cost_per_mtok(price, batch, measured.ms_per_token),
+                cost_no_sd=_cost_per_mtok(price, batch, ms["none"]),
+                cost_always_sd=_cost_per_mtok(price, batch, ms["always"]),
+                profiled=decision.get("source") in PROFILED, settled=measured.settled,
+                service_changed=measured.service_changed)
+            if row.ms_per_token_measured is not None:
+                better = min(row.ms_per_token_no_sd, row.ms_per_token_always_sd)
+                row.vs_better_fixed_percent = round(100 * (row.ms_per_token_measured / better - 1), 1)
+            row.note = _note(row, decision)
+            rows.append(row)
     return rows
+
+
+def _cost_per_mtok(price_per_gpu_hour: float, requests_per_replica: int, ms_per_token: float) -> float:
+    """COST_BASIS: one GPU per replica, over the output tokens/s one replica delivers with `requests_per_replica`
+    requests in flight at `ms_per_token` each."""
+    return cost_per_million_tokens(price_per_gpu_hour, 1, requests_per_replica * 1000 / ms_per_token)
+
+
+NOTES = {
+    "profiling": ("not profiled yet",
+                  "not profiled yet: the pool's profiles were not in (a GPU type that joined), so it served without "
+                  "speculation, as the operator does until a pool is profiled"),
+    "rollout": ("rollout", "rollout: the pool's pods did not all run the configuration in force for the whole phase"),
+    "service": ("pods joined",
+                "pods joined: another pool's pods joined the Service during the phase, so the load per replica "
+                "moved (the row's concurrency is its time-average)"),
+    "unmeasured": ("no request measured", "no request measured: none of the pool's requests both began after its "
+                   "first burst and ended within the phase"),
+    "drafter": ("K=0, drafter loaded",
+                "K=0, drafter loaded: the schedule turns speculation off at this load, but the method stays loaded "
+                "and its drafter prefills every prompt (the same engine's replay with K=0 at every batch size is "
+                f"within {WITHIN_PERCENT:g}% of the measured figure)"),
+    "crossover": ("crossover ±{u:.0f}%",
+                  "crossover ±N%: the load sits where the decision itself says speculation's gain is known only to "
+                  "±N%, and twice that covers the difference: what a profile of a few requests per level cannot "
+                  "settle"),
+}
+"""key -> (the note a row carries, short enough for a column; the note in full, printed under the table)."""
+
+
+def _noted(key: str, **values: float) -> str:
+    return NOTES[key][0].format(**values)
+
+
+def note_keys(rows: list[Row]) -> list[str]:
+    """The NOTES keys the rows carry, in NOTES' order."""
+    return [key for key, (short, _) in NOTES.items()
+            if any(r.note.startswith(short.split("{")[0]) for r in rows if r.note)]
+
+
+def _note(row: Row, decision: dict) -> str:
+    """Why the row's measured ms/token is more than WITHIN_PERCENT off the better fixed policy, or ""."""
+    gap = row.vs_better_fixed_percent
+    if gap is not None and gap <= WITHIN_PERCENT:
+        return ""
+    if not row.profiled:
+        return _noted("profiling")
+    if not row.settled:
+        return _noted("rollout")
+    if row.service_changed:
+        return _noted("service")
+    if gap is None:
+        return _noted("unmeasured")
+    if row.method and row.k_specpilot == 0 and \
+            row.ms_per_token_measured <= (1 + WITHIN_PERCENT / 100) * row.ms_per_token_scheduled_off:
+        return _noted("drafter")
+    uncertainty = decision.get("crossoverUncertaintyPercent") or 0.0
+    if gap <= 2 * uncertainty:
+        return _noted("crossover", u=uncertainty)
+    return ""
 
 
 @functools.lru_cache(maxsize=256)
 def _ms_per_token_cached(model: str, sku: str, config: str, workload: str, concurrency: int,
-                         prompt_tokens: tuple[int, ...], output_len: int) -> float:
+                         prompt_tokens: tuple[int, ...], output_len: int, num_requests: int | None) -> float:
     argv = ["--model", model, f"--sku={sku}", f"--workload={workload}"]
     if config != "null":
         argv += ["--speculative-config", config]
-    return closed_loop_ms_per_token(make_core(build_config(argv)), concurrency, prompt_tokens, output_len)
+    return closed_loop_ms_per_token(make_core(build_config(argv)), concurrency, prompt_tokens, output_len,
+                                    num_requests=num_requests)
 
 
 def _ms_per_token(model: str, sku: str, config: dict | None, workload: str, concurrency: int,
-                  prompt_tokens: tuple[int, ...], output_len: int) -> float:
-    """Median end-to-end ms per output token that clients keeping `concurrency` requests in flight, with the
+                  prompt_tokens: tuple[int, ...], output_len: int, num_requests: int | None = None) -> float:
+    """Mean end-to-end ms per output token that clients keeping `concurrency` requests in flight, with the
     clients' prompts in turn, see on one simulated engine of `sku` started with `--speculative-config config`
-    (None: no speculation)."""
+    (None: no speculation), over `num_requests` requests after the first burst (None: the replay's default)."""
     return _ms_per_token_cached(model, sku, json.dumps(config, sort_keys=True), workload, concurrency,
-                                prompt_tokens, max(2, output_len))
+                                prompt_tokens, max(2, output_len), num_requests)
 
 
 COST_BASIS = ("$/Mtok: the GPU type's list price per GPU-hour (the catalog's) for one GPU per replica, over "
-              "the output tokens per second one replica delivers at that phase's requests per replica "
-              "(requests x 1000 / ms per token).")
+              "the output tokens per second one replica delivers at that phase's requests per replica (rounded) "
+              "and the ms/token beside it (requests x 1000 / ms per token): specpilot's from the measured "
+              "figure, the others from theirs.")
 """How the summary's cost columns are computed, in words, printed wherever they are."""
 
 
@@ -223,15 +321,16 @@ def write_reports(result: DemoResult, scenario: DemoScenario, rows: list[Row], o
              f"profiled: {result.joined_pool_profiled}.", "",
              "Where the time went: " + "; ".join(f"{stage} {seconds:g} s" for stage, seconds in stage_durations(result))
              + ".", "", *fidelity_lines(result), "",
-             "| phase | pool | GPU | conc./replica | K | drafts/token | ms/token measured | ms/token no SD | "
-             "ms/token always SD | $/Mtok specpilot | $/Mtok no SD | $/Mtok always SD |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| phase | pool | GPU | conc./replica | K | drafts/request-step | ms/token measured | ms/token no SD | "
+             "ms/token always SD | vs better fixed | $/Mtok specpilot | $/Mtok no SD | $/Mtok always SD | note |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r.phase} | {r.pool} | {r.sku} | {r.concurrency_per_replica} | {r.k_specpilot} | "
-                     f"{_fmt(r.sd_share, 2)} | {_fmt(r.ms_per_token_measured, 1)} | {r.ms_per_token_no_sd:.1f} | "
-                     f"{r.ms_per_token_always_sd:.1f} | {r.cost_specpilot:.3f} | {r.cost_no_sd:.3f} | "
-                     f"{r.cost_always_sd:.3f} |")
-    lines += ["", COST_BASIS]
+                     f"{_fmt(r.drafts_per_request_step, 2)} | {_fmt(r.ms_per_token_measured, 1)} | "
+                     f"{r.ms_per_token_no_sd:.1f} | {r.ms_per_token_always_sd:.1f} | "
+                     f"{percent(r.vs_better_fixed_percent)} | {_fmt(r.cost_specpilot, 3)} | {r.cost_no_sd:.3f} | "
+                     f"{r.cost_always_sd:.3f} | {r.note} |")
+    lines += ["", *table_notes(rows), "", COST_BASIS]
     placement = fleet_lines(result)
     if placement:
         lines += ["", *placement]
@@ -244,6 +343,23 @@ def write_reports(result: DemoResult, scenario: DemoScenario, rows: list[Row], o
 
 def _fmt(value: float | None, digits: int) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
+
+
+def percent(value: float | None) -> str:
+    return "-" if value is None else f"{value:+.1f}%"
+
+
+def table_notes(rows: list[Row]) -> list[str]:
+    """What the table's columns are, and the notes its rows carry, in full."""
+    lines = ["ms/token is the simulated GPU's throughout, time to first token included. measured: what the clients "
+             "saw, each request timed by the virtual clock of the replica it went to (the mean over the phase's "
+             "requests after each replica's first burst); no SD and always SD (max K): what the same simulated "
+             "engine measures for the same requests at that load without speculation or with it always on, in a "
+             "host-free replay. vs better fixed: measured against the better of the two (+ = slower); a row more "
+             f"than {WITHIN_PERCENT:g}% slower carries a note. drafts/request-step: drafts the engines proposed per "
+             "request and decode step over the phase (0 = speculation off)."]
+    lines += [f"  {NOTES[key][1]}" for key in note_keys(rows)]
+    return lines
 
 
 def _plots(result: DemoResult, rows: list[Row], out: Path) -> list[Path]:
@@ -274,7 +390,7 @@ def _plots(result: DemoResult, rows: list[Row], out: Path) -> list[Path]:
             # Pools often run the same K: wide solid, dashed and dotted lines keep each one visible.
             ax_k.step([t for t, _ in ks], [k for _, k in ks], where="pre", color=colours[pool], label=pool,
                       linestyle=("-", "--", ":")[pools.index(pool) % 3], linewidth=(4, 2, 2)[pools.index(pool) % 3])
-        ax_ms.set_ylabel("ms per output token (clients)")
+        ax_ms.set_ylabel("ms per output token (clients, simulated GPU time)")
         for ax in (ax_ms, ax_k):
             if result.joined_at_s is not None:
                 ax.axvline(result.joined_at_s, color="black", linestyle=":", linewidth=1,
@@ -328,14 +444,18 @@ def _plots(result: DemoResult, rows: list[Row], out: Path) -> list[Path]:
         width = 0.27
         ax.bar([i - width for i in x], [r.cost_no_sd for r in rows], width, label="no SD")
         ax.bar(list(x), [r.cost_always_sd for r in rows], width, label="always SD (max K)")
-        ax.bar([i + width for i in x], [r.cost_specpilot for r in rows], width, label="specpilot schedule")
+        ax.bar([i + width for i in x], [r.cost_specpilot or float("nan") for r in rows], width,
+               label="specpilot (measured)")
         ax.set_xticks(list(x), labels, fontsize=8)
         # A log scale: the quiet phases cost several times the busy ones per token, and on a linear scale the
         # few percent between policies at the peak (where a loss would show) cannot be seen.
         ax.set_yscale("log")
         ax.set_ylabel("$ per million output tokens (log scale)")
-        ax.set_title("Cost per token at each phase's load (the same simulated engine under each configuration)")
+        ax.set_title("Cost per token at each phase's load (specpilot: measured; the fixed policies: the same engine's "
+                     "replay)", fontsize=10)
         for i, r in enumerate(rows):
+            if r.cost_specpilot is None:
+                continue
             best_fixed = min(r.cost_no_sd, r.cost_always_sd)
             delta = 100 * (r.cost_specpilot / best_fixed - 1)
             ax.annotate(f"{delta:+.0f}%", (i + width, r.cost_specpilot), textcoords="offset points", xytext=(0, 3),

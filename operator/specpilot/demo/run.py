@@ -32,26 +32,47 @@ from ..manifests.names import bench_job_name
 from ..sandbox.apiserver import SandboxApiServer
 from ..sandbox.fidelity import FIDELITY_BOUND_PERCENT, profile_fidelity
 from ..sandbox.kubelet import ENGINE_CONFIG_ANNOTATION, Kubelet
-from ..vllm_page import GENERATION_TOKENS_TOTAL, SPEC_DECODE_DRAFTS_TOTAL, parse_samples
+from ..specdec import drafts_per_request_step
+from ..vllm_page import (
+    GENERATION_TOKENS_TOTAL,
+    REQUEST_SUCCESS_TOTAL,
+    SPEC_DECODE_ACCEPTED_TOKENS_TOTAL,
+    SPEC_DECODE_DRAFTS_TOTAL,
+    parse_samples,
+)
 from .load import LoadDriver
 from .scenario import NAME, NAMESPACE, DemoScenario, Phase
 
 
 @dataclass
 class PoolPhase:
-    """What one pool did during one phase of the load trace."""
+    """What one pool did during one phase of the load trace. Times are the simulated GPUs' (each request timed
+    by the virtual clock of the replica it went to, `demo.load`)."""
 
     pool: str
     requests: int = 0
-    ms_per_token_p50: float | None = None
+    """Requests measured: sent in the phase after each replica's first burst (the phase's clients arriving
+    together, as the replays' first `concurrency` requests, which they leave out too), finished before it ended."""
+    requests_per_replica: int = 0
+    """Measured requests per replica that served some: how many the replays measure."""
+    ms_per_token: float | None = None
+    """Mean over those requests of end-to-end latency per output token (simulated ms, time to first token
+    included), as the replays compute it (`engine_core.closed_loop_ms_per_token`)."""
     tokens_per_second: float = 0.0
+    """Output tokens per simulated second, summed over the pool's replicas."""
     concurrency_per_replica: float = 0.0
+    """Requests in flight per replica, time-averaged over each replica's simulated time (Little's law's L: what
+    the engine's batch held), averaged over the replicas that served."""
     replicas: int = 0
-    drafts_per_generated_token: float | None = None
-    """Drafts proposed per generated token over the phase, from the engines' counters: 0 = SD was off."""
+    drafts_per_request_step: float | None = None
+    """Drafts per request-step over the phase, from the engines' counters (`specdec.drafts_per_request_step`):
+    0 = SD was off, f (1 for a model drafter) = on at every step."""
     settled: bool = True
     """The same pods served the whole phase, all started from the Deployment's current engine config (no
     rollout during the phase, none pending): the engines ran the decision in force."""
+    service_changed: bool = False
+    """The Service's ready pods (every pool's) changed during the phase: the load per replica moved (a pool
+    joined, or another pool rolled)."""
 
 
 @dataclass
@@ -263,7 +284,7 @@ class Demo:
         await self._wait(lambda: self._serving_decided(initial_pools), 300,
                          "a ready serving pod running the decided configuration in every initial pool")
         model = self.scenario.deployment()["spec"]["model"]["servedName"]
-        async with LoadDriver(self.endpoints, model, self.scenario.output_len) as driver:
+        async with LoadDriver(self.endpoints, model, self.scenario.output_len, clock_of=self._clock_of) as driver:
             self.driver = driver
             trace_start = time.monotonic()
             sampler = asyncio.create_task(self._sample_timeline(result, trace_start))
@@ -279,13 +300,18 @@ class Demo:
                         self.joined_at = time.monotonic()
                         result.joined_at_s = self.joined_at - trace_start
                         await self.api.create(_node(node_name, product, pool))
-                    await driver.set_concurrency(phase.concurrency)
+                    # The phase begins as a profiled level does: the previous clients leave, the engines go
+                    # idle, the phase's clients arrive together (`LoadDriver.set_concurrency`).
+                    await driver.set_concurrency(0, together=True)
                     before, revisions_before = await self._counters(), self._revisions()
-                    started = time.monotonic()
+                    held_before, started = driver.held(), time.monotonic()
+                    await driver.set_concurrency(phase.concurrency)
                     await asyncio.sleep(phase.duration_s)
+                    held_after, ended = driver.held(), time.monotonic()
                     after, revisions_after = await self._counters(), self._revisions()
-                    result.phases.append(self._phase_result(phase, started, time.monotonic(), before, after,
-                                                            revisions_before, revisions_after))
+                    result.phases.append(self._phase_result(phase, started, ended, before, after,
+                                                            revisions_before, revisions_after,
+                                                            held_before, held_after))
                 if not self._decided(pool):
                     self.stage = f"profiling the new GPU type {product}"
                     with contextlib.suppress(DemoError):
@@ -300,6 +326,13 @@ class Demo:
                 result.errors = driver.errors
                 self.driver = None
                 self.phase = None
+
+    def _clock_of(self, url: str):
+        """The virtual clock of the serving pod at `url`, as its clients read it (None: no such pod)."""
+        from specpilot_bench.clock import read_clock
+
+        path = self.kubelet.clock_file(url) if self.kubelet else None
+        return read_clock(path) if path else None
 
     def _serving_decided(self, pools: list[str]) -> bool:
         """Every pool has a ready pod, and every ready pod runs its Deployment's current engine config (pods
@@ -439,8 +472,9 @@ class Demo:
                 out[url] = (_pool_of(name), revision == current)
         return out
 
-    async def _counters(self) -> dict[str, tuple[str, float, float]]:
-        """URL -> (pool, drafts, generated tokens) from each ready pod's /metrics."""
+    async def _counters(self) -> dict[str, tuple[str, dict[str, float]]]:
+        """URL -> (pool, counters: drafts, accepted draft tokens, generated tokens, finished requests) from each
+        ready pod's /metrics."""
         out = {}
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3)) as session:
             for pool, url in self.endpoints():
@@ -450,40 +484,50 @@ class Demo:
                 except (aiohttp.ClientError, asyncio.TimeoutError):
                     continue
                 samples = parse_samples(text)
-                drafts = sum(value for _, value in samples.get(SPEC_DECODE_DRAFTS_TOTAL, []))
-                generated = sum(value for _, value in samples.get(GENERATION_TOKENS_TOTAL, []))
-                out[url] = (pool, float(drafts), float(generated))
+                out[url] = (pool, {key: float(sum(value for _, value in samples.get(name, [])))
+                                   for key, name in _COUNTERS.items()})
         return out
 
     def _phase_result(self, phase: Phase, started: float, ended: float, before: dict, after: dict,
-                      revisions_before: dict, revisions_after: dict) -> PhaseResult:
+                      revisions_before: dict, revisions_after: dict, held_before: dict | None = None,
+                      held_after: dict | None = None) -> PhaseResult:
+        """What each pool did over the phase. `held_*` are the driver's in-flight integrals (`LoadDriver.held`)
+        at its start and end, each on its replica's simulated clock."""
         status = self.status()
         result = PhaseResult(phase, started - self.started, ended - self.started,
                              decisions={p["name"]: p.get("decision") or {} for p in status.get("pools") or []},
                              placement=placement_of(status), fleet=dict(status.get("fleet") or {}))
         samples = [s for s in self.driver.samples if started <= s.finished_at <= ended]
-        pools = sorted({pool for pool, _, _ in after.values()} | {s.pool for s in samples})
-        for pool in pools:
+        pool_of = {url: pool for url, (pool, _) in after.items()} | {s.url: s.pool for s in samples}
+        held = _held_between(held_before or {}, held_after or {})
+        # A replica's measured requests: sent in the phase, after its burst (the first of its share, as the
+        # replays leave their first `concurrency` out).
+        share = {url: max(1, round(area / span)) for url, (area, span) in held.items()}
+        for pool in sorted(set(pool_of.values())):
             mine = [s for s in samples if s.pool == pool]
-            urls = [u for u, (p, _, _) in after.items() if p == pool]
-            drafts = generated = 0.0
+            measured = [s for s in mine if s.sent_at >= started and s.turn >= share.get(s.url, 1)]
+            urls = [u for u, (p, _) in after.items() if p == pool]
+            delta = dict.fromkeys(_COUNTERS, 0.0)
             for url in urls:
-                if url in before and after[url][2] >= before[url][2]:
-                    drafts += after[url][1] - before[url][1]
-                    generated += after[url][2] - before[url][2]
-            duration = max(ended - started, 1e-9)
-            tokens = sum(s.tokens for s in mine)
+                if url in before and after[url][1]["generated"] >= before[url][1]["generated"]:
+                    for key in delta:
+                        delta[key] += after[url][1][key] - before[url][1][key]
+            served = {url: held[url] for url, p in pool_of.items() if p == pool and url in held}
             result.pools[pool] = PoolPhase(
-                pool=pool, requests=len(mine),
-                ms_per_token_p50=statistics.median(s.ms_per_token for s in mine) if mine else None,
-                tokens_per_second=tokens / duration,
-                # Little's law: requests in flight = throughput x latency.
-                concurrency_per_replica=(sum(s.latency_s for s in mine) / duration) / max(1, len(urls)),
+                pool=pool, requests=len(measured),
+                requests_per_replica=round(len(measured) / max(1, len({s.url for s in measured}))),
+                ms_per_token=statistics.fmean(s.ms_per_token for s in measured) if measured else None,
+                tokens_per_second=sum(sum(s.tokens for s in mine if s.url == url) / span
+                                      for url, (_, span) in served.items()),
+                concurrency_per_replica=(statistics.fmean(area / span for area, span in served.values())
+                                         if served else 0.0),
                 replicas=len(urls),
-                drafts_per_generated_token=drafts / generated if generated else None,
+                drafts_per_request_step=drafts_per_request_step(delta["drafts"], delta["generated"],
+                                                                delta["accepted"], delta["finished"]),
                 settled=({u for u, (p, _) in revisions_before.items() if p == pool}
                          == {u for u, (p, _) in revisions_after.items() if p == pool})
                 and all(current for p, current in revisions_after.values() if p == pool),
+                service_changed=set(revisions_before) != set(revisions_after),
             )
         return result
 
@@ -515,6 +559,22 @@ class Demo:
         await asyncio.sleep(0.2)
         os.killpg(self.operator.pid, signal.SIGKILL)
         self.operator.wait()
+
+
+_COUNTERS = {"drafts": SPEC_DECODE_DRAFTS_TOTAL, "accepted": SPEC_DECODE_ACCEPTED_TOKENS_TOTAL,
+             "generated": GENERATION_TOKENS_TOTAL, "finished": REQUEST_SUCCESS_TOTAL}
+"""The engines' counters a phase reads (drafts per request-step: `specdec.drafts_per_request_step`)."""
+
+
+def _held_between(before: dict, after: dict) -> dict[str, tuple[float, float]]:
+    """URL -> (request-seconds the driver held at that replica, the replica's simulated seconds) between two
+    `LoadDriver.held` readings; a replica first used in between counts from its first request."""
+    out = {}
+    for url, (area, now, since) in after.items():
+        area0, then, _ = before.get(url, (0.0, since, since))
+        if then is not None and now - then > 0:
+            out[url] = (area - area0, now - then)
+    return out
 
 
 def _tail(path: Path, lines: int) -> list[str]:

@@ -122,7 +122,10 @@ def fast_scenario() -> DemoScenario:
         output_len=32,
         # The first quiet phase outlasts the pods' metrics interval (5 s), so the load first observed, which the
         # decision weighs until its cooldown, is the quiet one and not a window taken mostly at the peak.
-        phases=[Phase("quiet", 8, 6), Phase("peak", 300, 4), Phase("quiet", 8, 3)],
+        # The peak outlasts two rounds of its requests (each replica's first burst, which is not measured, and
+        # the next), so its ms/token is measured too; the last phase leaves the GPU type that joins as it begins
+        # time to start a serving pod and serve.
+        phases=[Phase("quiet", 8, 6), Phase("peak", 300, 8), Phase("quiet", 8, 5)],
         after_join_timeout_s=150,
         # About 90 s on two cores with one kept busy; the bound leaves a host five times slower room, and ends
         # (with its diagnosis) before a test runner's own timeout of 600 s would kill it without one.

@@ -1,4 +1,4 @@
-"""The simulated engine's clocks: wall time for serving, a virtual clock for profiling that no host can stretch.
+"""The simulated engine's clocks: wall time, or a virtual clock that no host can stretch.
 
 A simulated GPU's step takes the twin's step time. On a slow or busy host the engine's own Python work and
 its clients' (one HTTP chunk per request per step) can take longer than that, so wall-clock measurements
@@ -18,8 +18,10 @@ token is higher without speculation and a busy host makes speculation look bette
 
 The engine publishes the clock in a small memory-mapped file (`SPECPILOT_SIM_CLOCK_FILE`), and a client on the
 same host reads the same time (`specpilot_bench.clock.read_clock`, where the file's layout is defined), so the
-benchmark Job's own load generator measures latencies and throughput in simulated seconds. In a cluster
-nothing sets the variable: clients use `time.perf_counter`.
+benchmark Job's own load generator measures latencies and throughput in simulated seconds. The sandbox's
+kubelet gives every engine it runs a clock file of its own, the serving pods' included, and the demo's clients
+time each request with the clock of the replica it went to (`demo.load`). In a cluster nothing sets the
+variable: clients use `time.perf_counter`.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ __all__ = ["CLOCK_FILE_ENV", "VirtualClock", "WallClock"]
 
 
 class WallClock:
-    """Simulated time is wall time (time.monotonic): the serving engines, whose clients time on the wall."""
+    """Simulated time is wall time (time.monotonic): an engine started without a clock file."""
 
     virtual = False
 

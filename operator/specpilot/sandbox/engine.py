@@ -13,8 +13,8 @@ simulation flags say what it stands for:
   --seed             random seed of acceptance and output lengths
   --startup-delay-s  simulated model-load time before /health answers 200 (env SPECPILOT_SIM_STARTUP_DELAY_S)
   --clock-file       run on a virtual clock published in this file, which a client on the same host reads
-                     (env SPECPILOT_SIM_CLOCK_FILE; see `sandbox.clock`): what the benchmark Jobs measure in the
-                     demo, so that their profiles hold the twin's figures on any host
+                     (env SPECPILOT_SIM_CLOCK_FILE; see `sandbox.clock`): what the benchmark Jobs and the demo's
+                     clients measure, so that profiles and served latencies hold the twin's figures on any host
 
 It serves /health, /v1/models, /version, /tokenize, /detokenize, /v1/completions and
 /v1/chat/completions (streamed as server-sent events or not) and /metrics with vLLM's metric names;
@@ -447,7 +447,7 @@ class SimulatedEngine:
             # Windows that close short are expected at the end of each level; requests that arrive after their
             # window closed mean the host answered slower than the window, and those steps ran a smaller batch.
             log.info("virtual clock: %d arrival windows, %d closed short, %d requests arrived late (typical wait "
-                     "%.0f ms)", held, short, core.late_arrivals, 1000 * core.arrival_wait_s)
+                     "%.1f ms per request)", held, short, core.late_arrivals, 1000 * core.arrival_wait_s)
 
     # ---- HTTP ------------------------------------------------------------------------------------------
     def _app(self) -> web.Application:

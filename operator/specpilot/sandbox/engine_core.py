@@ -20,16 +20,21 @@ One `EngineCore` is one vLLM engine (one data-parallel rank). Each engine step i
    drafts accepting j tokens matches p_j to within about one draft over any run, so a short profile
    measures the twin's acceptance instead of sampling noise around it.
 
-Times come from the core's clock (`sandbox.clock`). On the wall clock (serving engines) the twin's step times
-are divided by `time_scale` and steps are scheduled on a running deadline (the next step starts where the
-last one ended while the engine stays busy), so Python overhead below the step time does not slow the
-simulated GPU, and a client timing requests and the engine's /metrics agree. On a virtual clock (profiling)
+Times come from the core's clock (`sandbox.clock`). On the wall clock (an engine started without a clock file)
+the twin's step times are divided by `time_scale` and steps are scheduled on a running deadline (the next step
+starts where the last one ended while the engine stays busy), so Python overhead below the step time does not
+slow the simulated GPU, and a client timing requests and the engine's /metrics agree. On a virtual clock (every
+engine the sandbox's kubelet runs: the benchmark Jobs' and the serving pods')
 simulated time advances by the twin's step times whatever the host's speed; an engine woken from idle waits
 (with the clock standing still) until a burst of arrivals is in; and after a step that finished
 requests the engine holds an arrival window: it waits (in wall time, with the clock standing at the step's
-end) until as many new requests have arrived as finished, or the window closes, so a closed-loop client's
+end) until as many new requests have arrived as finished, or none has come for the window's patience
+(`ARRIVAL_WINDOW_S`), so a closed-loop client's
 next request joins the next step however long the host took to deliver the last token and send it. That is
 what `closed_loop_level` computes without any host at all, and what a measured profile is checked against.
+The load gauges (running, waiting, KV usage) are then published as each step is scheduled, not as it
+completes: the requests that replace the finished ones arrive at the step's end in simulated time, however
+much wall time the window takes, so a scrape during the window reads the batch the clients hold.
 """
 
 from __future__ import annotations
@@ -67,10 +72,14 @@ SETTLE_QUIET_S = 0.1
 """On a virtual clock, how long (wall seconds) no request may arrive before an engine woken from idle starts."""
 LATE_WAKE_S = 0.02
 """A wait that ends this much (wall seconds) after its deadline was not this process's doing: look again."""
-ARRIVAL_WINDOW_S = (0.02, 1.0)
-"""Bounds (wall seconds) of the arrival window on a virtual clock: it closes after four times the typical
-wait for the clients' next requests, within these bounds, when fewer arrive (the end of a level). A client
-of 128 streams on a busy core takes tens of milliseconds to read a step's tokens and send the next requests."""
+ARRIVAL_WINDOW_S = (0.05, 1.0)
+"""Bounds (wall seconds) of the arrival window's patience on a virtual clock: when fewer requests arrive than
+finished (the end of a level, clients that left), it closes once none has come for four times the typical
+time the clients take per request for the requests still missing, within these bounds; each arrival starts
+the wait again. Clients of 150 requests that finished in one step, on a busy core, send their first next one
+only after a hundred milliseconds or so (every response is written and read first), and the window must hold
+until the last one is in: a batch that starts without them runs staggered from then on, which the host-free
+replay, whose clients answer at once, does not."""
 
 
 class EngineMetrics(VllmMetricsState):
@@ -237,15 +246,19 @@ class EngineCore:
         self._wake = asyncio.Event()
         self._arrivals = 0
         self._arrived = asyncio.Event()
-        self.arrival_wait_s = 0.05
-        """Typical wall seconds from a step's end until the clients' next requests are in (moving average)."""
+        self.arrival_wait_s = 0.005
+        """Typical wall seconds the clients take per request to send the next ones after a step (moving average
+        over completed windows of their duration over the requests that finished)."""
+        self._window_missing = 0
+        """Requests the last arrival window closed without."""
         self.arrival_windows = [0, 0]
         """Arrival windows held, and how many of them closed before as many requests arrived as finished."""
         self.late_arrivals = 0
         """Requests that arrived after their window had closed, while the engine was busy (the batch they would
         have joined ran without them); each one widens the window."""
         self._window_closed_s: float | None = None
-        """Wall time the last arrival window opened (a step's end), while the window is closed; None while open."""
+        """Wall time of the closed arrival window's last arrival (or its opening, a step's end, if none came);
+        None while a window is open."""
         acceptance = twin.acceptance
         self._p = np.asarray(acceptance.per_position[:max_k], dtype=float)
         self._drafts_per_step = acceptance.drafts_per_step if max_k else 0.0
@@ -261,10 +274,12 @@ class EngineCore:
         return self.clock.now()
 
     def add_request(self, request: SimRequest) -> None:
-        if self._window_closed_s is not None and self.running:
+        if self._window_closed_s is not None and self.running and self._window_missing:
             # Closed loop on a host that answered slower than the window: learn how long it takes.
             self.late_arrivals += 1
-            self.arrival_wait_s = max(self.arrival_wait_s, (time.monotonic() - self._window_closed_s) / 2)
+            self.arrival_wait_s = max(self.arrival_wait_s,
+                                      (time.monotonic() - self._window_closed_s) / self._window_missing)
+            self._window_missing -= 1
         self.waiting.append(request)
         self._arrivals += 1
         self._arrived.set()
@@ -324,27 +339,31 @@ class EngineCore:
         step as in `closed_loop_level` instead of as far apart as the host's sending took."""
         self.clock.hold()
         started = time.monotonic()
-        self._window_closed_s = None
+        self._window_closed_s, self._window_missing = None, 0
         while await self._next_arrival(time.monotonic() + max(SETTLE_QUIET_S, self.arrival_wait_s)):
             pass
         self._window_closed_s = started
 
     async def _arrival_window(self, finished: int) -> None:
-        """Waits until `finished` new requests have arrived or the window closes (the clock stands still)."""
+        """Waits until `finished` new requests have arrived, or none has for the window's patience (the clock
+        stands still)."""
         self.clock.hold()
         target = self._arrivals + finished
-        started = time.monotonic()
+        started = last = time.monotonic()
         low, high = ARRIVAL_WINDOW_S
-        closes = started + min(high, max(low, 4 * self.arrival_wait_s))
         self._window_closed_s = None
-        while self._arrivals < target and await self._next_arrival(closes):
-            pass
+        while self._arrivals < target:
+            patience = min(high, max(low, 4 * self.arrival_wait_s * (target - self._arrivals)))
+            if not await self._next_arrival(last + patience):
+                break
+            last = time.monotonic()
         self.arrival_windows[0] += 1
-        if self._arrivals >= target:
-            self.arrival_wait_s += 0.2 * (time.monotonic() - started - self.arrival_wait_s)
+        self._window_missing = max(0, target - self._arrivals)
+        if not self._window_missing:
+            self.arrival_wait_s += 0.2 * ((last - started) / finished - self.arrival_wait_s)
         else:
             self.arrival_windows[1] += 1
-        self._window_closed_s = started
+        self._window_closed_s = last
 
     async def _next_arrival(self, deadline: float) -> bool:
         """Whether a request arrives before `deadline` (wall). A deadline that fires late means this process
@@ -456,7 +475,8 @@ class EngineCore:
         metrics.record_step(generated, drafts, drafts * k, accepted_per_position)
         finished = sum(1 for r in plan.running if r.finish_reason is not None and not r.aborted)
         self._drop_finished()
-        self._publish_load()
+        if not self.clock.virtual:  # on a virtual clock the next step publishes (see the module docstring)
+            self._publish_load()
         return finished
 
     # ---- helpers ---------------------------------------------------------------------------------------
@@ -575,13 +595,14 @@ def closed_loop_level(core: EngineCore, prompt_lens: Sequence[int], output_len: 
 
 def closed_loop_ms_per_token(core: EngineCore, concurrency: int, prompt_tokens: int | Sequence[int], output_len: int,
                              num_requests: int | None = None) -> float:
-    """What clients keeping `concurrency` requests in flight would measure on this engine: the median over
-    requests of end-to-end latency per output token (simulated ms, time to first token included). The
-    prompts are `prompt_tokens` long, or take the lengths of a sequence in turn.
+    """What clients keeping `concurrency` requests in flight would measure on this engine: the mean over
+    requests of end-to-end latency per output token (simulated ms, time to first token included). Every
+    request generates `output_len` tokens, so `concurrency` x 1000 / this is the engine's output tokens per
+    second (Little's law). The prompts are `prompt_tokens` long, or take the lengths of a sequence in turn.
 
     The same continuous batching, chunked prefill and KV accounting the live engine does (`_closed_loop`), at
     any load, in milliseconds. The first `concurrency` requests (which all arrive at once) are the warm-up and
-    not counted.
+    not counted; then `num_requests` are (default: max(64, 3 x concurrency)).
     """
     lengths = [prompt_tokens] if isinstance(prompt_tokens, int) else list(prompt_tokens)
     if concurrency < 1 or output_len < 1 or not lengths or min(lengths) < 1:
@@ -600,7 +621,7 @@ def closed_loop_ms_per_token(core: EngineCore, concurrency: int, prompt_tokens: 
     _closed_loop(core, itertools.cycle(lengths), output_len, concurrency, record)
     if not per_token:
         raise RuntimeError("the engine finished no request (is the KV cache too small for one?)")
-    return float(np.median(per_token))
+    return float(np.mean(per_token))
 
 
 class _Discard:

@@ -8,8 +8,10 @@ connect on the Job's own loopback address (its "pod IP"), so Jobs never collide 
 engine runs on a virtual clock the bench's load generator reads too (`sandbox.clock`), so a profile holds
 the twin's figures however slow or busy the host is. It reports each Job's outcome in its status with the Job controller's
 retry-and-give-up behaviour. For every serving Deployment it runs one simulated engine per replica with the
-pod's own engine arguments, each on its own loopback address (its "pod IP"), publishes Pod objects the
-operator scrapes, rolls pods on a template change by the Deployment's maxSurge and maxUnavailable (by
+pod's own engine arguments, each on its own loopback address (its "pod IP") and its own virtual clock
+(`clock_file`: the demo's clients time their requests with the clock of the replica they went to, so what
+they measure is the simulated GPU's time, as the profiles are), publishes Pod objects the operator scrapes,
+rolls pods on a template change by the Deployment's maxSurge and maxUnavailable (by
 default a new pod ready before an old one stops), and keeps the Deployment's status as the Deployment
 controller would.
 """
@@ -62,6 +64,8 @@ class PodProcess:
     port: int
     template: str
     process: subprocess.Popen
+    clock: Path | None = None
+    """The file the pod's engine publishes its virtual clock in."""
     ready: bool = False
     stopping: bool = False
 
@@ -155,12 +159,15 @@ class Kubelet:
                           sys.executable, "-m", ENGINE_MODULE, *engine_args, *self._sim_args(sku)]
         return bench_command, engine_command
 
+    def _clock_path(self, name: str) -> Path:
+        clocks = self.workdir / "clocks"
+        clocks.mkdir(exist_ok=True)
+        return clocks / name
+
     def _spawn_job(self, job: dict) -> subprocess.Popen:
         """Start the Job's pod: the engine container's process, then the bench's; returns the bench's."""
         name = job["metadata"]["name"]
-        clocks = self.workdir / "clocks"
-        clocks.mkdir(exist_ok=True)
-        clock = {CLOCK_FILE_ENV: str(clocks / f"{name}.clock")}
+        clock = {CLOCK_FILE_ENV: str(self._clock_path(f"{name}.clock"))}
         bench_command, engine_command = self._job_containers(job, self._next_ip())
         if engine_command:
             _stop(self.job_engines.pop(name, None))
@@ -277,7 +284,10 @@ class Kubelet:
             ip = self._next_ip()
             command, port = self._engine_command(deployment, ip)
             pod_name = f"{name}-{revision[:6]}-" + "-".join(ip.split(".")[1:])
-            pods.append(PodProcess(pod_name, ip, port, revision, self._spawn(command, f"pod-{pod_name}.log")))
+            clock = self._clock_path(f"pod-{pod_name}.clock")
+            pods.append(PodProcess(pod_name, ip, port, revision,
+                                   self._spawn(command, f"pod-{pod_name}.log", **{CLOCK_FILE_ENV: str(clock)}),
+                                   clock=clock))
         for pod in doomed:
             pods.remove(pod)
             await self._delete_pod(namespace, pod)
@@ -325,6 +335,14 @@ class Kubelet:
     def pod_revisions(self, namespace: str, deployment: str) -> dict[str, str]:
         """Base URL -> engine-config revision of each ready pod of a Deployment."""
         return {f"http://{p.ip}:{p.port}": p.template for p in self.pods.get((namespace, deployment), []) if p.ready}
+
+    def clock_file(self, url: str) -> Path | None:
+        """The virtual clock of the serving pod at base URL `url` (None: no such pod)."""
+        for pods in self.pods.values():
+            for pod in pods:
+                if f"http://{pod.ip}:{pod.port}" == url:
+                    return pod.clock
+        return None
 
     def serving_endpoints(self, namespace: str, deployment: str) -> list[str]:
         """Base URLs of the ready pods of a Deployment (what its Service would route to)."""
