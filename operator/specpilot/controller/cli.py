@@ -138,7 +138,10 @@ def dump_tracemalloc(out=None, top: int = TRACEMALLOC_TOP) -> None:
 
     out = out or sys.stderr
     if not tracemalloc.is_tracing():
-        print(f"allocators: {malloc_summary()}", file=out, flush=True)
+        before = malloc_summary()
+        found = gc.collect()
+        print(f"allocators: {before}\ngc: a full collection found {found} unreachable objects; then: "
+              f"{malloc_summary()}", file=out, flush=True)
         return
     gc.collect()
     snapshot = tracemalloc.take_snapshot().filter_traces((
