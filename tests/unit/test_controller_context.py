@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from types import SimpleNamespace
 
 from specpilot.controller.context import Bounded, Context
@@ -86,3 +87,31 @@ def test_profile_users_follow_a_deployment_that_changes_its_profiles():
     assert ctx.users_of_profiles("team-a")["q"] == {"u1"}
     ctx.forget("u1")
     assert ctx.users_of_profiles("team-a") == {} and ctx.profile_users == {}
+
+
+def test_a_status_the_body_already_shows_is_held_once_as_the_body_holds_it():
+    # kopf keeps each deployment's latest body; once it shows the status computed here, the context keeps
+    # that object rather than a second copy of the same JSON (issue 27).
+    computed = {"phase": "Serving", "pools": [{"name": "h100", "replicas": 2, "decision": {"k": 4, "x": 0.5}}]}
+    seen = {"phase": "Serving", "pools": [{"name": "h100", "replicas": 2, "decision": {"k": 4, "x": 0.5}}]}
+    ctx = _ctx()
+    ctx.remember_written("u1", computed, seen)
+    assert ctx.written["u1"] is seen
+    assert ctx.latest({**BODY, "status": {"phase": "Profiling"}})["status"] == computed
+
+
+def test_a_status_the_body_does_not_show_yet_is_kept_as_computed():
+    computed = {"phase": "Serving", "pools": [{"name": "h100", "replicas": 2}]}
+    for seen in (None, {"phase": "Profiling", "pools": [{"name": "h100", "replicas": 2}]},
+                 {"phase": "Serving", "pools": [{"name": "h100", "replicas": 2.0}]},  # == says equal: 2 == 2.0
+                 {"phase": "Serving", "pools": ({"name": "h100", "replicas": 2},)},
+                 {"phase": "Serving", "pools": [{"name": "h100", "replicas": 2}], "extra": 1}):
+        ctx = _ctx()
+        ctx.remember_written("u1", computed, seen)
+        assert ctx.written["u1"] is computed, seen
+
+
+def test_kopf_copies_of_the_memo_are_the_context_itself():
+    # kopf gives every watched object copy.copy(memo) for its life; nothing per object lives in it.
+    ctx = _ctx()
+    assert copy.copy(ctx) is ctx

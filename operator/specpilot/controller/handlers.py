@@ -187,7 +187,7 @@ def register(registry: kopf.OperatorRegistry, ctx: Context, *, peering: bool) ->
                 ctx.written.pop(uid, None)
                 ctx.metrics.reconcile_errors.labels(namespace, type(exc).__name__).inc()
                 await fail(body, view, exc, logger, retry)
-            ctx.written[uid] = status
+            ctx.remember_written(uid, status, raw.get("status"))
             reported.pop(uid, None)
         for event in result.events:
             kopf.event(body, type=event.type, reason=event.reason, message=event.message)
