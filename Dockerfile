@@ -1,5 +1,6 @@
 # Operator image: the specpilot package (kopf operator + CLI) on a pinned slim Python, with the runtime
-# dependencies only (no extras: no demo, sandbox, simulator plots or test tools).
+# dependencies only (no extras: no simulator plots or test tools; the sandbox and the demo are their own
+# distribution in sandbox/, which is not copied).
 # Build from the repository root: docker build -t ghcr.io/specpilot/specpilot:0.1.0 .
 FROM python:3.11.11-slim-bookworm
 

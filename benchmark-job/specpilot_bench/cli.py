@@ -160,7 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
     engine.add_argument("--engine-module", default=os.environ.get(ENGINE_MODULE_ENV) or VLLM_SERVER_MODULE,
                         metavar="MODULE", help="--launch runs `python -m MODULE` with vLLM's server arguments "
                         f"(env {ENGINE_MODULE_ENV}; default {VLLM_SERVER_MODULE}; the demo's simulated engine "
-                        "is specpilot.sandbox.engine)")
+                        "is specpilot_sandbox.engine)")
     engine.add_argument("--engine-arg", action="append", default=[], metavar="ARG",
                         help="extra argument for the launched engine, repeatable (write --engine-arg=--enforce-eager)")
     engine.add_argument("--engine-args", default="", help="extra engine arguments as one shell-quoted string")

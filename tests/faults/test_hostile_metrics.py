@@ -12,7 +12,7 @@ import re
 import pytest
 from aiohttp import web
 
-from specpilot.observe.exporter import VllmMetricsState, render_metrics
+from specpilot_sandbox.exporter import VllmMetricsState, render_metrics
 from tests.faults.conftest import finite, reconciled
 from tests.operator.scenario import (NAMESPACE, LoopbackServer, condition, create_serving_pod, deployment, events,
                                      publish_results, scraped_deployment, sdep, status)

@@ -14,9 +14,9 @@ from collections.abc import Callable
 import pytest
 from prometheus_server import ScrapeTarget, prometheus_server  # noqa: F401  (prometheus_server is a fixture)
 
-from specpilot.observe.exporter import VllmMetricsState, start_exporter
 from specpilot.observe.model import MetricsUnavailable, PoolObservation
 from specpilot.observe.prometheus import PrometheusSource, pool_pod_regex
+from specpilot_sandbox.exporter import VllmMetricsState, start_exporter
 
 pytestmark = pytest.mark.prometheus
 

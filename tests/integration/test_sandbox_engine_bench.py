@@ -1,6 +1,6 @@
 """specpilot-bench (the benchmark Job's load generator: vLLM's own client) against the simulated engine.
 
-The simulated engine runs as the demo's kubelet starts it (`python -m specpilot.sandbox.engine`, EAGLE-3
+The simulated engine runs as the demo's kubelet starts it (`python -m specpilot_sandbox.engine`, EAGLE-3
 on H100-SXM, 10x faster than real time); the bench measures it as a sidecar at three concurrency levels.
 The profile it writes must be a valid SpeculationProfile whose acceptance matches the twin's prior and
 whose throughput grows with concurrency, as it would on the GPU the twin stands for.
@@ -33,7 +33,7 @@ def simulated_engine(tmp_path_factory):
     log_path = tmp_path_factory.mktemp("engine") / "engine.log"
     with log_path.open("w") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "specpilot.sandbox.engine", "--model", MODEL, "--port", "0",
+            [sys.executable, "-m", "specpilot_sandbox.engine", "--model", MODEL, "--port", "0",
              "--speculative-config", SPECULATIVE_CONFIG, "--sku", "H100-SXM", "--time-scale", "10",
              "--startup-delay-s", "5", "--seed", "1"],
             stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONUNBUFFERED="1"))

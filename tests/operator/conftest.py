@@ -1,6 +1,6 @@
 """The real operator (a `specpilot run` subprocess) against the sandbox API server over HTTP.
 
-The sandbox is kmock's KubernetesEmulator (see specpilot.sandbox.apiserver); the test plays kubectl
+The sandbox is kmock's KubernetesEmulator (see specpilot_sandbox.apiserver); the test plays kubectl
 and the kubelet/Job controller by writing objects and statuses, then waits for the operator's answers.
 """
 
@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from specpilot.api import seal
-from specpilot.sandbox.apiserver import SandboxApiServer
+from specpilot_sandbox.apiserver import SandboxApiServer
 
 NAMESPACE = "team"
 

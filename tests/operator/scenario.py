@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from aiohttp import web
 
 from specpilot.api import seal
-from specpilot.sandbox.apiserver import SandboxApiServer
+from specpilot_sandbox.apiserver import SandboxApiServer
 
 NAMESPACE = "team"
 

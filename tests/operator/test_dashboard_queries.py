@@ -30,7 +30,7 @@ import aiohttp
 import pytest
 from prometheus_server import PrometheusServer, ScrapeTarget
 
-from specpilot.observe.exporter import VllmMetricsState, start_exporter
+from specpilot_sandbox.exporter import VllmMetricsState, start_exporter
 from tests.operator.conftest import NAMESPACE, OperatorProcess
 from tests.operator.scenario import (
     H100,

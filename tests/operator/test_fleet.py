@@ -10,7 +10,7 @@ import random
 
 import pytest
 
-from specpilot.observe.exporter import VllmMetricsState, start_exporter
+from specpilot_sandbox.exporter import VllmMetricsState, start_exporter
 from tests.operator.scenario import (
     A100,
     H100,

@@ -15,9 +15,9 @@ import pytest
 import yaml
 
 from specpilot.manifests import names
-from specpilot.observe.exporter import VllmMetricsState, start_exporter
 from specpilot.policy.fleet import route_weights
-from specpilot.sandbox.apiserver import SandboxApiServer
+from specpilot_sandbox.apiserver import SandboxApiServer
+from specpilot_sandbox.exporter import VllmMetricsState, start_exporter
 from tests.operator.scenario import (
     A100,
     H100,

@@ -12,7 +12,7 @@ import yaml
 
 from specpilot.api import seal
 from specpilot.api.validate import validate_custom_resource
-from specpilot.sandbox.apiserver import SandboxEmulator
+from specpilot_sandbox.apiserver import SandboxEmulator
 from tests.conftest import REPO
 from tests.operator.scenario import (
     H100,

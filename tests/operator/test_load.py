@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from specpilot.observe.exporter import VllmMetricsState, start_exporter
+from specpilot_sandbox.exporter import VllmMetricsState, start_exporter
 from tests.operator.scenario import (
     H100,
     NAMESPACE,

@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 
-from specpilot.sandbox import apiserver
+from specpilot_sandbox import apiserver
 from tests.operator.scenario import NAMESPACE
 
 pytestmark = pytest.mark.operator

@@ -5,7 +5,7 @@ from __future__ import annotations
 import aiohttp
 import pytest
 
-from specpilot.sandbox.apiserver import ANNOTATIONS_LIMIT, Fault, SandboxApiServer
+from specpilot_sandbox.apiserver import ANNOTATIONS_LIMIT, Fault, SandboxApiServer
 
 pytestmark = pytest.mark.operator
 

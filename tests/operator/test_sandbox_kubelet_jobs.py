@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from specpilot.sandbox.kubelet import Kubelet, SimSettings
+from specpilot_sandbox.kubelet import Kubelet, SimSettings
 from tests.operator.scenario import NAMESPACE
 
 pytestmark = pytest.mark.operator
@@ -83,7 +83,7 @@ async def test_a_benchmark_pod_runs_as_two_processes_and_only_the_bench_gets_the
     kubelet._spawn_job(job)
     (engine, engine_env), (bench, bench_env) = spawned
     assert engine[2:4] == ["specpilot_bench", "engine-supervisor"]
-    assert engine[engine.index("--") + 1:][1:3] == ["-m", "specpilot.sandbox.engine"]
+    assert engine[engine.index("--") + 1:][1:3] == ["-m", "specpilot_sandbox.engine"]
     assert bench[2] == "specpilot_bench" and "engine-supervisor" not in bench
     assert seal.TOKEN_ENV not in engine_env and bench_env[seal.TOKEN_ENV] == "t0k3n"
     # both on the Job's own pod IP: the bench reaches the supervisor and the engine where they listen

@@ -13,7 +13,7 @@ import random
 import pytest
 from aiohttp import web
 
-from specpilot.observe.exporter import VllmMetricsState, render_metrics
+from specpilot_sandbox.exporter import VllmMetricsState, render_metrics
 from tests.operator.scenario import LoopbackServer, create_serving_pod, deployment, scraped_deployment
 
 pytestmark = pytest.mark.operator

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from specpilot.sandbox.apiserver import SandboxApiServer
+from specpilot_sandbox.apiserver import SandboxApiServer
 from tests.operator.conftest import OperatorProcess, sandbox  # noqa: F401 (the fixture, shared)
 from tests.operator.scenario import NAMESPACE
 

@@ -23,8 +23,8 @@ import pytest
 import yaml
 
 from helm_tools import HelmTools, helm_tools  # noqa: F401  (helm_tools is a fixture)
-from specpilot.observe.exporter import VllmMetricsState, start_exporter
-from specpilot.sandbox.apiserver import RecordedRequest, SandboxApiServer
+from specpilot_sandbox.apiserver import RecordedRequest, SandboxApiServer
+from specpilot_sandbox.exporter import VllmMetricsState, start_exporter
 from tests.operator.scenario import (
     H100,
     NAMESPACE,

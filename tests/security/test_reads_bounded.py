@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from specpilot.observe.exporter import VllmMetricsState, render_metrics
-from specpilot.sandbox.apiserver import SandboxApiServer
+from specpilot_sandbox.apiserver import SandboxApiServer
+from specpilot_sandbox.exporter import VllmMetricsState, render_metrics
 from tests.operator.scenario import (
     NAMESPACE,
     condition,

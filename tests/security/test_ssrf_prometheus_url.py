@@ -12,7 +12,7 @@ import asyncio
 import pytest
 from aiohttp import web
 
-from specpilot.sandbox.apiserver import SandboxApiServer
+from specpilot_sandbox.apiserver import SandboxApiServer
 from tests.operator.scenario import H100, NAMESPACE, condition, deployment, events, node, play_deployment_controller, sdep
 from tests.operator.scenario import LoopbackServer
 

@@ -63,7 +63,7 @@ def supervisor(tmp_path):
         process = subprocess.Popen(
             [sys.executable, "-m", "specpilot_bench", "engine-supervisor", "--listen", f"127.0.0.1:{control}",
              "--log-dir", str(tmp_path / "engine-logs"), "--idle-exit-s", "120", *configs, "--",
-             sys.executable, "-m", "specpilot.sandbox.engine", "--model", MODEL, "--host", "127.0.0.1",
+             sys.executable, "-m", "specpilot_sandbox.engine", "--model", MODEL, "--host", "127.0.0.1",
              "--port", str(engine_port), "--sku", "H100-SXM", "--time-scale", "20", "--startup-delay-s", "1"],
             stdout=out, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{control}"

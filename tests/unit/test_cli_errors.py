@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from specpilot.controller.cli import cluster_unreachable_message
-from specpilot.demo.cli import output_problem
+from specpilot_sandbox.demo.cli import output_problem
 
 
 def _specpilot(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -49,6 +49,37 @@ def test_demo_refuses_an_unwritable_output_without_running(tmp_path: Path) -> No
     assert done.returncode == 2
     assert "cannot write its report" in done.stdout + done.stderr
     assert "Traceback" not in done.stdout + done.stderr
+
+
+WITHOUT_THE_SANDBOX = """
+import importlib.abc, sys
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "specpilot_sandbox":
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+sys.meta_path.insert(0, Block())
+from specpilot.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+"""`specpilot` where the sandbox distribution (sandbox/) is not installed, as in the operator image."""
+
+
+def test_demo_without_the_sandbox_package_names_the_install_in_one_line(tmp_path: Path) -> None:
+    for args in (["demo", "--fast", "--out", str(tmp_path / "out")], ["demo"], ["demo", "--help"]):
+        done = subprocess.run([sys.executable, "-c", WITHOUT_THE_SANDBOX, *args], capture_output=True, text=True,
+                              timeout=120)
+        assert done.returncode == 2, (args, done.stderr)
+        lines = [line for line in done.stderr.splitlines() if line.strip()]
+        assert lines == ["specpilot demo needs the sandbox package (specpilot-sandbox), which this install lacks: "
+                         "pip install -e ./sandbox in a checkout (bash scripts/setup.sh installs it)"], done.stderr
+        assert not done.stdout and not (tmp_path / "out").exists()
+    listed = subprocess.run([sys.executable, "-c", WITHOUT_THE_SANDBOX, "--help"], capture_output=True, text=True,
+                            timeout=120)
+    assert listed.returncode == 0 and "demo" in listed.stdout and "pip install -e ./sandbox" in listed.stdout
+    wrong = subprocess.run([sys.executable, "-c", WITHOUT_THE_SANDBOX, "crds", "--no-such-option"],
+                           capture_output=True, text=True, timeout=120)
+    assert wrong.returncode == 2 and "unrecognized arguments: --no-such-option" in wrong.stderr
 
 
 def test_malloc_arenas_are_capped_unless_the_environment_says_otherwise(monkeypatch) -> None:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from specpilot.demo.report import fleet_lines
-from specpilot.demo.run import DemoResult, PhaseResult, TimelineSample, placement_of
-from specpilot.demo.scenario import Phase
+from specpilot_sandbox.demo.report import fleet_lines
+from specpilot_sandbox.demo.run import DemoResult, PhaseResult, TimelineSample, placement_of
+from specpilot_sandbox.demo.scenario import Phase
 
 STATUS = {
     "fleet": {"costPerMtok": 0.19, "reason": "..."},

@@ -11,10 +11,10 @@ import sys
 import time
 
 import pytest
-from specpilot.demo.load import InFlight, LoadDriver, demo_prompts
-from specpilot.sandbox.engine import build_config, make_core, running_engine, tokenize
-from specpilot.sandbox.engine_core import closed_loop_ms_per_token
 from specpilot_bench.clock import read_clock
+from specpilot_sandbox.demo.load import InFlight, LoadDriver, demo_prompts
+from specpilot_sandbox.engine import build_config, make_core, running_engine, tokenize
+from specpilot_sandbox.engine_core import closed_loop_ms_per_token
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 OUTPUT_LEN = 16

@@ -12,7 +12,7 @@ from aiohttp import web
 from specpilot.observe import vllm_metrics as vm
 from specpilot.observe.allowlist import refusal, url_allowed
 from specpilot.observe.bounded import ReadLimits, ReadRefused, bounded_get, new_session, safe_excerpt
-from specpilot.observe.exporter import VllmMetricsState, render_metrics
+from specpilot_sandbox.exporter import VllmMetricsState, render_metrics
 
 SECRET = "INTERNAL-SECRET-TOKEN=x"
 

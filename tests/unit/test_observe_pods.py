@@ -12,9 +12,9 @@ from datetime import UTC, datetime
 import pytest
 from aiohttp import web
 
-from specpilot.observe.exporter import VllmMetricsState, start_exporter
 from specpilot.observe.model import MetricsUnavailable
 from specpilot.observe.pods import PodScrapeSource
+from specpilot_sandbox.exporter import VllmMetricsState, start_exporter
 
 ACCEPTANCE = [0.8, 0.5]
 OBSERVED_AT = datetime(2026, 1, 1, tzinfo=UTC)

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from specpilot.observe import vllm_metrics as vm
-from specpilot.observe.exporter import VllmMetricsState, render_metrics
+from specpilot_sandbox.exporter import VllmMetricsState, render_metrics
 
 INF = math.inf
 

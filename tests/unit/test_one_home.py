@@ -16,7 +16,7 @@ from specpilot.api.deployment import Policy, Profiling
 from specpilot.policy import refine, schedule
 
 ROOT = Path(__file__).resolve().parents[2]
-SOURCES = ("operator", "benchmark-job", "benchmarks", "scripts")
+SOURCES = ("operator", "sandbox", "benchmark-job", "benchmarks", "scripts")
 METRIC_LITERAL = re.compile(r"""["']vllm:[a-z]+_[a-z_]*""")
 """A vLLM metric name in quotes (every one has an underscore; an image tag such as "vllm:x" has none)."""
 

@@ -12,13 +12,13 @@ import sys
 import time
 
 import pytest
-from specpilot.sandbox.clock import VirtualClock, WallClock
-from specpilot.sandbox.engine import build_config, make_core, running_engine, tokenize
-from specpilot.sandbox.engine_core import closed_loop_level
 from specpilot_bench import loadgen
 from specpilot_bench.clock import read_clock
 from specpilot_bench.sweep import default_warmup, use_vllm_generator
 from specpilot_bench.workloads import load_prompts
+from specpilot_sandbox.clock import VirtualClock, WallClock
+from specpilot_sandbox.engine import build_config, make_core, running_engine, tokenize
+from specpilot_sandbox.engine_core import closed_loop_level
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 EAGLE3_K2 = json.dumps({"method": "eagle3", "num_speculative_tokens": 2})

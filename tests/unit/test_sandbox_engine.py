@@ -19,7 +19,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from specpilot.api.schedule import from_vllm, k_at
 from specpilot.perf import DEFAULT_CATALOG, Twin, acceptance_profile, resolve_model
-from specpilot.sandbox.engine import (
+from specpilot_sandbox.engine import (
     EngineConfigError,
     build_config,
     detokenize,
@@ -316,7 +316,7 @@ async def test_data_parallel_ranks_are_separate_engines():
 
 
 def test_config_follows_vllms_rules(caplog):
-    with caplog.at_level("INFO", logger="specpilot.sandbox.engine"):
+    with caplog.at_level("INFO", logger="specpilot_sandbox.engine"):
         config = build_config(["--model", "acme/unknown-7b", "--enforce-eager", "--sku", "nvidia-h100-80gb"])
     assert config.twin.model.name == "Llama-3.1-8B" and config.twin.gpu.sku == "H100-SXM"
     assert "unknown-7b" in caplog.text and "--enforce-eager" in caplog.text
@@ -362,7 +362,7 @@ def test_environment_sets_the_simulation(monkeypatch):
 def test_sigterm_stops_the_process_cleanly(tmp_path):
     port_file = tmp_path / "port"
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen([sys.executable, "-m", "specpilot.sandbox.engine", "--port", "0"],
+    proc = subprocess.Popen([sys.executable, "-m", "specpilot_sandbox.engine", "--port", "0"],
                             stderr=subprocess.PIPE, text=True, env=env)
     try:
         for line in proc.stderr:
@@ -435,8 +435,8 @@ async def test_draining_finishes_requests_in_flight_and_takes_no_new_connections
 
 
 def _closed_loop(concurrency: int, *extra: str, sku: str = "H100-SXM", output_len: int = 32) -> float:
-    from specpilot.sandbox.engine import make_core
-    from specpilot.sandbox.engine_core import closed_loop_ms_per_token
+    from specpilot_sandbox.engine import make_core
+    from specpilot_sandbox.engine_core import closed_loop_ms_per_token
 
     config = build_config(["--model", MODEL, "--sku", sku, *extra])
     return closed_loop_ms_per_token(make_core(config), concurrency, 60, output_len)

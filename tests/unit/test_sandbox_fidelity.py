@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 from specpilot.api.profile import LevelPoint, Run, SpeculationProfileSpec, SpeculationProfileStatus
-from specpilot.demo.report import fidelity_lines
-from specpilot.demo.run import DemoResult, pool_fidelity
-from specpilot.sandbox.fidelity import FIDELITY_BOUND_PERCENT, profile_fidelity
+from specpilot_sandbox.demo.report import fidelity_lines
+from specpilot_sandbox.demo.run import DemoResult, pool_fidelity
+from specpilot_sandbox.fidelity import FIDELITY_BOUND_PERCENT, profile_fidelity
 
 SPEC = {"model": {"id": "meta-llama/Llama-3.1-8B-Instruct"}, "sku": "H100-SXM", "engineImage": "vllm/vllm-openai:v0.32.0",
         "method": {"method": "eagle3", "model": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B", "numSpeculativeTokens": 2},

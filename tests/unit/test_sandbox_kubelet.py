@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from specpilot.sandbox.kubelet import rollout_step
+from specpilot_sandbox.kubelet import rollout_step
 
 
 @dataclass

@@ -10,7 +10,7 @@ import aiohttp
 import pytest
 
 from specpilot.controller.kube import resource_path
-from specpilot.sandbox.apiserver import SandboxApiServer
+from specpilot_sandbox.apiserver import SandboxApiServer
 from tests.conftest import load_example
 
 NAMESPACE = "team"

@@ -2,7 +2,8 @@
 
 Two sources produce the same `PoolObservation` (or raise `MetricsUnavailable`): `PrometheusSource`
 (metrics.source: prometheus) and `PodScrapeSource` (metrics.source: pods, for clusters without
-Prometheus). `exporter` serves vLLM-named metrics from a driven state, for tests and the simulated engine.
+Prometheus). Their test double, vLLM-named metrics served from a driven state, is the sandbox package's
+(`specpilot_sandbox.exporter`).
 """
 
 from specpilot.observe.model import MetricsUnavailable, PoolObservation

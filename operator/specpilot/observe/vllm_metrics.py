@@ -1,6 +1,6 @@
 """The arithmetic that turns vLLM's metrics into load and live acceptance.
 
-One place for both observation sources (Prometheus and direct pod scraping) and for the test exporter (the
+One place for both observation sources (Prometheus and direct pod scraping) and for the sandbox's test exporter (the
 metric names and the page parser are `specpilot.vllm_page`'s): a /metrics page read into a per-pod snapshot,
 counter increases that survive restarts, Prometheus-compatible histogram quantiles, and speculative-decoding
 statistics from counter increases. Everything here is pure.

@@ -11,7 +11,8 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from ..api.schedule import ScheduleRange, k_at
+from specpilot.api.schedule import ScheduleRange, k_at
+
 from .run import Demo
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..sandbox.kubelet import SimSettings
+from ..kubelet import SimSettings
 
 NAMESPACE = "demo"
 NAME = "llama-8b"

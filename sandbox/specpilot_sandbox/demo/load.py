@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
-from ..vllm_page import NUM_REQUESTS_RUNNING, NUM_REQUESTS_WAITING, parse_samples
+from specpilot.vllm_page import NUM_REQUESTS_RUNNING, NUM_REQUESTS_WAITING, parse_samples
 
 PROMPT_SEED = 1
 """Seed of the clients' ShareGPT sample (the profiles' is the workload's own, 0)."""

@@ -1,6 +1,6 @@
 """A simulated vLLM OpenAI server: the engine `specpilot demo` and the tests run where there is no GPU.
 
-`python -m specpilot.sandbox.engine` takes the arguments the operator gives vLLM (`manifests.engine`:
+`python -m specpilot_sandbox.engine` takes the arguments the operator gives vLLM (`manifests.engine`:
 --model, --revision, --served-model-name, --tensor-parallel-size, --data-parallel-size, --max-model-len,
 --gpu-memory-utilization, --port, --host, --speculative-config, and --max-num-seqs,
 --max-num-batched-tokens, --kv-cache-memory-bytes); any other argument is ignored with a log line. The
@@ -51,21 +51,22 @@ from prometheus_client.core import Metric
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from ..api.methods import NO_DYNAMIC_SCHEDULE, SpeculativeMethod, method_family
-from ..api.schedule import ScheduleRange, from_vllm, k_at, schedule_problems, summary
-from ..observe.exporter import CONTENT_TYPE, render_metrics
-from ..perf.acceptance import WORKLOADS, acceptance_profile
-from ..perf.catalog import DEFAULT_CATALOG, GpuSpec, UnknownGpuError
-from ..perf.models import ModelShape, UnknownModelError, default_drafter, resolve_model
-from ..perf.twin import Twin
-from ..sim.workloads import request_lengths
+from specpilot.api.methods import NO_DYNAMIC_SCHEDULE, SpeculativeMethod, method_family
+from specpilot.api.schedule import ScheduleRange, from_vllm, k_at, schedule_problems, summary
+from specpilot.perf.acceptance import WORKLOADS, acceptance_profile
+from specpilot.perf.catalog import DEFAULT_CATALOG, GpuSpec, UnknownGpuError
+from specpilot.perf.models import ModelShape, UnknownModelError, default_drafter, resolve_model
+from specpilot.perf.twin import Twin
+from specpilot.sim.workloads import request_lengths
+
 from .clock import CLOCK_FILE_ENV, VirtualClock, WallClock
 from .engine_core import BLOCK_SIZE, EngineCore, EngineMetrics, SimRequest
+from .exporter import CONTENT_TYPE, render_metrics
 
 __all__ = ["EngineConfig", "EngineConfigError", "SimulatedEngine", "build_config", "build_parser", "main",
            "running_engine"]
 
-log = logging.getLogger("specpilot.sandbox.engine")
+log = logging.getLogger("specpilot_sandbox.engine")
 
 EMULATED_VLLM_VERSION = "0.32.0"
 """The vLLM release whose API and metric names the simulation follows."""
@@ -125,7 +126,7 @@ def _env_float(name: str, default: float) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m specpilot.sandbox.engine", description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog="python -m specpilot_sandbox.engine", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     vllm = p.add_argument_group("vLLM server arguments")
     vllm.add_argument("--model", default="meta-llama/Llama-3.1-8B-Instruct", help="model id (sets the twin's shape)")

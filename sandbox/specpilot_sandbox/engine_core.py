@@ -49,10 +49,12 @@ from collections.abc import Callable, Iterator, Sequence
 import numpy as np
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 
-from .. import vllm_page
-from ..observe.exporter import PromHistogram, VllmMetricsState
-from ..perf.twin import Twin
+from specpilot import vllm_page
+from specpilot.perf.twin import Twin
+from specpilot.specdec import verified_tokens_per_step
+
 from .clock import VirtualClock, WallClock
+from .exporter import PromHistogram, VllmMetricsState
 
 __all__ = ["BLOCK_SIZE", "EngineCore", "EngineMetrics", "SimRequest", "StepRecord", "LevelResult",
            "closed_loop_level", "closed_loop_ms_per_token"]
@@ -230,6 +232,9 @@ class EngineCore:
         self.twin = twin
         self.k_at_batch = k_at_batch
         self.max_k = max_k
+        self._max_verified = int(verified_tokens_per_step(1.0, max_k))
+        """Tokens one decoding request verifies in a step at most (a draft of `max_k` every step): the KV blocks it
+        may need and the token budget it takes."""
         self.num_gpu_blocks = kv_capacity_tokens // BLOCK_SIZE
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -390,7 +395,7 @@ class EngineCore:
         while i < len(self.running):
             request = self.running[i]
             if request.decoding:
-                need = _blocks_for(request.context_len + 1 + self.max_k) - request.blocks
+                need = _blocks_for(request.context_len + self._max_verified) - request.blocks
                 while need > free:
                     victim = self.running[-1]
                     free += self._preempt(victim)
@@ -401,7 +406,7 @@ class EngineCore:
                     free -= need
             i += 1
         decoding = [r for r in self.running if r.decoding]
-        budget = self.max_num_batched_tokens - len(decoding) * (1 + self.max_k)
+        budget = self.max_num_batched_tokens - len(decoding) * self._max_verified
         chunks: list[tuple[SimRequest, int]] = []
         for request in self.running:
             if not request.decoding and budget > 0:

@@ -2,7 +2,7 @@
 
 For every benchmark Job it runs the pod's two containers as two processes, each with its own environment
 as the containers have: the `engine` container's supervisor (its own arguments, with the simulated engine
-`specpilot.sandbox.engine` of the GPU type the Job's node selector lands on in place of vLLM's server) and
+`specpilot_sandbox.engine` of the GPU type the Job's node selector lands on in place of vLLM's server) and
 the `bench` container's `specpilot-bench` command line, which alone gets the result token. Both listen and
 connect on the Job's own loopback address (its "pod IP"), so Jobs never collide on the pod's fixed ports. The
 engine runs on a virtual clock the bench's load generator reads too (`sandbox.clock`), so a profile holds
@@ -32,16 +32,17 @@ from pathlib import Path
 
 import aiohttp
 
-from ..api import seal
-from ..manifests.names import ANNOTATION_ENGINE_CONFIG as ENGINE_CONFIG_ANNOTATION
-from ..manifests.names import BENCH_CONTAINER, ENGINE_CONTAINER
-from ..perf.catalog import DEFAULT_CATALOG, UnknownGpuError
+from specpilot.api import seal
+from specpilot.manifests.names import ANNOTATION_ENGINE_CONFIG as ENGINE_CONFIG_ANNOTATION
+from specpilot.manifests.names import BENCH_CONTAINER, ENGINE_CONTAINER
+from specpilot.perf.catalog import DEFAULT_CATALOG, UnknownGpuError
+
 from .apiserver import SandboxApiServer
 from .clock import CLOCK_FILE_ENV
 
-log = logging.getLogger("specpilot.sandbox.kubelet")
+log = logging.getLogger("specpilot_sandbox.kubelet")
 
-ENGINE_MODULE = "specpilot.sandbox.engine"
+ENGINE_MODULE = "specpilot_sandbox.engine"
 
 
 @dataclass

@@ -42,10 +42,10 @@ from kmock._internal.dicts import patch_dict
 from kmock._internal.k8s import KubernetesObjectConflictError
 from referencing import Registry, Resource
 
-from ..api.base import cap
-from ..api.crd import all_crds
-from ..api.validate import validate_custom_resource
-from ..controller.kube import KIND_TO_PLURAL, resource_path
+from specpilot.api.base import cap
+from specpilot.api.crd import all_crds
+from specpilot.api.validate import validate_custom_resource
+from specpilot.controller.kube import KIND_TO_PLURAL, resource_path
 
 _VERBS = {"get", "list", "watch", "create", "update", "patch", "delete"}
 

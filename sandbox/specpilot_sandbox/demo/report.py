@@ -16,13 +16,14 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ..api.methods import CandidateMethod
-from ..api.schedule import ScheduleRange, k_at
-from ..perf.catalog import DEFAULT_CATALOG
-from ..perf.cost import cost_per_million_tokens
-from ..sandbox.engine import build_config, make_core, tokenize
-from ..sandbox.engine_core import closed_loop_ms_per_token
-from ..sandbox.fidelity import FIDELITY_BOUND_PERCENT
+from specpilot.api.methods import CandidateMethod
+from specpilot.api.schedule import ScheduleRange, k_at
+from specpilot.perf.catalog import DEFAULT_CATALOG
+from specpilot.perf.cost import cost_per_million_tokens
+
+from ..engine import build_config, make_core, tokenize
+from ..engine_core import closed_loop_ms_per_token
+from ..fidelity import FIDELITY_BOUND_PERCENT
 from .load import demo_prompts
 from .run import DemoResult
 from .scenario import DemoScenario

@@ -25,21 +25,22 @@ from pathlib import Path
 import aiohttp
 import yaml
 
-from ..api import seal
-from ..api.schedule import ScheduleRange, k_at
-from ..controller.profiles import job_state
-from ..manifests.names import bench_job_name
-from ..sandbox.apiserver import SandboxApiServer
-from ..sandbox.fidelity import FIDELITY_BOUND_PERCENT, profile_fidelity
-from ..sandbox.kubelet import ENGINE_CONFIG_ANNOTATION, Kubelet
-from ..specdec import drafts_per_request_step
-from ..vllm_page import (
+from specpilot.api import seal
+from specpilot.api.schedule import ScheduleRange, k_at
+from specpilot.controller.profiles import job_state
+from specpilot.manifests.names import bench_job_name
+from specpilot.specdec import drafts_per_request_step
+from specpilot.vllm_page import (
     GENERATION_TOKENS_TOTAL,
     REQUEST_SUCCESS_TOTAL,
     SPEC_DECODE_ACCEPTED_TOKENS_TOTAL,
     SPEC_DECODE_DRAFTS_TOTAL,
     parse_samples,
 )
+
+from ..apiserver import SandboxApiServer
+from ..fidelity import FIDELITY_BOUND_PERCENT, profile_fidelity
+from ..kubelet import ENGINE_CONFIG_ANNOTATION, Kubelet
 from .load import LoadDriver
 from .scenario import NAME, NAMESPACE, DemoScenario, Phase
 

@@ -14,7 +14,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from ..api.profile import SpeculationProfileSpec, SpeculationProfileStatus
+from specpilot.api.profile import SpeculationProfileSpec, SpeculationProfileStatus
+
 from .engine import build_config, make_core, tokenize
 from .engine_core import closed_loop_level
 
