@@ -1,13 +1,24 @@
-"""Shared fixtures: the repository root, the generated CRDs, example resources."""
+"""Shared fixtures: the repository root, the generated CRDs, example resources, a busy core."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def busy_core():
+    """Another process keeps one core busy for the test's duration (a busy host)."""
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    yield
+    hog.kill()
+    hog.wait()
 
 
 @pytest.fixture(scope="session")

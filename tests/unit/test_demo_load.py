@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import statistics
-import subprocess
-import sys
 import time
 
 import pytest
@@ -18,14 +16,6 @@ from specpilot_sandbox.engine_core import closed_loop_ms_per_token
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 OUTPUT_LEN = 16
-
-
-@pytest.fixture
-def busy_core():
-    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-    yield
-    hog.kill()
-    hog.wait()
 
 
 async def test_the_clients_measure_the_replay_of_the_same_engine_at_each_phase(tmp_path, busy_core):

@@ -7,8 +7,6 @@ with the simulation's own.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 
 import pytest
@@ -109,15 +107,6 @@ def test_the_load_generator_times_with_the_clock_the_environment_names(tmp_path)
     assert loadgen.level_clock({loadgen.CLOCK_FILE_ENV: str(tmp_path / "c")}) is not time.perf_counter
     # vLLM's generator cannot read it, so a simulated engine's clock means specpilot's generator.
     assert not use_vllm_generator({loadgen.CLOCK_FILE_ENV: str(tmp_path / "c")})
-
-
-@pytest.fixture
-def busy_core():
-    """Another process keeps one core busy for the test's duration (a busy host)."""
-    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-    yield
-    hog.kill()
-    hog.wait()
 
 
 async def test_a_level_measured_on_the_virtual_clock_is_the_host_free_replay(tmp_path, monkeypatch, busy_core):
