@@ -104,15 +104,13 @@ async def reconcile_profiles(ctx: Context, spec: SpeculativeDeploymentSpec, name
     """
     max_age = spec.profiling.reprofile.max_age_hours if "max_age_hours" in spec.profiling.reprofile.model_fields_set \
         else ctx.config.profiling_defaults.max_age_hours
-    states: dict[str, str] = {}
     current: dict[str, dict] = {}
-    waiting: dict[str, list[profiling.Need]] = {}
-    running: dict[str, int] = {}
+    round_ = profiling.Round()
     by_name = {need.name: need for need in needed}
     for need in needed:
-        if need.name in states:
-            continue
         plan_need = _need(need)
+        if round_.done(plan_need):
+            continue
         stored = _as_left_here(ctx, namespace, profiles.get(need.name))
         if stored is not None:
             stored = await _owned(ctx, namespace, need, stored, events)
@@ -130,17 +128,12 @@ async def reconcile_profiles(ctx: Context, spec: SpeculativeDeploymentSpec, name
             if uid and uid not in ctx.counted_jobs:
                 ctx.counted_jobs[uid] = True
                 ctx.metrics.profiling_jobs.labels(namespace, "succeeded").inc()
-        if step.waiting:
-            waiting.setdefault(need.pool, []).append(plan_need)
-        running[need.pool] = running.get(need.pool, 0) + step.running
-        states[need.name] = step.phase
-    max_parallel = desired.max_parallel_jobs(spec, ctx.config)
-    for pool, queue in waiting.items():
-        view_pool = next(p for p in spec.gpu_pools if p.name == pool)
-        for start in profiling.jobs_allowed(queue, running.get(pool, 0), max_parallel):
-            need = by_name[start.name]
-            await _start_job(ctx, spec, namespace, sdep_name, view_pool, need, current[need.name])
-    return states
+        round_.add(plan_need, step)
+    pools = {p.name: p for p in spec.gpu_pools}
+    for start in round_.starts(desired.max_parallel_jobs(spec, ctx.config)):
+        need = by_name[start.name]
+        await _start_job(ctx, spec, namespace, sdep_name, pools[start.pool], need, current[need.name])
+    return round_.states
 
 
 def _need(need: desired.NeededProfile) -> profiling.Need:

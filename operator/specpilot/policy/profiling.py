@@ -49,6 +49,7 @@ __all__ = [
     "RecordRetry",
     "Restart",
     "Rollup",
+    "Round",
     "StartJob",
     "Wait",
     "follow",
@@ -397,16 +398,41 @@ class ProfilingPlan:
         return min((a.until for a in self.actions if isinstance(a, Wait) and a.until is not None), default=None)
 
 
+class Round:
+    """One pass over a deployment's needed profiles: what each step left (its phase, whether it waits for a Job
+    slot or holds one, per pool), and then which waiting profiles may start a Job. `plan_profiling` and the
+    controller's executor (which runs each step's actions before the next profile's) both keep their pass in
+    one, so the Job slots are counted one way."""
+
+    def __init__(self) -> None:
+        self.states: dict[str, str] = {}
+        self._waiting: dict[str, list[Need]] = {}
+        self._running: dict[str, int] = {}
+
+    def done(self, need: Need) -> bool:
+        """Already stepped (a profile two pools share is followed once)."""
+        return need.name in self.states
+
+    def add(self, need: Need, step: Step) -> None:
+        if step.waiting:
+            self._waiting.setdefault(need.pool, []).append(need)
+        self._running[need.pool] = self._running.get(need.pool, 0) + step.running
+        self.states[need.name] = step.phase
+
+    def starts(self, max_parallel_jobs: int) -> list[StartJob]:
+        """Per pool, the waiting profiles that may get a Job now (within the pool's free slots, oldest first)."""
+        return [StartJob(need.name, pool) for pool, queue in self._waiting.items()
+                for need in jobs_allowed(queue, self._running.get(pool, 0), max_parallel_jobs)]
+
+
 def plan_profiling(inputs: ProfilingInputs) -> ProfilingPlan:
     """Every needed profile's next step, the Jobs that may start (per pool, within max_parallel_jobs, oldest
-    first), and the roll-up. The controller runs the same steps (`renewal`, `follow`, `jobs_allowed`) one profile
+    first), and the roll-up. The controller runs the same steps (`renewal`, `follow`, a `Round`) one profile
     at a time, reading back what each write returned."""
     actions: list[Action] = []
-    states: dict[str, str] = {}
-    waiting: dict[str, list[Need]] = {}
-    running: dict[str, int] = {}
+    round_ = Round()
     for need in inputs.needed:
-        if need.name in states:
+        if round_.done(need):
             continue
         stored = inputs.profiles.get(need.name)
         renew = renewal(need, stored, inputs.reprofile, inputs.max_age_hours, inputs.now)
@@ -416,11 +442,6 @@ def plan_profiling(inputs: ProfilingInputs) -> ProfilingPlan:
         job = inputs.jobs.get(need.name) if renew is None else None
         step = follow(need, profile, job, inputs.now, inputs.result_grace_s)
         actions.extend(step.actions)
-        if step.waiting:
-            waiting.setdefault(need.pool, []).append(need)
-        running[need.pool] = running.get(need.pool, 0) + step.running
-        states[need.name] = step.phase
-    for pool, queue in waiting.items():
-        actions.extend(StartJob(n.name, pool) for n in jobs_allowed(queue, running.get(pool, 0),
-                                                                     inputs.max_parallel_jobs))
-    return ProfilingPlan(tuple(actions), states, rollup(inputs.needed, states))
+        round_.add(need, step)
+    actions.extend(round_.starts(inputs.max_parallel_jobs))
+    return ProfilingPlan(tuple(actions), round_.states, rollup(inputs.needed, round_.states))
