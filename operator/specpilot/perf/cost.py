@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-__all__ = ["cost_per_million_tokens"]
+__all__ = ["cost_per_million_tokens", "tokens_per_second"]
+
+
+def tokens_per_second(concurrency: float, tpot_ms: float) -> float:
+    """Output tokens/s one replica delivers with `concurrency` requests decoding at `tpot_ms` each (Little's
+    law: every request in flight gets a token every TPOT)."""
+    return concurrency * 1000.0 / tpot_ms
 
 
 def cost_per_million_tokens(price_per_gpu_hour: float, gpus_per_replica: int,

@@ -32,7 +32,7 @@ from ..api.deployment import Decision, Objective, Policy, Strategy
 from ..api.methods import MODEL_FREE_METHODS, CandidateMethod, SpeculativeMethod
 from ..api.profile import ProfilePhase, Run, SpeculationProfile
 from ..api.schedule import summary
-from ..perf.cost import cost_per_million_tokens
+from ..perf.cost import cost_per_million_tokens, tokens_per_second
 from .schedule import SchedulePlan, plan_schedule
 from .surface import (
     BaselineSurface,
@@ -594,7 +594,7 @@ def slo_capacity_tok_s(row: CandidatePlan) -> float | None:
     if not row.ready or row.tpot_ms_at is None or not c or c <= 0:
         return None
     ms = float(row.tpot_ms_at(c))
-    return c * 1000.0 / ms if math.isfinite(ms) and ms > 0 else None
+    return tokens_per_second(c, ms) if math.isfinite(ms) and ms > 0 else None
 
 
 def fleet_capacity_check(chosen: CandidatePlan, baseline: CandidatePlan, min_gain_percent: float) -> str | None:

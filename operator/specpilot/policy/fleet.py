@@ -42,7 +42,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from enum import Enum
 
-from ..perf.cost import cost_per_million_tokens
+from ..perf.cost import cost_per_million_tokens, tokens_per_second
 from .replicas import ReplicaState, plan_replicas
 
 __all__ = [
@@ -249,7 +249,7 @@ class _Curve:
         return None if self.ttft is None else self._at(self.xs, self.ttft, c)
 
     def tokens_per_second(self, c: float) -> float:
-        return c * 1000.0 / self.tpot_ms(c)
+        return tokens_per_second(c, self.tpot_ms(c))
 
     def concurrency_for(self, tokens_per_second: float, limit: float) -> float:
         """The concurrency at which a replica delivers `tokens_per_second` (at most `limit`)."""
@@ -448,7 +448,7 @@ def even_split_replicas(planned_pools: Sequence[FleetPool], demand: FleetDemand,
 def _demand(demand: FleetDemand, settings: FleetSettings) -> float:
     tokens = demand.tokens_per_second if math.isfinite(demand.tokens_per_second) else 0.0
     if demand.requests_in_flight and settings.tpot_slo_ms and math.isfinite(demand.requests_in_flight):
-        tokens = max(tokens, demand.requests_in_flight * 1000.0 / settings.tpot_slo_ms)
+        tokens = max(tokens, tokens_per_second(demand.requests_in_flight, settings.tpot_slo_ms))
     return max(tokens, 0.0)
 
 

@@ -39,6 +39,7 @@ from datetime import timedelta
 import numpy as np
 
 from ..perf import DEFAULT_CATALOG
+from ..perf.cost import tokens_per_second
 from ..policy.fleet import (
     CurvePoint,
     FleetDemand,
@@ -221,10 +222,10 @@ def prepare(scenario: MixedScenario, trace: LoadTrace, config: FleetConfig, seed
     return prepared
 
 
-def _concurrency_at(view: FleetPool, tokens_per_second: float, max_num_seqs: int) -> int:
-    """The per-replica concurrency at which the pool's curve delivers `tokens_per_second` (Little's law)."""
+def _concurrency_at(view: FleetPool, wanted: float, max_num_seqs: int) -> int:
+    """The per-replica concurrency at which the pool's curve delivers `wanted` tokens/s (Little's law)."""
     for point in view.curve:
-        if point.concurrency * 1000.0 / point.tpot_ms >= tokens_per_second:
+        if tokens_per_second(point.concurrency, point.tpot_ms) >= wanted:
             return int(max(1, round(point.concurrency)))
     return max_num_seqs
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from specpilot.api.methods import CandidateMethod
 from specpilot.api.schedule import ScheduleRange, k_at
 from specpilot.perf.catalog import DEFAULT_CATALOG
-from specpilot.perf.cost import cost_per_million_tokens
+from specpilot.perf.cost import cost_per_million_tokens, tokens_per_second
 
 from ..engine import build_config, make_core, tokenize
 from ..engine_core import closed_loop_ms_per_token
@@ -140,7 +140,7 @@ def summary_rows(result: DemoResult, scenario: DemoScenario) -> list[Row]:
 def _cost_per_mtok(price_per_gpu_hour: float, requests_per_replica: int, ms_per_token: float) -> float:
     """COST_BASIS: one GPU per replica, over the output tokens/s one replica delivers with `requests_per_replica`
     requests in flight at `ms_per_token` each."""
-    return cost_per_million_tokens(price_per_gpu_hour, 1, requests_per_replica * 1000 / ms_per_token)
+    return cost_per_million_tokens(price_per_gpu_hour, 1, tokens_per_second(requests_per_replica, ms_per_token))
 
 
 NOTES = {
