@@ -20,6 +20,16 @@ def test_a_dump_names_the_sites_that_hold_memory():
     out = io.StringIO()
     cli.dump_tracemalloc(out)  # not tracing: the allocators' figures only
     assert out.getvalue().startswith("allocators:")
+
+    class Held:  # a type the collector tracks, held 5,000 times while the dump runs
+        pass
+
+    held_objects = [Held() for _ in range(5000)]
+    out = io.StringIO()
+    cli.dump_tracemalloc(out)  # which kinds of object the live heap is made of, by size and by count
+    by_count = out.getvalue().split("types by count:")[1]
+    assert any(line.split()[-1].endswith("Held") and int(line.split()[2]) >= 5000 for line in by_count.splitlines()[1:])
+    del held_objects
     out = io.StringIO()
     tracemalloc.start(2)
     try:

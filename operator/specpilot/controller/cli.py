@@ -142,7 +142,7 @@ def dump_tracemalloc(out=None, top: int = TRACEMALLOC_TOP) -> None:
         before = malloc_summary()
         found = gc.collect()
         print(f"allocators: {before}\ngc: a full collection found {found} unreachable objects; then: "
-              f"{malloc_summary()}", file=out, flush=True)
+              f"{malloc_summary()}\n{gc_types_summary()}", file=out, flush=True)
         return
     gc.collect()
     snapshot = tracemalloc.take_snapshot().filter_traces((
@@ -159,6 +159,28 @@ def dump_tracemalloc(out=None, top: int = TRACEMALLOC_TOP) -> None:
             lines.extend(f"      {frame}" for frame in stat.traceback.format(most_recent_first=True))
     lines.append(f"allocators: {malloc_summary()}")
     print("\n".join(lines), file=out, flush=True)
+
+
+def gc_types_summary(top: int = 25) -> str:
+    """The objects the garbage collector tracks (containers: dicts, lists, tasks, frames, models), counted by
+    type with their shallow sizes: which kind of object the live heap is made of, at no tracing cost. Strings,
+    floats and ints are not tracked by the collector and show only through the containers holding them."""
+    import gc
+    from collections import Counter
+
+    counts: Counter = Counter()
+    sizes: Counter = Counter()
+    for obj in gc.get_objects():
+        kind = type(obj)
+        name = f"{kind.__module__}.{kind.__qualname__}"
+        counts[name] += 1
+        sizes[name] += sys.getsizeof(obj, 0)
+    lines = [f"gc-tracked objects: {sum(counts.values())} ({sum(sizes.values()) / 2**20:.1f} MiB shallow); "
+             f"top {top} types by shallow size:"]
+    lines += [f"  {size / 2**20:8.2f} MiB {counts[name]:9d}  {name}" for name, size in sizes.most_common(top)]
+    lines.append(f"top {top} types by count:")
+    lines += [f"  {sizes[name] / 2**20:8.2f} MiB {count:9d}  {name}" for name, count in counts.most_common(top)]
+    return "\n".join(lines)
 
 
 class _MallInfo2(ctypes.Structure):
