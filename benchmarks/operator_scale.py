@@ -21,6 +21,9 @@ The emulator and this load generator share the machine's cores with the operator
 are reported beside the operator's so the reader can see how much of the machine they took.
 
 Usage (from the repository root): python benchmarks/operator_scale.py [--count 200] [--duration 60]
+A series, three runs of each N and a table of how each figure grows (median / worst):
+    python benchmarks/operator_scale.py --counts 100,200,500,1000 --runs 3 --duration 60
+The table of runs already made: python benchmarks/operator_scale.py --summarize out/operator_scale-n*.json
 """
 
 from __future__ import annotations
@@ -338,7 +341,23 @@ async def stop(operator: subprocess.Popen, grace_s: float = 30.0) -> float | Non
     return time.monotonic() - began
 
 
+async def sample_load(samples: list[float], every_s: float = 5.0) -> None:
+    """The host's 1-minute load average every `every_s` seconds: how much else wanted the cores during a run."""
+    while True:
+        samples.append(os.getloadavg()[0])
+        await asyncio.sleep(every_s)
+
+
 async def run(args: argparse.Namespace, workdir: Path) -> dict:
+    load: list[float] = []
+    sampler = asyncio.create_task(sample_load(load))
+    try:
+        return await _run(args, workdir, load)
+    finally:
+        sampler.cancel()
+
+
+async def _run(args: argparse.Namespace, workdir: Path, load: list[float]) -> dict:
     stages: list[Stage] = []
     tracker = Tracker()
     async with SandboxApiServer() as api:
@@ -436,7 +455,8 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict:
     serving_latency = [tracker.serving_at[n] - tracker.published_at[n] for n in tracker.serving_at
                        if n in tracker.published_at]
     return {
-        "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]},
+        "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0],
+                    "load_average_1m": {"min": round(min(load, default=0.0), 2), "max": round(max(load, default=0.0), 2)}},
         "settings": {"count": args.count, "duration_s": args.duration, "reconcile_interval_s": args.interval,
                      "create_rate_per_s": args.create_rate, "nodes_per_pool": NODES_PER_POOL},
         "stages": [s.row() for s in stages],
@@ -512,6 +532,57 @@ def print_report(result: dict) -> None:
           f"beside the operator and share the cores (their CPU seconds are the last column).")
 
 
+def _steady(result: dict) -> dict:
+    return next(r for r in result["stages"] if r["stage"].startswith("steady"))
+
+
+GROWTH_COLUMNS = [
+    # (column, unit, value from one run's JSON, higher is worse)
+    ("created -> phase p95", "s", lambda r: r["latency_seen_by_client"]["created_to_phase"].get("p95_s")),
+    ("results -> Serving p95", "s", lambda r: r["latency_seen_by_client"]["published_to_serving"].get("p95_s")),
+    ("not Serving", "", lambda r: len(r["latency_seen_by_client"]["not_serving"])),
+    ("steady reconcile p50", "ms", lambda r: _steady(r)["p50_s"]),
+    ("steady reconcile p95", "ms", lambda r: _steady(r)["p95_s"]),
+    ("steady reconcile p99", "ms", lambda r: _steady(r)["p99_s"]),
+    ("steady reconciles/s", "", lambda r: _steady(r)["reconciles_per_s"]),
+    ("steady writes per reconcile", "", lambda r: round(sum(
+        n for verb, n in (_steady(r)["api_requests_per_reconcile"] or {}).items() if verb not in ("get", "list")), 2)),
+    ("steady gets per reconcile", "", lambda r: (_steady(r)["api_requests_per_reconcile"] or {}).get("get", 0.0)),
+    ("CPU ms per reconcile, steady", "", lambda r: _steady(r)["operator_cpu_ms_per_reconcile"]),
+    ("CPU ms per reconcile, all", "", lambda r: r["total"]["operator_cpu_ms_per_reconcile"]),
+    ("RSS end MiB", "", lambda r: r["operator"]["rss_mib"]),
+    ("RSS peak MiB", "", lambda r: r["operator"]["peak_rss_mib"]),
+    ("load average (max)", "", lambda r: (r["machine"].get("load_average_1m") or {}).get("max")),
+]
+
+
+def growth_table(results: list[dict]) -> str:
+    """One markdown row per N: each figure's median over the runs and, after a slash, the worst (the highest;
+    for reconciles/s the lowest), so a bimodal figure shows."""
+    by_count: dict[int, list[dict]] = {}
+    for r in results:
+        by_count.setdefault(r["settings"]["count"], []).append(r)
+    header = ["N", "runs", *[name + (f" ({unit})" if unit else "") for name, unit, _ in GROWTH_COLUMNS]]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for count in sorted(by_count):
+        cells = [f"{count:,}", str(len(by_count[count]))]
+        for name, unit, value in GROWTH_COLUMNS:
+            values = [value(r) for r in by_count[count]]
+            known = [v for v in values if v is not None]
+            if not known:
+                cells.append("-")
+                continue
+            scale = 1000 if unit == "ms" else 1
+            median = float(np.median(known)) * scale
+            worst = (min(known) if name.endswith("/s") else max(known)) * scale
+            text = f"{median:,.0f}" if unit == "ms" else f"{median:,.3g}" if median < 100 else f"{median:,.0f}"
+            if len(known) > 1:
+                text += " / " + (f"{worst:,.0f}" if unit == "ms" or worst >= 100 else f"{worst:,.3g}")
+            cells.append(text + ("" if len(known) == len(values) else f" ({len(values) - len(known)} none)"))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--count", type=int, default=200, help="SpeculativeDeployments to create (default 200)")
@@ -521,19 +592,40 @@ def main() -> int:
                    help="SpeculativeDeployments created per second after the first (0: as fast as possible)")
     p.add_argument("--timeout", type=float, default=300, help="seconds to wait for each stage before giving up")
     p.add_argument("--out", type=Path, default=ROOT / "out" / "operator_scale.json", help="JSON report path")
+    p.add_argument("--counts", type=lambda v: [int(n) for n in v.split(",")],
+                   help="a series: run each of these N (comma-separated, e.g. 100,200,500,1000) --runs times and "
+                        "print how each figure grows (median / worst per N); JSON per run beside --out")
+    p.add_argument("--runs", type=int, default=1, help="runs per N (default 1; the growth table wants 3)")
+    p.add_argument("--summarize", type=Path, nargs="+", metavar="JSON",
+                   help="print the growth table of runs already made (their JSON reports) and exit")
     args = p.parse_args()
-    if args.count < 1:
-        p.error("--count must be >= 1")
+    if args.summarize:
+        print(growth_table([json.loads(path.read_text()) for path in args.summarize]))
+        return 0
+    if args.count < 1 or args.runs < 1 or any(n < 1 for n in args.counts or []):
+        p.error("--count, --counts and --runs must be >= 1")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     # A SIGTERM to the benchmark unwinds through asyncio.run, whose cleanup stops the operator.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    with tempfile.TemporaryDirectory(prefix="specpilot-scale-") as tmp:
-        result = asyncio.run(run(args, Path(tmp)))
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print_report(result)
-    print(f"JSON: {args.out}; operator log: {args.out.with_suffix('.log')}")
-    complete = result["latency_seen_by_client"]["all_got_a_phase"] and result["latency_seen_by_client"]["all_serving"]
-    return 0 if complete and result["operator"]["alive_at_end"] else 1
+    series = [(n, i) for n in args.counts for i in range(1, args.runs + 1)] if args.counts else \
+        [(args.count, i) for i in range(1, args.runs + 1)]
+    results, ok = [], True
+    for count, index in series:
+        one = argparse.Namespace(**{**vars(args), "count": count})
+        if len(series) > 1:
+            one.out = args.out.with_name(f"{args.out.stem}-n{count}-run{index}.json")
+        with tempfile.TemporaryDirectory(prefix="specpilot-scale-") as tmp:
+            result = asyncio.run(run(one, Path(tmp)))
+        one.out.write_text(json.dumps(result, indent=2) + "\n")
+        print_report(result)
+        print(f"JSON: {one.out}; operator log: {one.out.with_suffix('.log')}", flush=True)
+        complete = result["latency_seen_by_client"]["all_got_a_phase"] and result["latency_seen_by_client"]["all_serving"]
+        ok = ok and complete and result["operator"]["alive_at_end"]
+        results.append(result)
+    if len(series) > 1:
+        print("\nHow the figures grow with N (median / worst over the runs):")
+        print(growth_table(results))
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
