@@ -111,3 +111,40 @@ def test_a_deleted_deployment_leaves_no_series() -> None:
     metrics.record_pool("llm", "chat", serving_pool(), profiled_acceptance=0.8, tpot_slo_ms=40)
     assert value(metrics, "specpilot_decision_info", method="eagle3", strategy="dynamic",
                  schedule="1-16:5,17-64:3,65+:0") == 1
+
+
+def test_a_gauge_series_is_a_dict_entry_that_scrapes_and_removes_as_prometheus_clients_does(monkeypatch) -> None:
+    """controller.metrics.Gauge keeps a series as one dict entry (the operator holds ~14 per deployment): it
+    scrapes as prometheus_client's Gauge would (HELP, TYPE, one sample per series), `remove` of an absent
+    series raises KeyError as prometheus_client's does, a wrong label count is refused, and a scrape taken
+    while a reconciliation adds a series reads a snapshot (the HTTP server scrapes in its own thread)."""
+    import pytest
+    from prometheus_client.core import GaugeMetricFamily
+
+    metrics = OperatorMetrics()
+    gauge = metrics.replicas
+    gauge.labels("llm", "chat", "h100").set(3)
+    gauge.labels("llm", "chat", "h100").set(4)  # the same series: replaced
+    text = generate_latest(metrics.registry).decode()
+    assert "# TYPE specpilot_replicas gauge" in text
+    assert 'specpilot_replicas{deployment="chat",namespace="llm",pool="h100"} 4.0' in text
+    gauge.remove("llm", "chat", "h100")
+    assert value(metrics, "specpilot_replicas") is None
+    with pytest.raises(KeyError):
+        gauge.remove("llm", "chat", "h100")
+    with pytest.raises(ValueError):
+        gauge.labels("llm", "chat")
+
+    # A reconciliation adds a series while a scrape is between two samples: the scrape reads a snapshot.
+    for i in range(3):
+        gauge.labels("llm", f"d{i}", "h100").set(i)
+    real = GaugeMetricFamily.add_metric
+
+    def add_metric_while_a_series_is_added(self, labels, value, *args, **kwargs):
+        gauge.labels("llm", f"new-{value}", "h100").set(value)
+        return real(self, labels, value, *args, **kwargs)
+
+    monkeypatch.setattr(GaugeMetricFamily, "add_metric", add_metric_while_a_series_is_added)
+    assert len(list(gauge.collect())[0].samples) == 3
+    monkeypatch.setattr(GaugeMetricFamily, "add_metric", real)
+    assert len(list(gauge.collect())[0].samples) == 6
