@@ -94,7 +94,8 @@ class OperatorConfig(ApiModel):
     profile_watch_seconds: float = Field(default=2, gt=0)
     """How often each SpeculativeDeployment checks, in memory, whether its profiles or their benchmark Jobs
     changed (a profile finished, failed or took a run); it is reconciled at once when they did, instead of
-    at the next reconcileIntervalSeconds."""
+    at the next reconcileIntervalSeconds. Only while it waits on them (not Serving yet, profiles pending, a
+    refinement round measuring)."""
     tenancy: TenancyPolicy = Field(default_factory=TenancyPolicy)
     """What a SpeculativeDeployment may make the operator run: pod-override fields beyond the safe ones, volume
     types, Secrets it may reference, benchmark and engine images, the pods' non-root identity, the largest

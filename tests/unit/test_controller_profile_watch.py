@@ -12,6 +12,7 @@ from specpilot.controller.handlers import (
     _profile_moved,
     _QuietTimers,
     profiles_fingerprint,
+    profiles_in_flight,
 )
 
 BODY = {"metadata": {"namespace": "team", "name": "llama"},
@@ -56,3 +57,24 @@ def test_timer_runs_that_succeed_are_not_logged_and_failures_are():
     assert quiet.filter(record(f"Timer '{PROFILE_WATCH_ID}' failed with an exception. Will retry."))
     assert quiet.filter(record("Handler 'reconcile' succeeded."))
     assert quiet.filter(record("DecisionChanged: pool h100: off -> eagle3[1-16:4,17+:0]"))
+
+
+def _serving(**pool) -> dict:
+    base = {"name": "h100", "profiles": {"ready": 3, "total": 3, "failed": 0}, "refinement": {"state": "Settled"}}
+    return {"status": {"phase": "Serving", "pools": [{**base, **pool}]}}
+
+
+def test_the_profile_watch_runs_only_while_profiles_or_refinement_jobs_are_in_flight():
+    """kopf runs the profile watch timer only where `profiles_in_flight` holds: anything but Serving, a pool
+    with profiles still pending, or a refinement round measuring. A settled Serving deployment has no watch
+    (its periodic reconciliation sees what moves under it)."""
+    assert profiles_in_flight({})  # just created: no status yet
+    assert profiles_in_flight({"status": {"phase": "Profiling"}})
+    assert profiles_in_flight({"status": {"phase": "Degraded"}})
+    assert not profiles_in_flight(_serving())
+    assert not profiles_in_flight(_serving(profiles={"ready": 2, "total": 3, "failed": 1}))  # failed for good
+    assert profiles_in_flight(_serving(profiles={"ready": 2, "total": 3, "failed": 0}))  # one re-measured
+    assert profiles_in_flight(_serving(refinement={"state": "Measuring"}))
+    two = _serving()
+    two["status"]["pools"].append({"name": "h200", "profiles": {"ready": 0, "total": 3}})  # a GPU type joined
+    assert profiles_in_flight(two)

@@ -250,7 +250,8 @@ def register(registry: kopf.OperatorRegistry, ctx: Context, *, peering: bool) ->
                   retry=retry, stopped=stopped)
 
     @kopf.timer(*SDEP, id=PROFILE_WATCH_ID, interval=ctx.config.profile_watch_seconds, sharp=False,
-                backoff=RETRY_S, initial_delay=spread(ctx.config.profile_watch_seconds), registry=registry)
+                backoff=RETRY_S, initial_delay=spread(ctx.config.profile_watch_seconds), when=profiles_in_flight,
+                registry=registry)
     async def on_profiles(body: kopf.Body, patch: kopf.Patch, logger: logging.Logger, nodes_index: kopf.Index,
                           profiles_index: kopf.Index, jobs_index: kopf.Index, memo: Context,
                           stopped: kopf.DaemonStopped, **_: Any) -> None:
@@ -321,6 +322,26 @@ def profile_names(body: Any) -> frozenset[str]:
     """The profiles a deployment's status lists."""
     return frozenset(name for pool in (body.get("status") or {}).get("pools") or []
                      for name in ((pool.get("profiles") or {}).get("names") or []))
+
+
+def profiles_in_flight(body: Any, **_: Any) -> bool:
+    """Whether the deployment waits on profiles or refinement Jobs: only then does the profile watch run (kopf
+    starts the timer when this turns true at a watch event of the deployment, and stops it when it turns false).
+    A Serving deployment whose profiles are all in (or failed for good) and whose refinement is not measuring
+    gets nothing sooner from a profile event than from its periodic reconciliation, which sees a profile
+    restarted under it (by a drift re-measure or a shared profile's other user) within reconcileIntervalSeconds
+    and then lists it as pending, which starts the watch again. At 1,000 deployments the watch was some 500
+    kopf timer runs a second and a task held per deployment (issue 27)."""
+    status = body.get("status") or {}
+    if status.get("phase") != "Serving":
+        return True
+    for pool in status.get("pools") or []:
+        progress = pool.get("profiles") or {}
+        if (progress.get("ready") or 0) + (progress.get("failed") or 0) < (progress.get("total") or 0):
+            return True
+        if (pool.get("refinement") or {}).get("state") == "Measuring":
+            return True
+    return False
 
 
 def profiles_fingerprint(ctx: Context, body: Any) -> tuple[int, ...]:
