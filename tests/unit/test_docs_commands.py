@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from docs_lines import fenced_lines
 from specpilot.cli import main
 
 REPO = Path(__file__).resolve().parents[2]
@@ -84,20 +85,7 @@ def documented_commands() -> list[tuple[str, str]]:
     found = []
     for path in DOCS:
         name = path.relative_to(REPO).as_posix()
-        in_block = False
-        pending, start = "", 0
-        for number, line in enumerate(path.read_text().splitlines(), 1):
-            if line.lstrip().startswith("```"):
-                in_block, pending = not in_block, ""
-                continue
-            if not in_block:
-                continue
-            text = pending + line.strip()
-            start = start if pending else number
-            if text.endswith("\\"):
-                pending = text[:-1].rstrip() + " "
-                continue
-            pending = ""
+        for start, text in fenced_lines(path):
             if match := FENCED.fullmatch(text):
                 found.append((start, f"{name}:{start}", match.group(1)))
         for number, content in _code_spans(path):

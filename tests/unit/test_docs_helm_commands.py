@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from docs_lines import fenced_lines
 from helm_tools import CHART_DIR, KUBE_VERSION, REPO_ROOT, HelmTools, helm_tools  # noqa: F401  (a fixture)
 
 pytestmark = pytest.mark.helm
@@ -29,19 +30,7 @@ def documented_commands() -> list[tuple[str, str]]:
     """(where, command) for each helm install/upgrade line inside a code block."""
     found = []
     for path in DOCS:
-        in_block = False
-        pending = ""
-        for number, line in enumerate(path.read_text().splitlines(), 1):
-            if line.lstrip().startswith("```"):
-                in_block, pending = not in_block, ""
-                continue
-            if not in_block:
-                continue
-            text = pending + line.strip()
-            if text.endswith("\\"):
-                pending = text[:-1] + " "
-                continue
-            pending = ""
+        for number, text in fenced_lines(path):
             if re.match(r"helm (install|upgrade)\b", text):
                 found.append((f"{path.relative_to(REPO_ROOT)}:{number}", text))
     return found
