@@ -27,6 +27,7 @@ def test_a_dump_names_the_sites_that_hold_memory():
     held_objects = [Held() for _ in range(5000)]
     out = io.StringIO()
     cli.dump_tracemalloc(out)  # which kinds of object the live heap is made of, by size and by count
+    assert "gc runs and seconds by generation: gen0" in out.getvalue()  # how much CPU the collector took
     by_count = out.getvalue().split("types by count:")[1]
     assert any(line.split()[-1].endswith("Held") and int(line.split()[2]) >= 5000 for line in by_count.splitlines()[1:])
     del held_objects

@@ -125,9 +125,39 @@ def enable_tracemalloc(value: str | None = None) -> bool:
         except ValueError:
             frames = 1
         tracemalloc.start(frames)
+    _time_collections()
     signal.signal(signal.SIGUSR2, lambda *_: dump_tracemalloc())
     atexit.register(dump_tracemalloc)
     return True
+
+
+_GC_SECONDS = [0.0, 0.0, 0.0]
+"""Seconds the garbage collector ran, per generation, since `_time_collections` (diagnostics only)."""
+
+
+def _time_collections() -> None:
+    """Time every collection (gc.callbacks), so a dump says how much of the process's CPU went to the
+    collector: a full collection walks every tracked object, so its cost grows with what the operator holds."""
+    import gc
+    import time as _time
+
+    started = [0.0]
+
+    def callback(phase: str, info: dict) -> None:
+        if phase == "start":
+            started[0] = _time.perf_counter()
+        else:
+            _GC_SECONDS[info.get("generation", 2)] += _time.perf_counter() - started[0]
+
+    gc.callbacks.append(callback)
+
+
+def gc_time_summary() -> str:
+    """The collector's runs and seconds per generation (seconds only while `_time_collections` runs)."""
+    import gc
+
+    return "gc runs and seconds by generation: " + ", ".join(
+        f"gen{g} {stats['collections']} runs {_GC_SECONDS[g]:.2f} s" for g, stats in enumerate(gc.get_stats()))
 
 
 def dump_tracemalloc(out=None, top: int = TRACEMALLOC_TOP) -> None:
@@ -142,7 +172,7 @@ def dump_tracemalloc(out=None, top: int = TRACEMALLOC_TOP) -> None:
         before = malloc_summary()
         found = gc.collect()
         print(f"allocators: {before}\ngc: a full collection found {found} unreachable objects; then: "
-              f"{malloc_summary()}\n{gc_types_summary()}", file=out, flush=True)
+              f"{malloc_summary()}\n{gc_time_summary()}\n{gc_types_summary()}", file=out, flush=True)
         return
     gc.collect()
     snapshot = tracemalloc.take_snapshot().filter_traces((
@@ -158,6 +188,7 @@ def dump_tracemalloc(out=None, top: int = TRACEMALLOC_TOP) -> None:
             lines.append(f"  {stat.size / 2**20:8.2f} MiB {stat.count:9d} blocks")
             lines.extend(f"      {frame}" for frame in stat.traceback.format(most_recent_first=True))
     lines.append(f"allocators: {malloc_summary()}")
+    lines.append(gc_time_summary())
     print("\n".join(lines), file=out, flush=True)
 
 
