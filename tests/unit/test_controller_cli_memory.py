@@ -75,3 +75,26 @@ def test_no_trim_where_the_c_library_is_not_glibc(monkeypatch):
 
     monkeypatch.setattr(cli.ctypes, "CDLL", refuse)
     assert cli.start_malloc_trim() is None
+
+
+def test_the_collector_is_tuned_at_start_and_a_bad_setting_is_named(monkeypatch):
+    """The operator freezes what start-up made and lets short-lived objects die young (cli.GC_THRESHOLDS);
+    SPECPILOT_GC_THRESHOLDS overrides, and a value that is not integers stops start-up with the fix."""
+    import gc
+
+    import pytest
+
+    before = gc.get_threshold()
+    try:
+        monkeypatch.delenv(cli.GC_THRESHOLDS_ENV, raising=False)
+        assert cli.tune_collector() == cli.GC_THRESHOLDS == gc.get_threshold()
+        assert gc.get_freeze_count() > 0
+        monkeypatch.setenv(cli.GC_THRESHOLDS_ENV, "700,10,10")
+        assert cli.tune_collector() == (700, 10, 10) == gc.get_threshold()
+        with pytest.raises(SystemExit, match=cli.GC_THRESHOLDS_ENV + ".*three integers"):
+            cli.tune_collector("fast")
+        with pytest.raises(SystemExit):
+            cli.tune_collector("-1")
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*before)
