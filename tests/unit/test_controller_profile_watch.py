@@ -78,3 +78,13 @@ def test_the_profile_watch_runs_only_while_profiles_or_refinement_jobs_are_in_fl
     two = _serving()
     two["status"]["pools"].append({"name": "h200", "profiles": {"ready": 0, "total": 3}})  # a GPU type joined
     assert profiles_in_flight(two)
+
+
+def test_a_status_the_operator_did_not_write_keeps_the_watch_on():
+    """Hostile or broken status values never raise in kopf's filter: the watch stays on and the reconciliation
+    (which validates the status) judges them."""
+    for status in ("Serving", {"phase": "Serving", "pools": "h100"}, {"phase": "Serving", "pools": ["h100"]},
+                   {"phase": "Serving", "pools": [{"profiles": "all"}]},
+                   {"phase": "Serving", "pools": [{"profiles": {"ready": "3", "total": 3}}]},
+                   {"phase": "Serving", "pools": [{"profiles": {"ready": 3, "total": 3}, "refinement": []}]}):
+        assert profiles_in_flight({"status": status}), status

@@ -332,14 +332,22 @@ def profiles_in_flight(body: Any, **_: Any) -> bool:
     restarted under it (by a drift re-measure or a shared profile's other user) within reconcileIntervalSeconds
     and then lists it as pending, which starts the watch again. At 1,000 deployments the watch was some 500
     kopf timer runs a second and a task held per deployment (issue 27)."""
-    status = body.get("status") or {}
-    if status.get("phase") != "Serving":
+    status = body.get("status")
+    if not isinstance(status, Mapping) or status.get("phase") != "Serving":
         return True
-    for pool in status.get("pools") or []:
-        progress = pool.get("profiles") or {}
-        if (progress.get("ready") or 0) + (progress.get("failed") or 0) < (progress.get("total") or 0):
+    pools = status.get("pools") or []
+    if not isinstance(pools, list):
+        return True
+    for pool in pools:
+        if not isinstance(pool, Mapping):
+            return True  # not the operator's own writing: watch, and let the reconciliation judge it
+        progress, refinement = pool.get("profiles"), pool.get("refinement")
+        if not isinstance(progress, Mapping) or not isinstance(refinement, Mapping | None):
             return True
-        if (pool.get("refinement") or {}).get("state") == "Measuring":
+        counts = [progress.get(k) or 0 for k in ("ready", "failed", "total")]
+        if not all(isinstance(c, int | float) for c in counts) or counts[0] + counts[1] < counts[2]:
+            return True
+        if (refinement or {}).get("state") == "Measuring":
             return True
     return False
 
