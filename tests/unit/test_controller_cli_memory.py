@@ -91,10 +91,10 @@ def test_the_collector_is_tuned_at_start_and_a_bad_setting_is_named(monkeypatch)
         assert gc.get_freeze_count() > 0
         monkeypatch.setenv(cli.GC_THRESHOLDS_ENV, "700,10,10")
         assert cli.tune_collector() == (700, 10, 10) == gc.get_threshold()
-        with pytest.raises(SystemExit, match=cli.GC_THRESHOLDS_ENV + ".*three integers"):
-            cli.tune_collector("fast")
-        with pytest.raises(SystemExit):
-            cli.tune_collector("-1")
+        for hostile in ("fast", "-1", "1,2,3,4", "9" * 30, "50000,,10", "--50000", "50000\n20"):
+            with pytest.raises(SystemExit, match=cli.GC_THRESHOLDS_ENV + ".*one to three integers"):
+                cli.tune_collector(hostile)
+            assert gc.get_threshold() == (700, 10, 10)  # refused before anything was set
     finally:
         gc.unfreeze()
         gc.set_threshold(*before)

@@ -115,11 +115,12 @@ def tune_collector(value: str | None = None) -> tuple[int, ...]:
 
     value = os.environ.get(GC_THRESHOLDS_ENV, "") if value is None else value
     try:
-        thresholds = tuple(int(v) for v in value.split(",")[:3]) if value.strip() else GC_THRESHOLDS
-        if not thresholds or any(t < 0 for t in thresholds):
+        thresholds = tuple(int(v) for v in value.split(",")) if value.strip() else GC_THRESHOLDS
+        if len(thresholds) > 3 or any(not 0 <= t < 2**31 for t in thresholds):  # gc takes C ints
             raise ValueError(value)
     except ValueError:
-        raise SystemExit(f"{GC_THRESHOLDS_ENV}={value!r}: give up to three integers >= 0, e.g. 50000,20,10 "
+        raise SystemExit(f"{GC_THRESHOLDS_ENV}={value!r}: give one to three integers from 0 to 2147483647, "
+                         f"e.g. 50000,20,10 "
                          f"(unset it for the default {','.join(map(str, GC_THRESHOLDS))})") from None
     gc.collect()
     gc.freeze()
