@@ -602,17 +602,21 @@ class SandboxApiServer:
         so far, rescanned when that misses: a get costs the same whatever the emulator holds (a scan of every
         object per get made the scale benchmark's N=1,000 quadratic)."""
         if namespace is not None:
-            for refresh in (False, True):
-                if refresh:
-                    self._plurals[plural] = {key[0] for key in list(self.emulator.objects) if key[0].plural == plural}
-                for resource in self._plurals.get(plural, ()):
-                    key = (resource, namespace, name)
-                    if key in self.emulator.objects and not self.emulator.objects[key].deleted:
-                        return self.emulator.objects[key].raw
-            return None
+            found = self._by_key(plural, namespace, name)
+            if found is None:  # maybe under a resource of this plural not seen yet
+                self._plurals[plural] = {key[0] for key in list(self.emulator.objects) if key[0].plural == plural}
+                found = self._by_key(plural, namespace, name)
+            return found
         for obj in self.objects(plural, namespace):
             if obj["metadata"]["name"] == name:
                 return obj
+        return None
+
+    def _by_key(self, plural: str, namespace: str, name: str) -> dict | None:
+        for resource in self._plurals.get(plural, ()):
+            key = (resource, namespace, name)
+            if key in self.emulator.objects and not self.emulator.objects[key].deleted:
+                return self.emulator.objects[key].raw
         return None
 
     def objects(self, plural: str, namespace: str | None = None) -> list[dict]:

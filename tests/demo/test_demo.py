@@ -33,6 +33,11 @@ from specpilot_sandbox.fidelity import FIDELITY_BOUND_PERCENT
 pytestmark = pytest.mark.demo
 
 
+def _max_k(scenario) -> int:
+    """The largest K of the scenario's methods: always-on speculation's."""
+    return max(METHODS[m]["numSpeculativeTokens"] for m in scenario.methods)
+
+
 @pytest.fixture(scope="module")
 def demo_run(tmp_path_factory):
     scenario = fast_scenario()
@@ -176,7 +181,7 @@ def test_at_every_phase_the_decision_is_within_3_percent_of_the_better_fixed_pol
     # configuration is always-on speculation (max K), needs none: the same engine's replay is that column.
     # (How many rows carry a note depends on where a noisy gap falls against 3% in the joining phase: the
     # count is the README's run to show, not this short scenario's.)
-    max_k = max(METHODS[m]["numSpeculativeTokens"] for m in scenario.methods)
+    max_k = _max_k(scenario)
     steady = [r for r in rows if r.profiled and r.settled and not r.service_changed and r.k_specpilot == max_k]
     assert len(steady) >= 2, (rows, workdir)
     assert all(not r.note for r in steady), (steady, workdir)
@@ -189,7 +194,7 @@ def test_k_falls_with_load(demo_run):
     peak for some pool, and for every pool never higher at a higher load."""
     scenario, result, workdir = demo_run
     rows = [r for r in summary_rows(result, scenario) if r.profiled]
-    max_k = max(METHODS[m]["numSpeculativeTokens"] for m in scenario.methods)
+    max_k = _max_k(scenario)
     peak = max(p.concurrency for p in scenario.phases)
     at_peak = [r for r in rows if r.phase == next(p.name for p in scenario.phases if p.concurrency == peak)]
     quiet = [r for r in rows if r.concurrency_per_replica <= 4]
