@@ -89,6 +89,23 @@ def test_profile_users_follow_a_deployment_that_changes_its_profiles():
     assert ctx.users_of_profiles("team-a") == {} and ctx.profile_users == {}
 
 
+def test_profile_users_size_and_truth_do_not_copy_the_namespace(monkeypatch):
+    # `users or {}` on the reconciliation's path called __len__, which copied every profile's user set of the
+    # namespace: each reconciliation then cost more the more deployments the namespace held (issue 27)
+    ctx = _ctx()
+    for i in range(50):
+        ctx.use_profiles("team-a", f"u{i}", frozenset({f"p{i}", "shared"}))
+    users = ctx.users_of_profiles("team-a")
+
+    def copy_all(self):
+        raise AssertionError("the namespace's users were copied")
+
+    monkeypatch.setattr(type(users), "_snapshot", copy_all)
+    assert len(users) == 51 and bool(users)
+    assert not ctx.users_of_profiles("none")
+    assert users["shared"] == {f"u{i}" for i in range(50)}
+
+
 def test_a_status_the_body_already_shows_is_held_once_as_the_body_holds_it():
     # kopf keeps each deployment's latest body; once it shows the status computed here, the context keeps
     # that object rather than a second copy of the same JSON (issue 27).

@@ -199,9 +199,9 @@ def dump_tracemalloc(out=None, top: int = TRACEMALLOC_TOP) -> None:
     out = out or sys.stderr
     if not tracemalloc.is_tracing():
         before = malloc_summary()
-        found = gc.collect()
+        found, garbage = _collect_census()
         print(f"allocators: {before}\ngc: a full collection found {found} unreachable objects; then: "
-              f"{malloc_summary()}\n{gc_time_summary()}\n{gc_types_summary()}", file=out, flush=True)
+              f"{malloc_summary()}\n{gc_time_summary()}\n{garbage}\n{gc_types_summary()}", file=out, flush=True)
         return
     gc.collect()
     snapshot = tracemalloc.take_snapshot().filter_traces((
@@ -219,6 +219,25 @@ def dump_tracemalloc(out=None, top: int = TRACEMALLOC_TOP) -> None:
     lines.append(f"allocators: {malloc_summary()}")
     lines.append(gc_time_summary())
     print("\n".join(lines), file=out, flush=True)
+
+
+def _collect_census(top: int = 25) -> tuple[int, str]:
+    """A full collection that keeps what it finds unreachable (gc.DEBUG_SAVEALL) long enough to count it by
+    type: which objects make the reference cycles the collector has to find (each one is CPU for the collector
+    and, freed in bulk, fragmentation for the allocator). Returns the count and the census."""
+    import gc
+    from collections import Counter
+
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        found = gc.collect()
+        counts = Counter(f"{type(o).__module__}.{type(o).__qualname__}" for o in gc.garbage)
+    finally:
+        gc.garbage.clear()
+        gc.set_debug(0)
+    lines = [f"unreachable objects by type (top {top}):"]
+    lines += [f"  {count:9d}  {name}" for name, count in counts.most_common(top)]
+    return found, "\n".join(lines)
 
 
 def gc_types_summary(top: int = 25) -> str:

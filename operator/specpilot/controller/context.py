@@ -218,4 +218,7 @@ class ProfileUsers(Mapping):
         return iter(self._snapshot())
 
     def __len__(self) -> int:
-        return len(self._snapshot())
+        # counted, not copied: `users or {}` and the like call this on the hot path, and copying every entry
+        # made each reconciliation cost grow with the namespace (issue 27)
+        with self._ctx._users_lock:
+            return len(self._ctx.profile_users.get(self._namespace, {}))

@@ -124,7 +124,7 @@ async def reconcile(ctx: Context, body: dict, nodes: list[dict], profiles: dict[
     for view in views:
         pool_old = old_pools.get(view.pool.name) or PoolStatus(name=view.pool.name)
         steps.append((view, pool_old, await plan_pool_step(
-            ctx, body, spec, view, needed, states, profiles, jobs, profile_users or {}, pool_old, now, events,
+            ctx, body, spec, view, needed, states, profiles, jobs, {} if profile_users is None else profile_users, pool_old, now, events,
             observe and not url_refused, metrics)))
     route = await _read_route(ctx, spec, namespace, name)
     fleet = _place_fleet(ctx, spec, steps, nodes, old, now, events,
