@@ -235,6 +235,7 @@ def _collect_census(top: int = 25) -> tuple[int, str]:
     finally:
         gc.garbage.clear()
         gc.set_debug(0)
+    gc.collect()  # saved, they were not freed: free them now (else every later census counts them again)
     lines = [f"unreachable objects by type (top {top}):"]
     lines += [f"  {count:9d}  {name}" for name, count in counts.most_common(top)]
     return found, "\n".join(lines)
