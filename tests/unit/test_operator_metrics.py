@@ -148,3 +148,40 @@ def test_a_gauge_series_is_a_dict_entry_that_scrapes_and_removes_as_prometheus_c
     assert len(list(gauge.collect())[0].samples) == 3
     monkeypatch.setattr(GaugeMetricFamily, "add_metric", real)
     assert len(list(gauge.collect())[0].samples) == 6
+
+
+def test_the_saturation_gauges_count_reconciliations_waiting_and_running():
+    # specpilot_reconciles_waiting above zero is the operator falling behind its timers (issue 27): counted
+    # while a reconciliation waits for its object's lock or a slot, released when it runs, ends or is cancelled
+    import asyncio
+
+    from specpilot.controller.handlers import _counted
+
+    metrics = OperatorMetrics()
+
+    def gauges() -> tuple[float, float]:
+        found = samples(metrics)
+        return found["specpilot_reconciles_waiting"][0][1], found["specpilot_reconciles_running"][0][1]
+
+    async def scenario() -> None:
+        assert gauges() == (0, 0)  # exported from the start: an alert's query finds the series
+        queue, slots = {"waiting": 0, "running": 0}, asyncio.Semaphore(1)
+        release = asyncio.Event()
+
+        async def reconcile(lock: asyncio.Lock) -> None:
+            async with _counted(metrics, queue, lock, slots):
+                await release.wait()
+
+        first = asyncio.create_task(reconcile(asyncio.Lock()))
+        second = asyncio.create_task(reconcile(asyncio.Lock()))  # another object: waits for the one slot
+        third = asyncio.create_task(reconcile(asyncio.Lock()))
+        await asyncio.sleep(0.01)
+        assert gauges() == (2, 1)
+        third.cancel()  # e.g. the operator stopping: no longer waiting
+        await asyncio.sleep(0.01)
+        assert gauges() == (1, 1)
+        release.set()
+        await asyncio.gather(first, second)
+        assert gauges() == (0, 0) and queue == {"waiting": 0, "running": 0}
+
+    asyncio.run(scenario())

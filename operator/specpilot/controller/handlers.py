@@ -7,6 +7,7 @@ reconciliation reads no lists from the API server.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import logging
@@ -57,6 +58,32 @@ hands an arena back only when every object in it is freed). 16 keep the API clie
 event loop busy; at 200 deployments on 2 cores the RSS fell from about 175 to about 140 MiB and the burst
 went no slower (benchmarks/operator_scale.py; 8 cost the create burst 6 s per deployment, 32 kept most of
 the memory; issue 27)."""
+
+
+@contextlib.asynccontextmanager
+async def _counted(metrics: Any, _queue: dict[str, int], lock: asyncio.Lock, slots: asyncio.Semaphore):
+    """Hold the object's lock and a reconciliation slot, counted in specpilot_reconciles_waiting while waiting for
+    them and in specpilot_reconciles_running while holding them: how far the operator is behind its timers.
+    `_queue`: the registration's counts ("waiting", "running")."""
+    _queue["waiting"] += 1
+    metrics.reconciles_waiting.labels().set(_queue["waiting"])
+    acquired = False
+    try:
+        async with lock, slots:
+            acquired = True
+            _queue["waiting"] -= 1
+            _queue["running"] += 1
+            metrics.reconciles_waiting.labels().set(_queue["waiting"])
+            metrics.reconciles_running.labels().set(_queue["running"])
+            try:
+                yield
+            finally:
+                _queue["running"] -= 1
+                metrics.reconciles_running.labels().set(_queue["running"])
+    finally:
+        if not acquired:
+            _queue["waiting"] -= 1
+            metrics.reconciles_waiting.labels().set(_queue["waiting"])
 
 
 def phase_offset(uid: str, interval_s: float) -> float:
@@ -138,13 +165,14 @@ def register(registry: kopf.OperatorRegistry, ctx: Context, *, peering: bool) ->
     """Per object: the failure message last posted as an Event (one Event per distinct failure, not per retry;
     released when the object goes or reconciles)."""
     slots = asyncio.Semaphore(MAX_CONCURRENT_RECONCILES)
+    queue = {"waiting": 0, "running": 0}
 
     async def run(body: kopf.Body, patch: kopf.Patch, logger: logging.Logger, nodes_index: kopf.Index,
                   profiles_index: kopf.Index, jobs_index: kopf.Index, observe: bool, memo: Context,
                   retry: int = 0, stopped: kopf.DaemonStopped | None = None) -> None:
         namespace, uid = body.metadata.namespace, body.metadata.uid
         started = time.perf_counter()
-        async with ctx.lock(uid), slots:
+        async with _counted(ctx.metrics, queue, ctx.lock(uid), slots):
             if stopped is not None and stopped.is_set():
                 return  # the operator is stopping: a timer that waited for the lock starts nothing new
             # Read under the lock, and as last computed here: a reconciliation that waited for the lock

@@ -138,6 +138,15 @@ class OperatorMetrics:
         self.fleet_cost_per_mtok = Gauge(
             "specpilot_fleet_cost_per_million_tokens_dollars", "The fleet's $/Mtok under its placement at the "
             "observed demand (two or more pools).", ["namespace", "deployment"], registry=r)
+        self.reconciles_waiting = Gauge(
+            "specpilot_reconciles_waiting", "Reconciliations due that wait for one of the operator's reconciliation "
+            "slots: above zero for minutes, the operator cannot keep up with its deployments at this "
+            "reconcileIntervalSeconds (give it more CPU, or a longer interval).", [], registry=r)
+        self.reconciles_running = Gauge(
+            "specpilot_reconciles_running", "Reconciliations running now (at most the operator's slots, 16).",
+            [], registry=r)
+        self.reconciles_waiting.labels().set(0)
+        self.reconciles_running.labels().set(0)
         self._decision_labels: dict[tuple[str, str, str], tuple[str, str, str]] = {}
 
     def record_fleet(self, namespace: str, deployment: str, pools: list[PoolStatus],
