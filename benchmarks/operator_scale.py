@@ -9,7 +9,10 @@ nodes (H100 and H200), and `python -m specpilot run` as a subprocess with its me
 2. once each has a status.phase, plays the benchmark Jobs as the operator starts them (at most
    maxParallelJobsPerPool at once): writes a synthetic Succeeded result (the twin, noise-free) into each
    Job's profile, until every deployment reaches phase Serving;
-3. lets the operator's timers reconcile every deployment for --duration seconds (steady state).
+3. waits until the backlog those results left has drained (no reconciliation waiting for one of the
+   operator's slots, `specpilot_reconciles_waiting`, for a few seconds), so the steady state is not the tail
+   of the stage before; then
+4. lets the operator's timers reconcile every deployment for --duration seconds (steady state).
 
 Reports, per stage: reconciles and reconcile latency p50/p95/p99 from the operator's own histogram
 `specpilot_reconcile_duration_seconds` (bucket deltas, interpolated as PromQL's histogram_quantile
@@ -108,16 +111,19 @@ class MetricsSnapshot:
     sum_s: float
     errors: float
     requests: dict[str, float] = field(default_factory=dict)
+    waiting: float = 0.0
+    """specpilot_reconciles_waiting at the scrape (a gauge: not subtracted)."""
 
     def minus(self, earlier: MetricsSnapshot) -> MetricsSnapshot:
         return MetricsSnapshot({le: n - earlier.buckets.get(le, 0.0) for le, n in self.buckets.items()},
                                self.count - earlier.count, self.sum_s - earlier.sum_s, self.errors - earlier.errors,
-                               {verb: n - earlier.requests.get(verb, 0.0) for verb, n in self.requests.items()})
+                               {verb: n - earlier.requests.get(verb, 0.0) for verb, n in self.requests.items()},
+                               self.waiting)
 
 
 def parse_metrics(text: str) -> MetricsSnapshot:
     buckets: dict[float, float] = {}
-    count = sum_s = errors = 0.0
+    count = sum_s = errors = waiting = 0.0
     requests: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
@@ -133,7 +139,9 @@ def parse_metrics(text: str) -> MetricsSnapshot:
             elif sample.name == "specpilot_api_requests_total":
                 key = f"{sample.labels['verb']} {sample.labels['resource']}"
                 requests[key] = requests.get(key, 0.0) + sample.value
-    return MetricsSnapshot(buckets, count, sum_s, errors, requests)
+            elif sample.name == "specpilot_reconciles_waiting":
+                waiting += sample.value
+    return MetricsSnapshot(buckets, count, sum_s, errors, requests, waiting)
 
 
 def histogram_quantile(q: float, buckets: dict[float, float]) -> float | None:
@@ -289,6 +297,27 @@ async def wait_until(predicate, timeout_s: float) -> bool:
     return False
 
 
+DRAINED_S = 3.0
+"""How long specpilot_reconciles_waiting must stay at zero for the backlog to count as drained."""
+
+
+async def wait_drained(port: int, timeout_s: float) -> bool:
+    """Wait until the operator has had no reconciliation waiting for a slot for DRAINED_S (scraped every
+    0.25 s); False after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    quiet_since: float | None = None
+    while time.monotonic() < deadline:
+        now = time.monotonic()
+        if scrape(port).waiting > 0:
+            quiet_since = None
+        elif quiet_since is None:
+            quiet_since = now
+        elif now - quiet_since >= DRAINED_S:
+            return True
+        await asyncio.sleep(0.25)
+    return False
+
+
 async def play_jobs(api: SandboxApiServer, tracker: Tracker, count: int, timeout_s: float) -> tuple[int, bool]:
     """Play the benchmark Jobs as the operator starts them: each Job's profile gets a Succeeded result
     (as the Job writes it) until every deployment serves or `timeout_s` passes. A deployment's
@@ -430,10 +459,19 @@ async def _run(args: argparse.Namespace, workdir: Path, load: list[float]) -> di
             profiles_published, all_serving = await play_jobs(api, tracker, args.count, args.timeout)
             snapshot = mark("results published -> Serving", t0, snapshot)
 
-            # 4. Steady state: timers only.
+            # 4. The backlog the results left drains: until no reconciliation has waited for a slot for
+            # DRAINED_S (the operator's specpilot_reconciles_waiting), so the steady state measures the timers
+            # alone and not the tail of the stage before.
             t0 = time.monotonic()
+            drained = await wait_drained(port, args.timeout)
+            snapshot = mark("backlog drained", t0, snapshot)
+
+            # 5. Steady state: timers only.
+            t0 = time.monotonic()
+            waiting_max = 0.0
             while time.monotonic() - t0 < args.duration:
                 peak_rss = max(peak_rss, process_usage(operator.pid).peak_rss_bytes)
+                waiting_max = max(waiting_max, scrape(port).waiting)
                 await asyncio.sleep(1.0)
             mark(f"steady state ({args.duration:g} s)", t0, snapshot)
 
@@ -479,6 +517,7 @@ async def _run(args: argparse.Namespace, workdir: Path, load: list[float]) -> di
                      "log_errors_at_shutdown": sum(1 for line in shutdown_log.splitlines() if " ERROR " in line)},
         "objects": objects,
         "profiles_published": profiles_published,
+        "backlog": {"drained": drained, "steady_waiting_max": waiting_max},
     }
 
 
@@ -527,6 +566,11 @@ def print_report(result: dict) -> None:
           f"log ERROR lines {op['log_errors']} (and {op['log_errors_at_shutdown']} while stopping), "
           f"tracebacks {op['log_tracebacks']}; alive: {op['alive_at_end']}; "
           f"stopped {op['stop_after_sigterm_s']} s after SIGTERM (None: killed after 30 s)")
+    backlog = result.get("backlog") or {}
+    if backlog:
+        print(f"backlog: {'drained' if backlog['drained'] else 'NOT drained'} before the steady state (no reconciliation "
+              f"waiting for a slot for {DRAINED_S:g} s); during it at most {backlog['steady_waiting_max']:g} waited "
+              f"(specpilot_reconciles_waiting, scraped every second)")
     print("objects in the namespace: " + ", ".join(f"{k} {v}" for k, v in result["objects"].items()))
     print(f"note: {result['machine']['cpus']} CPU(s); the emulator and this load generator run in one process "
           f"beside the operator and share the cores (their CPU seconds are the last column).")
@@ -534,6 +578,11 @@ def print_report(result: dict) -> None:
 
 def _steady(result: dict) -> dict:
     return next(r for r in result["stages"] if r["stage"].startswith("steady"))
+
+
+def _stage(result: dict, name: str) -> dict:
+    """One stage's row ({} in a report from before the stage existed)."""
+    return next((r for r in result["stages"] if r["stage"] == name), {})
 
 
 GROWTH_COLUMNS = [
@@ -545,6 +594,8 @@ GROWTH_COLUMNS = [
     ("steady reconcile p95", "ms", lambda r: _steady(r)["p95_s"]),
     ("steady reconcile p99", "ms", lambda r: _steady(r)["p99_s"]),
     ("steady reconciles/s", "", lambda r: _steady(r)["reconciles_per_s"]),
+    ("backlog drain s", "", lambda r: _stage(r, "backlog drained").get("wall_s")),
+    ("steady waiting max", "", lambda r: (r.get("backlog") or {}).get("steady_waiting_max")),
     ("steady writes per reconcile", "", lambda r: round(sum(
         n for verb, n in (_steady(r)["api_requests_per_reconcile"] or {}).items() if verb not in ("get", "list")), 2)),
     ("steady gets per reconcile", "", lambda r: (_steady(r)["api_requests_per_reconcile"] or {}).get("get", 0.0)),
