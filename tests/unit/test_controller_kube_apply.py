@@ -42,11 +42,23 @@ class Recording(Kube):
                          on_request=lambda verb, resource: self.counted.append((verb, resource)))
         self.sent: list[tuple[str, str, str]] = []
 
+        self.stored: dict[str, dict] = {}
+        """path -> the live object, as an API server holds it (applies, gets and deletes of named objects)."""
+
     async def _call(self, method, path, body=None, content_type="application/json", query=None, resource="",
                     name_given=False):
         self._on_request(request_verb(method, content_type, name_given), resource)
         self.sent.append((method, path, content_type))
-        return _live(body) if body and "metadata" in body else {}
+        if method == "GET" and name_given:
+            if path not in self.stored:
+                raise kube_module.NotFound(path)
+            return copy.deepcopy(self.stored[path])
+        if method == "DELETE":
+            self.stored.pop(path, None)
+        if body and "metadata" in body:
+            self.stored[path] = _live(body)
+            return _live(body)
+        return {}
 
 
 def test_live_object_with_server_defaults_contains_what_was_applied() -> None:
@@ -120,13 +132,33 @@ async def test_an_unread_object_is_applied_again_only_when_changed_or_past_the_r
     await kube.apply(SERVICE)
     assert await kube.apply(copy.deepcopy(SERVICE)) is None
     assert len(kube.sent) == 1
-    clock[0] += kube_module.APPLY_RESYNC_S + 1
-    await kube.apply(SERVICE)
-    assert len(kube.sent) == 2
     changed = copy.deepcopy(SERVICE)
     changed["spec"]["ports"][0]["port"] = 8001
     await kube.apply(changed)
-    assert len(kube.sent) == 3
+    assert [m for m, _, _ in kube.sent] == ["PATCH", "PATCH"]
+
+
+async def test_past_the_resync_an_unread_object_is_read_back_and_applied_only_when_it_drifted(monkeypatch) -> None:
+    # issue 27: a blind re-apply every APPLY_RESYNC_S was a write per object every 5 minutes in a steady cluster
+    clock = [1000.0]
+    monkeypatch.setattr(kube_module.time, "monotonic", lambda: clock[0])
+    kube = Recording()
+    path = "/api/v1/namespaces/team-a/services/llama"
+    await kube.apply(SERVICE)
+    clock[0] += kube_module.APPLY_RESYNC_S + 1
+    assert await kube.apply(copy.deepcopy(SERVICE)) is not None  # read back: it holds what was applied
+    assert [m for m, _, _ in kube.sent] == ["PATCH", "GET"]
+    assert await kube.apply(SERVICE) is None  # and the resync's clock starts again
+    assert len(kube.sent) == 2
+    kube.stored[path]["spec"]["ports"][0]["port"] = 9999  # a hand edit of a field specpilot sets
+    clock[0] += kube_module.APPLY_RESYNC_S + 1
+    await kube.apply(SERVICE)
+    assert [m for m, _, _ in kube.sent] == ["PATCH", "GET", "GET", "PATCH"]
+    assert kube.stored[path]["spec"]["ports"][0]["port"] == 8000  # put back
+    del kube.stored[path]  # deleted by hand
+    clock[0] += kube_module.APPLY_RESYNC_S + 1
+    await kube.apply(SERVICE)
+    assert [m for m, _, _ in kube.sent][-2:] == ["GET", "PATCH"] and path in kube.stored
 
 
 async def test_a_deleted_object_is_applied_again() -> None:
@@ -140,7 +172,8 @@ async def test_a_deleted_object_is_applied_again() -> None:
 
 async def test_requests_are_counted_by_verb_and_resource() -> None:
     kube = Recording()
-    await kube.get("deployments", "team-a", "llama-h100")
+    with pytest.raises(kube_module.NotFound):
+        await kube.get("deployments", "team-a", "llama-h100")
     await kube.list("pods", "team-a")
     await kube.patch("speculativedeployments", "team-a", "llama", {"status": {"phase": "Serving"}},
                      subresource="status")

@@ -65,7 +65,9 @@ requests at once, so a hundred deployments created together queued behind each o
 APPLY_RESYNC_S = 300.0
 """An object applied with the same body less than this long ago, whose live state was not read, is not applied
 again (a Service: its spec only changes with the deployment's): no request, no watch event for every watcher of
-it. Past this age it is applied again, which repairs a hand edit or deletion."""
+it. Past this age it is read back (one get) and applied again only when it no longer holds what was applied: a
+hand edit or a deletion is repaired, and a steady cluster sees no write (issue 27: at 1,000 deployments a blind
+re-apply was 0.23 writes per reconciliation while their resyncs fell due together)."""
 MAX_APPLIED_REMEMBERED = 20_000
 """Digests of applied bodies kept (about 100 bytes each); the oldest go first."""
 _UNKNOWN: Any = object()
@@ -287,7 +289,9 @@ class Kube:
         skipped when the body is the one this process last applied and the live object still holds every field
         of it (so a hand edit of a field we set is put back at the next reconciliation); the live object is
         returned. Without `current` it is skipped when the same body was applied less than APPLY_RESYNC_S ago,
-        and None is returned. A process that has not applied the object yet always applies it once.
+        and None is returned; past that the live object is read, and the apply is skipped (the live object
+        returned) when it still holds every field of the body. A process that has not applied the object yet
+        always applies it once.
         """
         plural = KIND_TO_PLURAL[obj["kind"]]
         meta = obj["metadata"]
@@ -298,6 +302,14 @@ class Kube:
             if current is _UNKNOWN:
                 if time.monotonic() - last[1] < APPLY_RESYNC_S:
                     return None
+                try:
+                    current = await self.get(plural, meta.get("namespace"), meta["name"])
+                except NotFound:
+                    current = None
+                if current is not None and contains(current, obj):
+                    self._applied[key] = (body_digest, time.monotonic())
+                    self._applied.move_to_end(key)
+                    return current
             elif current is not None and contains(current, obj):
                 return current
         path = resource_path(*key)

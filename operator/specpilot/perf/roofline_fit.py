@@ -228,18 +228,29 @@ def solve_roofline(levels: Sequence[Sequence[float]], decode_s: Sequence[Sequenc
     knees = _ALL_KNEES[on_grid]
     thetas = _THETAS
     excess = np.maximum(0.0, q[None, :] / knees[:, None] - 1.0)  # (knees, n)
-    design = np.repeat(base[None, None], len(knees), axis=0).repeat(len(thetas), axis=1)
-    design[:, :, :, 0] += thetas[None, :, None] * excess[:, None, :]
+    # Candidate (knee, theta)'s design is `base` with theta * excess[knee] added to a_0's column: a rank-one
+    # change. Each candidate's normal equations are then the base's plus terms in theta and theta^2, built from
+    # per-knee products instead of from a (knees, thetas, n, params) design (issue 27: the fit was most of a
+    # decision's cost, and the design array most of its memory traffic).
+    weight = row_weight / z  # residuals relative to each value: the target z / z = 1, weighted by row_weight
+    knee_column = excess * weight[None, :]  # (knees, n): the knee term's column, weighted
+    theta = thetas[None, :, None, None]
 
     def solve(tie: np.ndarray):
         """Least squares in the parameters `tie` maps to (a_0, m_0, a_1, m_1, ...), every candidate at once."""
-        weighted = (design @ tie) * (row_weight / z)[:, None]
-        gram = np.swapaxes(weighted, -1, -2) @ weighted
+        plain = (base @ tie) * weight[:, None]  # (n, m): the weighted design without the knee term
+        a0 = tie[0]  # where a_0's column goes among the parameters
+        cross = (knee_column @ plain)[:, None, :, None] * a0[None, None, None, :]  # (knees, 1, m, m)
+        gram = (plain.T @ plain)[None, None] + theta * (cross + np.swapaxes(cross, -1, -2)) \
+            + np.square(theta) * np.einsum("kn,kn->k", knee_column, knee_column)[:, None, None, None] \
+            * np.outer(a0, a0)[None, None]
         gram += np.eye(tie.shape[1]) * 1e-12 * np.trace(gram, axis1=-2, axis2=-1)[..., None, None]
-        rhs = (weighted * row_weight[:, None]).sum(axis=2)  # target z / z = 1: residuals relative to each value
-        coef = np.linalg.solve(gram, rhs[..., None])
-        sse = np.square((weighted @ coef)[..., 0] - row_weight).sum(axis=-1)
-        coef = coef[..., 0] @ tie.T
+        rhs = (plain.T @ row_weight)[None, None] + thetas[None, :, None] * (knee_column @ row_weight)[:, None, None] * a0
+        coef = np.linalg.solve(gram, rhs[..., None])[..., 0]  # (knees, thetas, m)
+        fitted = np.einsum("nm,ktm->ktn", plain, coef) \
+            + thetas[None, :, None] * (coef @ a0)[..., None] * knee_column[:, None, :]
+        sse = np.square(fitted - row_weight).sum(axis=-1)
+        coef = coef @ tie.T
         feasible = np.all(coef[..., 0::2] > 0, axis=-1) & np.all(coef[..., 1::2] >= 0, axis=-1) & np.isfinite(sse)
         return coef, np.where(feasible, sse, np.inf).ravel(), gram
 
