@@ -155,7 +155,7 @@ def test_the_saturation_gauges_count_reconciliations_waiting_and_running():
     # while a reconciliation waits for its object's lock or a slot, released when it runs, ends or is cancelled
     import asyncio
 
-    from specpilot.controller.handlers import _counted
+    from specpilot.controller.handlers import Slots, _counted
 
     metrics = OperatorMetrics()
 
@@ -165,11 +165,11 @@ def test_the_saturation_gauges_count_reconciliations_waiting_and_running():
 
     async def scenario() -> None:
         assert gauges() == (0, 0)  # exported from the start: an alert's query finds the series
-        queue, slots = {"waiting": 0, "running": 0}, asyncio.Semaphore(1)
+        queue, slots = {"waiting": 0, "running": 0}, Slots(1)
         release = asyncio.Event()
 
         async def reconcile(lock: asyncio.Lock) -> None:
-            async with _counted(metrics, queue, lock, slots):
+            async with _counted(metrics, queue, lock, slots, urgent=False):
                 await release.wait()
 
         first = asyncio.create_task(reconcile(asyncio.Lock()))
