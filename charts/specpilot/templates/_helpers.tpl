@@ -96,9 +96,10 @@ collection. */}}
 - apiGroups: ["apps"]
   resources: ["replicasets"]
   verbs: ["get"]
+# Services and PodMonitors: applied, and read back every 5 minutes to repair a hand edit or deletion.
 - apiGroups: [""]
   resources: ["services"]
-  verbs: ["create", "patch"]
+  verbs: ["get", "create", "patch"]
 # Serving pods to scrape (metrics.source: pods).
 - apiGroups: [""]
   resources: ["pods"]
@@ -119,7 +120,7 @@ collection. */}}
   resourceNames: [{{ include "specpilot.benchClusterRole" . | quote }}]
 - apiGroups: ["monitoring.coreos.com"]
   resources: ["podmonitors"]
-  verbs: ["create", "patch"]
+  verbs: ["get", "create", "patch"]
 # serving.routing: gateway: the deployment's HTTPRoute (list tells whether the Gateway API is installed; delete
 # when a deployment goes back to routing: service).
 - apiGroups: ["gateway.networking.k8s.io"]
