@@ -88,10 +88,11 @@ collection. */}}
 - apiGroups: ["batch"]
   resources: ["jobs"]
   verbs: ["list", "watch", "create", "delete"]
-# Serving Deployments by server-side apply (create where the API server has no apply).
+# Serving Deployments by server-side apply (create where the API server has no apply), watched into an index
+# (specpilot's own only: the watch has a label selector).
 - apiGroups: ["apps"]
   resources: ["deployments"]
-  verbs: ["get", "create", "patch"]
+  verbs: ["list", "watch", "create", "patch"]
 # Which ReplicaSet (hence which Deployment) controls a serving pod before its /metrics is scraped.
 - apiGroups: ["apps"]
   resources: ["replicasets"]

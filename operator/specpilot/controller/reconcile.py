@@ -90,9 +90,11 @@ def _status_model(body: dict) -> SpeculativeDeploymentStatus:
 
 async def reconcile(ctx: Context, body: dict, nodes: list[dict], profiles: dict[str, dict],
                     jobs: dict[str, dict], observe: bool = True,
-                    profile_users: dict[str, set[str]] | None = None) -> Result:
+                    profile_users: dict[str, set[str]] | None = None,
+                    deployments: Mapping[str, dict] | None = None) -> Result:
     """`profiles`: the namespace's profiles by name; `jobs`: specpilot's Jobs by "namespace/name";
-    `profile_users`: profile name -> uids of the deployments whose status lists it."""
+    `profile_users`: profile name -> uids of the deployments whose status lists it; `deployments`: the serving
+    Deployments by "namespace/name" as the watch shows them (None: each is read from the API server)."""
     meta = body["metadata"]
     namespace, name = meta["namespace"], meta["name"]
     generation = meta.get("generation")
@@ -124,8 +126,8 @@ async def reconcile(ctx: Context, body: dict, nodes: list[dict], profiles: dict[
     for view in views:
         pool_old = old_pools.get(view.pool.name) or PoolStatus(name=view.pool.name)
         steps.append((view, pool_old, await plan_pool_step(
-            ctx, body, spec, view, needed, states, profiles, jobs, {} if profile_users is None else profile_users, pool_old, now, events,
-            observe and not url_refused, metrics)))
+            ctx, body, spec, view, needed, states, profiles, jobs, {} if profile_users is None else profile_users,
+            pool_old, now, events, observe and not url_refused, metrics, deployments)))
     route = await _read_route(ctx, spec, namespace, name)
     fleet = _place_fleet(ctx, spec, steps, nodes, old, now, events,
                          Routing.GATEWAY if route.available else Routing.SERVICE) if len(views) >= 2 else None
@@ -272,17 +274,23 @@ class PoolStep:
 async def plan_pool_step(ctx: Context, body: dict, spec: SpeculativeDeploymentSpec, view: desired.PoolView,
                          needed: list[desired.NeededProfile], states: dict[str, str], profiles: dict[str, dict],
                          jobs: dict[str, dict], users: dict[str, set[str]], old: PoolStatus, now: datetime,
-                         events: list[Event], observe: bool, metrics: PoolReadings) -> PoolStep:
-    """The first half of `reconcile_pool`: read, plan, re-measure and refine; the Deployment is not applied."""
+                         events: list[Event], observe: bool, metrics: PoolReadings,
+                         deployments: Mapping[str, dict] | None = None) -> PoolStep:
+    """The first half of `reconcile_pool`: read, plan, re-measure and refine; the Deployment is not applied.
+    `deployments`: the serving Deployments as the watch shows them (None: read from the API server)."""
     meta = body["metadata"]
     namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
     current = None
     observation = None
     if view.primary_sku is not None:
-        try:
-            current = await ctx.kube.get("deployments", namespace, names.serving_deployment_name(name, view.pool.name))
-        except NotFound:
-            pass
+        deployment_name = names.serving_deployment_name(name, view.pool.name)
+        if deployments is not None:
+            current = deployments.get(f"{namespace}/{deployment_name}")
+        else:
+            try:
+                current = await ctx.kube.get("deployments", namespace, deployment_name)
+            except NotFound:
+                pass
         if observe:
             observation, problem = await observe_pool(ctx, uid, spec, namespace, name, view.pool.name, current)
             _count_observation(ctx, uid, view.pool.name, observation, problem, metrics)
