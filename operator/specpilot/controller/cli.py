@@ -99,12 +99,14 @@ def start_malloc_trim(every_s: float = MALLOC_TRIM_S) -> threading.Event | None:
     return stop
 
 
-GC_THRESHOLDS = (50_000, 20, 10)
+GC_THRESHOLDS = (10_000, 20, 10)
 """The garbage collector's thresholds for the operator (CPython's are 700, 10, 10). With CPython's, a
 reconciliation's short-lived objects (models, plans, JSON), alive across its awaits, were promoted into the old
 generation and then collected by full collections that walk every object the operator holds: at N=1,000
 deployments, 342 full collections took 101 s of the operator's 393 CPU seconds (issue 27). A young generation
-of 50,000 lets them die young. SPECPILOT_GC_THRESHOLDS="700,10,10" sets others."""
+of 10,000 lets them die young. 50,000 did too, but the garbage of a longer period, freed in bulk, left the
+allocator's arenas fragmented: 10,000 ended N=200 at 152.5 MiB against 162-163 and N=1,000 at 331 MiB against
+349-387, with no more CPU (benchmarks/operator_scale.py). SPECPILOT_GC_THRESHOLDS="700,10,10" sets others."""
 GC_THRESHOLDS_ENV = "SPECPILOT_GC_THRESHOLDS"
 
 
@@ -120,7 +122,7 @@ def tune_collector(value: str | None = None) -> tuple[int, ...]:
             raise ValueError(value)
     except ValueError:
         raise SystemExit(f"{GC_THRESHOLDS_ENV}={value!r}: give one to three integers from 0 to 2147483647, "
-                         f"e.g. 50000,20,10 "
+                         f"e.g. 10000,20,10 "
                          f"(unset it for the default {','.join(map(str, GC_THRESHOLDS))})") from None
     gc.collect()
     gc.freeze()
