@@ -27,7 +27,7 @@ from ..api.sanitize import bounded_status
 from ..manifests.names import LABEL_MANAGED_BY, LABEL_PROFILE, MANAGED_BY, label_value
 from . import desired
 from .kube import Refused, Unreachable
-from .profile_index import Packed, pack
+from .profile_index import Packed, bounded, pack
 from .reconcile import Context, reconcile
 
 GROUP, VERSION = "specpilot.io", "v1alpha1"
@@ -207,10 +207,7 @@ def register(registry: kopf.OperatorRegistry, ctx: Context, *, peering: bool) ->
     def deployments_index(body: kopf.Body, namespace: str, name: str, **_: Any) -> dict[str, Any]:
         # The serving Deployments as the watch shows them (an informer's cache): a reconciliation reads its
         # pools' Deployments here instead of a get each (issue 27: with nothing changing, no request at all).
-        # Packed as profiles are (about 1.5 KB each); a reconciliation unpacks the one or two it reads.
-        return {f"{namespace}/{name}": pack({"apiVersion": body.get("apiVersion"), "kind": body.get("kind"),
-                                             "metadata": _kept_metadata(body), "spec": dict(body.spec),
-                                             "status": dict(body.get("status") or {})})}
+        return deployment_entry(body, namespace, name)
 
     @kopf.index("batch", "v1", "jobs", labels={"app.kubernetes.io/managed-by": "specpilot"},
                 id="jobs_index", registry=registry)
@@ -359,6 +356,23 @@ METADATA_KEPT = ("name", "namespace", "uid", "resourceVersion", "generation", "c
 history: at a few hundred profiles and Jobs those made up much of the operator's memory)."""
 JOB_STATUS_KEPT = ("conditions", "failed", "succeeded", "active", "startTime", "completionTime")
 """What the Jobs index keeps of a Job's status."""
+
+
+def deployment_entry(body: Any, namespace: str, name: str) -> dict[str, Any]:
+    """The Deployments index's entry for one Deployment: only one a SpeculativeDeployment owns (anyone who may
+    create Deployments can set the label; the owner is what the operator made), without annotations (the
+    operator sets none on a Deployment, and a tenant's would only take memory), packed as profiles are (about
+    1.5 KB; a reconciliation unpacks the one or two it reads), and NOT_INDEXED past MAX_ENTRY_BYTES (the
+    reconciliation then reads it from the API server)."""
+    owners = (body.get("metadata") or {}).get("ownerReferences") or []
+    if not any(isinstance(o, Mapping) and o.get("kind") == "SpeculativeDeployment"
+               and str(o.get("apiVersion", "")).startswith(f"{GROUP}/") for o in owners):
+        return {}
+    metadata = _kept_metadata(body)
+    metadata.pop("annotations", None)
+    return {f"{namespace}/{name}": bounded({"apiVersion": body.get("apiVersion"), "kind": body.get("kind"),
+                                            "metadata": metadata, "spec": dict(body.get("spec") or {}),
+                                            "status": dict(body.get("status") or {})})}
 
 
 def _kept_metadata(body: Any) -> dict:

@@ -55,3 +55,18 @@ def pack(value: Any) -> Packed | Any:
     except ValueError:
         return value
 
+
+
+NOT_INDEXED = "specpilot.io/not-indexed"
+"""The key of what an index keeps in place of an entry too large to keep: the reader gets the object itself from
+the API server instead (an index grows with what a tenant may write into its objects; this bounds it)."""
+MAX_ENTRY_BYTES = 64 * 1024
+"""The largest packed entry an index keeps (a serving Deployment packs to about 1.5 KB)."""
+
+
+def bounded(value: Any, max_bytes: int = MAX_ENTRY_BYTES) -> Packed | dict:
+    """`value` packed, or the NOT_INDEXED marker when it packs to more than `max_bytes`."""
+    packed = pack(value)
+    if not isinstance(packed, Packed) or len(packed) > max_bytes:
+        return {NOT_INDEXED: True}
+    return packed

@@ -43,6 +43,7 @@ from . import desired
 from .context import Context
 from .kube import NotFound, Refused
 from .observation import observe_pool, prometheus_url_refusal
+from .profile_index import NOT_INDEXED
 from .profiles import (
     JOB_UID_ANNOTATION,
     REPROFILE_ANNOTATION,
@@ -283,14 +284,8 @@ async def plan_pool_step(ctx: Context, body: dict, spec: SpeculativeDeploymentSp
     current = None
     observation = None
     if view.primary_sku is not None:
-        deployment_name = names.serving_deployment_name(name, view.pool.name)
-        if deployments is not None:
-            current = deployments.get(f"{namespace}/{deployment_name}")
-        else:
-            try:
-                current = await ctx.kube.get("deployments", namespace, deployment_name)
-            except NotFound:
-                pass
+        current = await _current_deployment(ctx, deployments, namespace,
+                                            names.serving_deployment_name(name, view.pool.name))
         if observe:
             observation, problem = await observe_pool(ctx, uid, spec, namespace, name, view.pool.name, current)
             _count_observation(ctx, uid, view.pool.name, observation, problem, metrics)
@@ -319,6 +314,20 @@ async def plan_pool_step(ctx: Context, body: dict, spec: SpeculativeDeploymentSp
     if outcome.toggled:
         ctx.metrics.toggles.labels(namespace, name, view.pool.name, outcome.toggled).inc()
     return PoolStep(pool, outcome, current, pool_profiles)
+
+
+async def _current_deployment(ctx: Context, deployments: Mapping[str, dict] | None, namespace: str,
+                              name: str) -> dict | None:
+    """A pool's Deployment as the watch index shows it, or from the API server without an index or where the
+    index keeps no copy (NOT_INDEXED: too large); None when there is none."""
+    if deployments is not None:
+        current = deployments.get(f"{namespace}/{name}")
+        if current is None or not current.get(NOT_INDEXED):
+            return current
+    try:
+        return await ctx.kube.get("deployments", namespace, name)
+    except NotFound:
+        return None
 
 
 async def apply_pool_step(ctx: Context, body: dict, spec: SpeculativeDeploymentSpec, view: desired.PoolView,
