@@ -104,3 +104,19 @@ def test_a_tick_waiting_for_a_slot_does_not_hold_its_deployment_back() -> None:
         return order
 
     assert asyncio.run(scenario()) == ["B changed", "A changed", "A tick"]
+
+
+def test_a_waiter_cancelled_before_a_release_reaches_it_is_skipped() -> None:
+    async def scenario() -> None:
+        slots = Slots(1)
+        await slots.acquire(True)
+        gone = asyncio.create_task(slots.acquire(True))
+        other = asyncio.create_task(slots.acquire(False))
+        await asyncio.sleep(0)
+        gone.cancel()  # its turn is cancelled; the task has not run its handler yet...
+        slots.release()  # ...when a release drops that turn and hands the slot on
+        await asyncio.gather(gone, return_exceptions=True)
+        assert gone.cancelled()
+        await asyncio.wait_for(other, 1)
+
+    asyncio.run(scenario())

@@ -86,7 +86,7 @@ class Slots:
         except asyncio.CancelledError:
             if turn.done() and not turn.cancelled():
                 self.release()  # handed a slot just as it was cancelled: pass it on
-            else:
+            elif turn in queue:  # (a release in between may have dropped it already)
                 queue.remove(turn)
             raise
 
