@@ -190,3 +190,19 @@ def test_timer_phases_are_fixed_per_object_and_spread_over_the_interval() -> Non
     slices = [sum(1 for o in offsets if k * 3 <= o < (k + 1) * 3) for k in range(5)]
     assert all(150 <= n <= 250 for n in slices), slices
     assert phase_offset("uid-1", 0) == 0.0
+
+
+async def test_a_read_back_that_is_refused_falls_back_to_the_apply(monkeypatch) -> None:
+    # an operator upgraded under a ClusterRole without get on Services still repairs its Services
+    clock = [1000.0]
+    monkeypatch.setattr(kube_module.time, "monotonic", lambda: clock[0])
+    kube = Recording()
+    await kube.apply(SERVICE)
+
+    async def forbidden(*_args, **_kwargs):
+        raise kube_module.Refused(status=403, reason="Forbidden")
+
+    monkeypatch.setattr(kube, "get", forbidden)
+    clock[0] += kube_module.APPLY_RESYNC_S + 1
+    await kube.apply(SERVICE)
+    assert [m for m, _, _ in kube.sent] == ["PATCH", "PATCH"]

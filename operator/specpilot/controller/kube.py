@@ -304,7 +304,7 @@ class Kube:
                     return None
                 try:
                     current = await self.get(plural, meta.get("namespace"), meta["name"])
-                except NotFound:
+                except Exception:  # gone, or not readable (a ClusterRole from before the read-back): apply
                     current = None
                 if current is not None and contains(current, obj):
                     self._applied[key] = (body_digest, time.monotonic())
