@@ -200,7 +200,7 @@ async def test_a_read_back_that_is_refused_falls_back_to_the_apply(monkeypatch) 
     await kube.apply(SERVICE)
 
     async def forbidden(*_args, **_kwargs):
-        raise kube_module.Refused(status=403, reason="Forbidden")
+        raise kube_module.Refused(403, "GET", "/api/v1/namespaces/team-a/services/llama", "forbidden")
 
     monkeypatch.setattr(kube, "get", forbidden)
     clock[0] += kube_module.APPLY_RESYNC_S + 1
