@@ -38,7 +38,7 @@ class Recording(Kube):
 
     def __init__(self) -> None:
         self.counted: list[tuple[str, str]] = []
-        super().__init__(Connection(kube_module.client.Configuration()),
+        super().__init__(Connection(server="http://127.0.0.1:1"),
                          on_request=lambda verb, resource: self.counted.append((verb, resource)))
         self.sent: list[tuple[str, str, str]] = []
 

@@ -57,9 +57,9 @@ def cluster_unreachable_message(kubeconfig: str | None, err: Exception) -> str:
 
 MALLOC_ARENAS = 2
 """glibc malloc arenas the operator may use. glibc gives threads arenas of their own (up to 8 per core), each
-keeping the memory it freed; the API client's 32 threads then held about 25 MiB more at N=200 deployments
-(195 against 165 MiB peak RSS in benchmarks/operator_scale.py) for no speed. MALLOC_ARENA_MAX, when set,
-wins."""
+keeping the memory it freed; when the API client ran a thread per request its 32 threads held about 25 MiB
+more at N=200 deployments (195 against 165 MiB peak RSS in benchmarks/operator_scale.py) for no speed. Threads
+remain (the metrics server, asyncio's executor), so the cap stays. MALLOC_ARENA_MAX, when set, wins."""
 
 
 def limit_malloc_arenas(arenas: int = MALLOC_ARENAS) -> bool:
@@ -313,11 +313,13 @@ def malloc_summary() -> str:
     return "; ".join(parts)
 
 
-UNUSED_OPTIONAL_IMPORTS = ("kubernetes_validate",)
-"""Optional packages the Kubernetes client imports when they are installed and the operator never uses:
-kubernetes.dynamic imports kubernetes_validate (and with it jsonschema and its format checkers) for
-DynamicClient.validate, which nothing here calls. They are installed beside the operator for the sandbox and
-`specpilot validate`; skipped while the operator's modules load, its RSS is about 2 MiB less (issue 27)."""
+UNUSED_OPTIONAL_IMPORTS = ("kubernetes", "kubernetes_validate")
+"""Optional packages kopf imports when they are installed and the operator never uses: kopf recognises the
+official Kubernetes client's model objects (`kubernetes`, about 20 MiB of generated classes), and that client
+imports kubernetes_validate (with jsonschema and its format checkers). The operator speaks JSON dicts over
+aiohttp (kube.py); they are installed beside it for the sandbox, the e2e tests and `specpilot validate`.
+Skipped while the operator's modules load; a kubeconfig user with an exec plugin still loads the client later
+(connection.py). About 22 MiB of RSS (issue 27)."""
 
 
 @contextlib.contextmanager
@@ -346,7 +348,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from ..api import seal
     from .context import Context
 
-    limit_malloc_arenas()  # before the API client's threads start
+    limit_malloc_arenas()  # before any thread starts
     start_malloc_trim()
     tune_collector()  # after the imports: what they made is frozen out of every later collection
     enable_tracemalloc()  # off unless SPECPILOT_TRACEMALLOC is set
@@ -358,7 +360,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     try:
         connection = Connection.load(args.kubeconfig, args.context)
-    except Exception as err:  # kubernetes' ConfigException, or an unreadable file: one line, not a traceback
+    except Exception as err:  # ConfigError, the client's for an exec plugin, a bad file: one line, no traceback
         raise SystemExit(cluster_unreachable_message(args.kubeconfig, err)) from None
     metrics = OperatorMetrics()
     if args.metrics_port:
@@ -377,7 +379,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     register_handlers(registry, ctx, peering=peering)
     logging.getLogger("specpilot").info(
         "specpilot operator starting: namespaces=%s peering=%s server=%s",
-        ",".join(args.namespace) or "all", args.peering or "standalone", connection.configuration.host)
+        ",".join(args.namespace) or "all", args.peering or "standalone", connection.host)
     kopf.run(
         registry=registry,
         standalone=not peering,

@@ -174,7 +174,7 @@ class Context:
         for source in list(self.prometheus_sources.values()):
             await source.close()
         self.prometheus_sources.clear()
-        self.kube.close()
+        await self.kube.close()
 
     def forget(self, uid: str) -> None:
         """Drop everything kept for an object once it is deleted."""

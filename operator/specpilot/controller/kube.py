@@ -1,9 +1,9 @@
-"""The operator's Kubernetes I/O edge: connection settings shared with kopf, and a small async REST client.
+"""The operator's Kubernetes I/O edge: a small async REST client speaking plain JSON dicts.
 
-One `kubernetes.client.Configuration` is loaded (in-cluster, or a kubeconfig file and context) and
-used both for kopf's login and for our own calls, so the operator runs unchanged against any API
-server a kubeconfig names. The official client's `call_api` does auth and TLS; we run it in a thread
-to keep kopf's event loop free, and speak plain JSON dicts (the manifests are built as dicts).
+One `Connection` (connection.py: a kubeconfig's context, or the pod's service account) serves both kopf's
+login and our own calls, so the operator runs unchanged against any API server a kubeconfig names. Requests
+go out on aiohttp in kopf's event loop, at most API_CONCURRENCY at once: no thread per request and no official
+client (whose generated models alone are about 20 MiB of the operator's memory).
 """
 
 from __future__ import annotations
@@ -11,19 +11,15 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import os
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any
 
+import aiohttp
 import kopf
-import urllib3
-from kubernetes import client, config
-from kubernetes.client.rest import ApiException
 
+from .connection import Connection, ConfigError  # noqa: F401 (re-exported: the CLI and tests load it here)
 from ..api.sanitize import sanitize
 
 CORE = ("", "v1")
@@ -58,10 +54,9 @@ KIND_TO_PLURAL = {
 
 FIELD_MANAGER = "specpilot"
 API_CONCURRENCY = 32
-"""Requests the operator keeps in flight to the API server at once: its own thread pool and connection pool.
-(`asyncio.to_thread` shares the event loop's default pool, min(32, cores + 4) threads, with everything else
-that runs in a thread, and the client's connection pool holds cores x 5 connections: on a 2-core node six
-requests at once, so a hundred deployments created together queued behind each other for seconds.)"""
+"""Requests the operator keeps in flight to the API server at once (its connection pool): a hundred deployments
+created together do not queue behind each other for seconds, and a slow API server is not sent a flood."""
+REQUEST_TIMEOUT_S = 30.0
 APPLY_RESYNC_S = 300.0
 """An object applied with the same body less than this long ago, whose live state was not read, is not applied
 again (a Service: its spec only changes with the deployment's): no request, no watch event for every watcher of
@@ -119,14 +114,15 @@ class Unreachable(kopf.TemporaryError):
     """No answer from the API server (connection refused or reset, a timeout)."""
 
 
-class Refused(ApiException):
+class Refused(Exception):
     """The API server answered a request with a client error other than 404/409 (a 422 for a value the
     schema or a webhook refuses, a 413 for a body too large, a 403 for a missing permission): retrying the
     same request cannot succeed until the object or the cluster changes."""
 
     def __init__(self, status: int, method: str, path: str, detail: str) -> None:
-        super().__init__(status=status, reason=f"{method} {path}: HTTP {status}: {detail}")
-        self.method, self.path, self.detail = method, path, detail
+        super().__init__(f"{method} {path}: HTTP {status}: {detail}")
+        self.status, self.method, self.path, self.detail = status, method, path, detail
+        self.reason = f"{method} {path}: HTTP {status}: {detail}"
         self.name: str | None = None
         """The object's name when the path does not hold it (a create)."""
 
@@ -155,40 +151,6 @@ def _api_message(text: Any) -> str:
     return str(message or "no message")[:400]
 
 
-@dataclass
-class Connection:
-    """Where the API server is and how to authenticate, loaded once per process."""
-
-    configuration: client.Configuration
-
-    @classmethod
-    def load(cls, kubeconfig: str | None = None, context: str | None = None) -> Connection:
-        cfg = client.Configuration()
-        if kubeconfig or context or os.environ.get("KUBECONFIG") or not os.environ.get("KUBERNETES_SERVICE_HOST"):
-            config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=cfg)
-        else:
-            config.load_incluster_config(client_configuration=cfg)
-        return cls(cfg)
-
-    def kopf_connection_info(self) -> kopf.ConnectionInfo:
-        cfg = self.configuration
-        token = None
-        auth = cfg.api_key.get("authorization") or cfg.api_key.get("BearerToken")
-        if auth:
-            token = auth.removeprefix("Bearer ").strip()
-        return kopf.ConnectionInfo(
-            server=cfg.host,
-            ca_path=cfg.ssl_ca_cert,
-            insecure=not cfg.verify_ssl,
-            username=cfg.username or None,
-            password=cfg.password or None,
-            token=token,
-            certificate_path=cfg.cert_file,
-            private_key_path=cfg.key_file,
-            proxy_url=cfg.proxy,
-        )
-
-
 def resource_path(plural: str, namespace: str | None, name: str | None = None, subresource: str | None = None) -> str:
     group, version, namespaced = RESOURCES[plural]
     base = f"/api/{version}" if not group else f"/apis/{group}/{version}"
@@ -206,46 +168,46 @@ class Kube:
     """Async JSON-in, JSON-out access to the resources specpilot touches."""
 
     def __init__(self, connection: Connection, on_request: Callable[[str, str], None] | None = None) -> None:
-        connection.configuration.connection_pool_maxsize = max(
-            connection.configuration.connection_pool_maxsize or 0, API_CONCURRENCY)
-        self._api = client.ApiClient(connection.configuration)
-        self._pool = ThreadPoolExecutor(max_workers=API_CONCURRENCY, thread_name_prefix="specpilot-api")
+        self._connection = connection
+        self._http: aiohttp.ClientSession | None = None
+        """Made at the first request, in the event loop that sends them all (kopf's)."""
         self._on_request = on_request
         """Called with (verb, resource) for each request sent: the operator's per-verb request counter."""
         self._applied: OrderedDict[tuple[str, str | None, str], tuple[str, float]] = OrderedDict()
         """(resource, namespace, name) -> digest of the body last applied, and when (monotonic seconds)."""
 
+    def _session(self) -> aiohttp.ClientSession:
+        if self._http is None or self._http.closed:
+            connector = aiohttp.TCPConnector(limit=API_CONCURRENCY, ssl=self._connection.ssl_context())
+            self._http = aiohttp.ClientSession(connector=connector,
+                                               timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S))
+        return self._http
+
     async def _call(self, method: str, path: str, body: Any = None, content_type: str = "application/json",
                     query: list[tuple[str, Any]] | None = None, resource: str = "", name_given: bool = False) -> Any:
         if self._on_request is not None:
             self._on_request(request_verb(method, content_type, name_given), resource)
-        def call() -> Any:
-            method_, url, headers, body_, post = self._api.param_serialize(
-                method, path, query_params=query or [], body=body,
-                header_params={"Content-Type": content_type, "Accept": "application/json"},
-                auth_settings=["BearerToken"])
-            try:
-                response = self._api.call_api(method_, url, header_params=headers, body=body_, post_params=post,
-                                              _request_timeout=30)
-                response.read()
-            except ApiException as exc:
-                status, text = exc.status, exc.body
-            except urllib3.exceptions.HTTPError as exc:
-                raise Unreachable(f"API server unreachable on {method} {path} ({type(exc).__name__})",
-                                  delay=5) from exc
-            else:
-                status, text = response.status, response.data
-            if status == 404:
-                raise NotFound(f"{method} {path}: not found")
-            if status == 409:
-                raise Conflict(f"{method} {path}: conflict")
-            if status in (429, 500, 502, 503, 504):
-                raise kopf.TemporaryError(f"API server {status} on {method} {path}", delay=5)
-            if status >= 400:
-                raise Refused(status, method, path, _api_message(text))
-            return json.loads(text) if text else None
-
-        return await asyncio.get_running_loop().run_in_executor(self._pool, call)
+        headers = {"Content-Type": content_type, "Accept": "application/json", **self._connection.headers()}
+        extra: dict[str, Any] = {}
+        if self._connection.tls_server_name:
+            extra["server_hostname"] = self._connection.tls_server_name
+        try:
+            async with self._session().request(
+                    method, self._connection.server + path, params=[(k, str(v)) for k, v in query or []],
+                    data=None if body is None else json.dumps(body, separators=(",", ":")), headers=headers,
+                    proxy=self._connection.proxy, **extra) as response:
+                status, text = response.status, await response.read()
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+            raise Unreachable(f"API server unreachable on {method} {path} ({type(exc).__name__})", delay=5) from exc
+        if status == 404:
+            raise NotFound(f"{method} {path}: not found")
+        if status == 409:
+            raise Conflict(f"{method} {path}: conflict")
+        if status in (429, 500, 502, 503, 504):
+            raise kopf.TemporaryError(f"API server {status} on {method} {path}", delay=5)
+        if status >= 400:
+            raise Refused(status, method, path, _api_message(text))
+        return json.loads(text) if text else None
 
     async def get(self, plural: str, namespace: str | None, name: str) -> dict:
         return await self._call("GET", resource_path(plural, namespace, name), resource=plural, name_given=True)
@@ -346,6 +308,7 @@ class Kube:
         except NotFound:
             pass
 
-    def close(self) -> None:
-        self._api.close()
-        self._pool.shutdown(wait=False, cancel_futures=True)
+    async def close(self) -> None:
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
