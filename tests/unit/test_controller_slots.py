@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from specpilot.controller.handlers import Slots, _counted
 from specpilot.controller.metrics import OperatorMetrics
 
@@ -61,22 +63,30 @@ def test_a_cancelled_waiter_leaves_its_turn_to_the_next() -> None:
     assert asyncio.run(scenario()) == ["holder", "after", "handed", "next"]
 
 
-def test_a_waiter_cancelled_in_the_turn_it_is_handed_the_slot_passes_it_on() -> None:
-    async def scenario() -> bool:
+@pytest.mark.parametrize("urgent", [False, True], ids=["tick", "change"])
+@pytest.mark.parametrize("cancelled_first", [False, True], ids=["handed-then-cancelled", "cancelled-then-released"])
+def test_a_cancelled_waiter_never_loses_the_slot(cancelled_first: bool, urgent: bool) -> None:
+    # released first: the slot is handed to `waiter`, which is cancelled before it runs, and passes it on;
+    # cancelled first: the release drops the cancelled turn (no ValueError) and hands the slot on
+    async def scenario() -> None:
         slots = Slots(1)
         await slots.acquire(True)
-        waiter = asyncio.create_task(slots.acquire(False))
+        waiter = asyncio.create_task(slots.acquire(urgent))
         other = asyncio.create_task(slots.acquire(False))
         await asyncio.sleep(0)
-        slots.release()  # hands the slot to `waiter`, which has not run yet...
-        waiter.cancel()  # ...and is cancelled before it does
+        if cancelled_first:
+            waiter.cancel()
+            slots.release()
+        else:
+            slots.release()
+            waiter.cancel()
         await asyncio.gather(waiter, return_exceptions=True)
+        assert waiter.cancelled()
         await asyncio.wait_for(other, 1)  # the slot went on to `other` instead of being lost
         slots.release()
         await asyncio.wait_for(slots.acquire(True), 1)  # and one slot is free again after
-        return True
 
-    assert asyncio.run(scenario())
+    asyncio.run(scenario())
 
 
 def test_a_tick_waiting_for_a_slot_does_not_hold_its_deployment_back() -> None:
@@ -104,19 +114,3 @@ def test_a_tick_waiting_for_a_slot_does_not_hold_its_deployment_back() -> None:
         return order
 
     assert asyncio.run(scenario()) == ["B changed", "A changed", "A tick"]
-
-
-def test_a_waiter_cancelled_before_a_release_reaches_it_is_skipped() -> None:
-    async def scenario() -> None:
-        slots = Slots(1)
-        await slots.acquire(True)
-        gone = asyncio.create_task(slots.acquire(True))
-        other = asyncio.create_task(slots.acquire(False))
-        await asyncio.sleep(0)
-        gone.cancel()  # its turn is cancelled; the task has not run its handler yet...
-        slots.release()  # ...when a release drops that turn and hands the slot on
-        await asyncio.gather(gone, return_exceptions=True)
-        assert gone.cancelled()
-        await asyncio.wait_for(other, 1)
-
-    asyncio.run(scenario())
