@@ -469,11 +469,14 @@ async def _run(args: argparse.Namespace, workdir: Path, load: list[float]) -> di
             # 5. Steady state: timers only.
             t0 = time.monotonic()
             waiting_max = 0.0
+            spy = steady_profiler(args, operator.pid)
             while time.monotonic() - t0 < args.duration:
                 peak_rss = max(peak_rss, process_usage(operator.pid).peak_rss_bytes)
                 waiting_max = max(waiting_max, scrape(port).waiting)
                 await asyncio.sleep(1.0)
             mark(f"steady state ({args.duration:g} s)", t0, snapshot)
+            if spy is not None:
+                spy.wait(timeout=60)
 
             usage = process_usage(operator.pid)
             total = Stage("total", time.monotonic() - start, scrape(port).minus(baseline[0]),
@@ -636,6 +639,18 @@ def growth_table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def steady_profiler(args: argparse.Namespace, pid: int) -> subprocess.Popen | None:
+    """py-spy on the operator for the steady window (--py-spy): where a steady reconciliation's time goes.
+    Raw folded stacks (one line per stack and its sample count) beside --out."""
+    if not args.py_spy:
+        return None
+    out = args.out.with_suffix(".steady.pyspy.txt")
+    print(f"py-spy: sampling the operator (pid {pid}) for the steady window into {out}", flush=True)
+    return subprocess.Popen([args.py_spy, "record", "--nonblocking", "-r", "100", "-f", "raw", "-d",
+                             str(int(args.duration)), "-p", str(pid), "-o", str(out)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--count", type=int, default=200, help="SpeculativeDeployments to create (default 200)")
@@ -649,6 +664,8 @@ def main() -> int:
                    help="a series: run each of these N (comma-separated, e.g. 100,200,500,1000) --runs times and "
                         "print how each figure grows (median / worst per N); JSON per run beside --out")
     p.add_argument("--runs", type=int, default=1, help="runs per N (default 1; the growth table wants 3)")
+    p.add_argument("--py-spy", metavar="PATH",
+                   help="a py-spy binary: sample the operator during the steady window (folded stacks beside --out)")
     p.add_argument("--summarize", type=Path, nargs="+", metavar="JSON",
                    help="print the growth table of runs already made (their JSON reports) and exit")
     args = p.parse_args()

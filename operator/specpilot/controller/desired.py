@@ -10,6 +10,7 @@ import json
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from functools import cached_property
 
 from ..api.deployment import (
     HISTORY_LIMIT,
@@ -135,8 +136,9 @@ class NeededProfile:
     candidate: CandidateMethod | None
     spec: SpeculationProfileSpec
 
-    @property
+    @cached_property
     def name(self) -> str:
+        """The profile's object name (a hash of its identity: computed once, read many times a reconciliation)."""
         return self.spec.object_name()
 
     @property
