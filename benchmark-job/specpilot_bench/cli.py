@@ -318,13 +318,13 @@ def _attach_stored(targets: list[Target], output: Path | None) -> None:
 
 def cluster_target(args: argparse.Namespace) -> Target:
     """The profile named on the command line, read from the API."""
-    from .publish import ProfileStore, api_client
+    from .publish import ProfileApi, ProfileStore
 
     if not args.namespace:
         raise ValueError("--namespace (or env POD_NAMESPACE) is required with --profile-name")
     # The token seals what this Job publishes; the engine (a subprocess that runs model code) never sees it.
     token = os.environ.pop(seal.TOKEN_ENV, None) or None
-    store = ProfileStore(api_client(args.kubeconfig), args.profile_name, args.namespace, append=args.append,
+    store = ProfileStore(ProfileApi.load(args.kubeconfig), args.profile_name, args.namespace, append=args.append,
                          token=token)
     stored = store.read()
     spec = stored.spec

@@ -15,15 +15,21 @@ its previous one, so publishing after each run and at the end never appends a po
 
 from __future__ import annotations
 
+import http.client
+import json
 import random
 import sys
 import time
+import urllib.error
+import urllib.parse
+import urllib.request
 from collections.abc import Sequence
 from typing import Any
 
 from specpilot.api import seal
 from specpilot.api.base import GROUP, VERSION
 from specpilot.api.profile import SpeculationProfile, SpeculationProfileStatus
+from specpilot.controller.connection import ConfigError, Connection
 
 from .profiles import merged_status
 
@@ -31,43 +37,89 @@ PLURAL = "speculationprofiles"
 OPERATOR_FIELDS = frozenset({"phase", "reason", "message", "attempts"})
 """Status fields only the operator writes (it decides a profile's phase); the bench leaves them as they are."""
 RETRYABLE_STATUS = {409, 429, 500, 502, 503, 504}
+REQUEST_TIMEOUT_S = 30.0
+MAX_ERROR_BODY = 64 * 1024
 
 
 class PublishError(RuntimeError):
     """The API refused the status for good (or kept failing past the retry budget)."""
 
 
-def api_client(kubeconfig: str | None = None):
-    """CustomObjectsApi from the pod's ServiceAccount, or from a kubeconfig when given (tests, laptops)."""
-    from kubernetes import client, config
+class ApiError(Exception):
+    """The API server answered with an error status."""
 
-    if kubeconfig:
-        config.load_kube_config(config_file=kubeconfig)
-    else:
+    def __init__(self, status: int, reason: str, body: str) -> None:
+        super().__init__(f"HTTP {status} {reason}")
+        self.status, self.reason, self.body = status, reason, body
+
+
+class ProfileApi:
+    """The bench's two calls (get a SpeculationProfile, merge-patch its status) on the standard library's HTTP
+    client, over the operator's `Connection`: the pod's service account in a Job, a kubeconfig elsewhere. The
+    benchmark image then carries no Kubernetes client, and the bench installs nothing beyond the operator's
+    own dependencies."""
+
+    def __init__(self, connection: Connection, timeout_s: float = REQUEST_TIMEOUT_S) -> None:
+        self.connection = connection
+        self.timeout_s = timeout_s
+        handlers: list[urllib.request.BaseHandler] = [urllib.request.ProxyHandler(
+            {"http": connection.proxy, "https": connection.proxy} if connection.proxy else {})]
+        context = connection.ssl_context()
+        if context:
+            handlers.append(urllib.request.HTTPSHandler(context=context))
+        self._opener = urllib.request.build_opener(*handlers)
+
+    @classmethod
+    def load(cls, kubeconfig: str | None = None) -> ProfileApi:
+        """From `kubeconfig` when given (tests, laptops), else the pod's service account, else KUBECONFIG or
+        ~/.kube/config."""
         try:
-            config.load_incluster_config()
-        except config.ConfigException:
-            config.load_kube_config()
-    return client.CustomObjectsApi()
+            return cls(Connection.load(kubeconfig))
+        except ConfigError as err:
+            raise PublishError(f"cannot reach the Kubernetes API: {err}") from None
+
+    def _path(self, namespace: str, name: str, subresource: str = "") -> str:
+        quote = urllib.parse.quote
+        path = f"/apis/{GROUP}/{VERSION}/namespaces/{quote(namespace, safe='')}/{PLURAL}/{quote(name, safe='')}"
+        return f"{path}/{subresource}" if subresource else path
+
+    def _call(self, method: str, path: str, body: Any = None, content_type: str = "application/json") -> dict:
+        headers = {"Accept": "application/json", **self.connection.headers()}
+        data = None
+        if body is not None:
+            data = json.dumps(body, allow_nan=False).encode()
+            headers["Content-Type"] = content_type
+        request = urllib.request.Request(self.connection.server + path, data=data, method=method, headers=headers)
+        try:
+            with self._opener.open(request, timeout=self.timeout_s) as response:
+                return json.loads(response.read() or b"{}")
+        except urllib.error.HTTPError as err:
+            text = err.read(MAX_ERROR_BODY).decode("utf-8", "replace")
+            raise ApiError(err.code, str(err.reason), text) from None
+
+    def get(self, namespace: str, name: str) -> dict[str, Any]:
+        return self._call("GET", self._path(namespace, name))
+
+    def patch_status(self, namespace: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        """A JSON merge patch of the status subresource (a resourceVersion in `body` makes it conditional)."""
+        return self._call("PATCH", self._path(namespace, name, "status"), body, "application/merge-patch+json")
 
 
 def _retrying(what: str, call, attempts: int = 8, base_delay_s: float = 0.5):
-    from kubernetes.client.exceptions import ApiException
-    from urllib3.exceptions import HTTPError
-
     attempt = 0
     while True:
         attempt += 1
         try:
             return call()
-        except ApiException as exc:
+        except ApiError as exc:
             if exc.status not in RETRYABLE_STATUS or attempt >= attempts:
                 raise PublishError(f"{what}: HTTP {exc.status} {exc.reason}: {(exc.body or '')[:500]}") from exc
             reason = f"HTTP {exc.status}"
-        except (HTTPError, OSError) as exc:
+        except (OSError, http.client.HTTPException, ValueError) as exc:
+            # OSError: refused, reset, timed out (URLError is one); ValueError: a body that is not JSON.
             if attempt >= attempts:
                 raise PublishError(f"{what}: {exc}") from exc
-            reason = str(exc)
+            reason = str(exc) or type(exc).__name__
         delay = min(30.0, base_delay_s * 2 ** (attempt - 1)) * (0.5 + random.random())
         print(f"[specpilot-bench] {what} failed ({reason}); retry {attempt}/{attempts - 1} in {delay:.1f} s",
               file=sys.stderr, flush=True)
@@ -77,7 +129,7 @@ def _retrying(what: str, call, attempts: int = 8, base_delay_s: float = 0.5):
 class ProfileStore:
     """One SpeculationProfile object in the API."""
 
-    def __init__(self, api, name: str, namespace: str, append: bool = False, token: str | None = None) -> None:
+    def __init__(self, api: ProfileApi, name: str, namespace: str, append: bool = False, token: str | None = None) -> None:
         self.api = api
         self.name = name
         self.namespace = namespace
@@ -92,7 +144,7 @@ class ProfileStore:
         """Append mode: per K, this process's points already appended."""
 
     def _get(self) -> dict[str, Any]:
-        return self.api.get_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, self.name)
+        return self.api.get(self.namespace, self.name)
 
     def read(self) -> SpeculationProfile:
         """The profile as stored (its spec says what to measure)."""
@@ -120,7 +172,7 @@ class ProfileStore:
             if version:
                 # Optimistic concurrency: a writer in between makes the API answer 409, and we merge again.
                 body["metadata"] = {"resourceVersion": version}
-            self.api.patch_namespaced_custom_object_status(GROUP, VERSION, self.namespace, PLURAL, self.name, body)
+            self.api.patch_status(self.namespace, self.name, body)
             return merged
 
         published = _retrying(f"patch {PLURAL}/{self.name}/status in {self.namespace}", attempt)

@@ -120,10 +120,10 @@ class FakeApi:
         self.obj = {"metadata": {"resourceVersion": "1"}, "status": status}
         self.patches = 0
 
-    def get_namespaced_custom_object(self, *args):
+    def get(self, namespace, name):
         return self.obj
 
-    def patch_namespaced_custom_object_status(self, group, version, namespace, plural, name, body):
+    def patch_status(self, namespace, name, body):
         self.patches += 1  # a merge patch, as the API server applies it
         self.obj = {"metadata": {"resourceVersion": str(self.patches + 1)},
                     "status": {**self.obj["status"], **body["status"]}}

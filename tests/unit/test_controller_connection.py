@@ -17,7 +17,7 @@ from aiohttp import web
 
 from specpilot.controller import connection as connection_module
 from specpilot.controller.connection import ConfigError, Connection
-from specpilot.controller.kube import Kube, NotFound, Refused, Unreachable
+from specpilot.controller.kube import Kube, NotFound, Refused, Unreachable, kopf_connection_info
 
 
 def b64(text: str | bytes) -> str:
@@ -53,7 +53,7 @@ def test_the_current_context_or_the_one_named_with_files_relative_to_the_kubecon
     assert prod.bearer() == "from-a-file"
     assert prod.headers() == {"Authorization": "Bearer from-a-file"}
     assert prod.default_namespace == "team-a"
-    assert prod.kopf_connection_info().token == "from-a-file"
+    assert kopf_connection_info(prod).token == "from-a-file"
 
     dev = Connection.load(str(path), "dev")
     assert dev.insecure and dev.bearer() == "inline"

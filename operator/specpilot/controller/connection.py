@@ -1,7 +1,8 @@
 """Where the API server is and how to authenticate: a kubeconfig (file and context) or the pod's service account.
 
 Read here without the official Kubernetes client: importing it costs the operator about 20 MiB of RSS (its
-generated model classes), and its blocking transport needs a thread per request in flight. The fields read are
+generated model classes), and its blocking transport needs a thread per request in flight. Nor kopf: the benchmark
+Job's status write (specpilot_bench.publish) connects through this module too. The fields read are
 the ones a kubeconfig for a cluster's API server carries: the server, its CA (file or data), TLS verification
 off, a client certificate and key (file or data), a bearer token (inline or a file re-read as it rotates), basic
 auth. A user who authenticates through an `exec` plugin or an `auth-provider` (cloud CLIs: EKS, GKE, AKS) is
@@ -189,16 +190,6 @@ class Connection:
             with _as_files(self.cert_path, self.cert_data, self.key_path, self.key_data) as (cert, key):
                 context.load_cert_chain(cert, key)
         return context
-
-    def kopf_connection_info(self) -> Any:
-        import kopf
-
-        return kopf.ConnectionInfo(
-            server=self.server, ca_path=self.ca_path, ca_data=self.ca_data.encode() if self.ca_data else None,
-            insecure=self.insecure, username=self.username, password=self.password, token=self.bearer(),
-            certificate_path=self.cert_path, certificate_data=self.cert_data.encode() if self.cert_data else None,
-            private_key_path=self.key_path, private_key_data=self.key_data.encode() if self.key_data else None,
-            default_namespace=self.default_namespace, proxy_url=self.proxy)
 
 
 class _as_files:

@@ -26,7 +26,7 @@ from ..api.base import Condition
 from ..api.sanitize import bounded_status
 from ..manifests.names import LABEL_MANAGED_BY, LABEL_PROFILE, MANAGED_BY, label_value
 from . import desired
-from .kube import Refused, Unreachable
+from .kube import Refused, Unreachable, kopf_connection_info
 from .profile_index import Packed, bounded, pack
 from .reconcile import Context, reconcile
 
@@ -182,7 +182,7 @@ def register(registry: kopf.OperatorRegistry, ctx: Context, *, peering: bool) ->
 
     @kopf.on.login(registry=registry)
     def login(**_: Any) -> kopf.ConnectionInfo:
-        return ctx.connection.kopf_connection_info()
+        return kopf_connection_info(ctx.connection)
 
     @kopf.index("", "v1", "nodes", id="nodes_index", registry=registry)
     def nodes_index(body: kopf.Body, name: str, **_: Any) -> dict[str, dict]:

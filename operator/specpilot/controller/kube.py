@@ -68,6 +68,19 @@ MAX_APPLIED_REMEMBERED = 20_000
 _UNKNOWN: Any = object()
 
 
+def kopf_connection_info(connection: Connection) -> kopf.ConnectionInfo:
+    """kopf's login from the same Connection our own calls use."""
+    return kopf.ConnectionInfo(
+        server=connection.server, ca_path=connection.ca_path,
+        ca_data=connection.ca_data.encode() if connection.ca_data else None, insecure=connection.insecure,
+        username=connection.username, password=connection.password, token=connection.bearer(),
+        certificate_path=connection.cert_path,
+        certificate_data=connection.cert_data.encode() if connection.cert_data else None,
+        private_key_path=connection.key_path,
+        private_key_data=connection.key_data.encode() if connection.key_data else None,
+        default_namespace=connection.default_namespace, proxy_url=connection.proxy)
+
+
 def contains(live: Any, wanted: Any) -> bool:
     """Whether `live` (an object as the API server returns it) holds every field `wanted` sets, with the same
     value. The server's own additions (defaults, status, managedFields) are allowed; a list must have the same
