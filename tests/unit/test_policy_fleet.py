@@ -137,6 +137,21 @@ def test_infeasible_demand_runs_everything_and_says_so():
     assert "exceeds what every allowed replica holds" in result.reason
 
 
+@pytest.mark.parametrize("routing", list(Routing))
+def test_infeasible_demand_pays_for_no_pool_that_cannot_meet_the_slo(routing):
+    """Demand above every pool's maximum: the pools that can hold the SLO run at their maximum; one that cannot
+    meet it at any load (TPOT above the SLO from one request on) stays at its minimum, not at its maximum."""
+    slow = pool("l40s", 1.0, base_ms=40.0, slope=0.05, lo=0, hi=12)
+    pools = [*fleet(a100={"hi": 2}, h100={"hi": 2}, h200={"hi": 2}), slow]
+    result = plan(pools, 1e7, routing)
+    assert not result.slo_feasible
+    assert [p.replicas for p in result.pools] == [2, 2, 2, 0]
+    assert result.pool("l40s").share == 0.0
+    assert "not l40s: it cannot meet the SLO at any load" in result.reason
+    floor = plan([*pools[:3], dataclasses.replace(slow, min_replicas=1)], 1e7, routing)
+    assert floor.pool("l40s").replicas == 1  # minReplicas is the user's floor, kept
+
+
 def test_pool_without_profiles_keeps_its_replicas_and_its_even_share():
     pools = fleet(h200={"current": 2})
     unprofiled = FleetPool("l40s", 1.0, 1, 1, 4, (), current_replicas=2, held_replicas=2)

@@ -422,6 +422,13 @@ def _grow(planned: Sequence[_Planned], incumbent: Sequence[int], placed_demand: 
             else _plan_service(floor, total, held_count))
 
 
+def _serve_the_most(planned: Sequence[_Planned]) -> list[int]:
+    """Demand beyond what every allowed replica holds within the SLO: every pool that can hold the SLO at all runs
+    at its maximum, and a pool that cannot (no SLO-feasible concurrency: it would carry requests that all miss, or
+    under gateway routing none at all) stays at its minimum instead of being paid for nothing."""
+    return [p.hi if p.capacity > 0 else p.lo for p in planned]
+
+
 def even_split_replicas(planned_pools: Sequence[FleetPool], demand: FleetDemand, settings: FleetSettings
                         ) -> dict[str, int]:
     """Today's behaviour, for comparison: one Service (even per-pod split) and every pool scaled alone on the
@@ -476,7 +483,7 @@ def plan_fleet(pools: Sequence[FleetPool], demand: FleetDemand, settings: FleetS
                else _plan_service(planned, total, held_count))
     feasible = optimum is not None
     if optimum is None:
-        optimum = [p.hi for p in planned]
+        optimum = _serve_the_most(planned)
     incumbent = [previous.replicas.get(p.pool.name) for p in planned]
     kept = False
     if feasible and planned and all(n is not None for n in incumbent):
@@ -596,7 +603,10 @@ def _reason(placements: Sequence[PoolPlacement], total: float, cost_per_mtok: fl
     head = (f"fleet ${cost_per_mtok:.3f}/Mtok at {total:.0f} tok/s ({settings.routing.value} routing)"
             if cost_per_mtok is not None else f"no demand ({settings.routing.value} routing)")
     if not feasible:
-        head += "; the demand exceeds what every allowed replica holds within the SLO: running all of them"
+        idle = [p.name for p in placements if p.planned and (p.capacity_tokens_per_second or 0) <= 0]
+        head += ("; the demand exceeds what every allowed replica holds within the SLO: every pool that can meet "
+                 "it runs at its maximum" + (f" (not {', '.join(idle)}: it cannot meet the SLO at any load, so it "
+                                            "stays at its minimum)" if idle else ""))
     elif kept:
         head += f"; previous placement kept (within {settings.min_gain_percent:g}% of the optimum)"
     ordered = sorted(placements, key=lambda p: -p.share)
