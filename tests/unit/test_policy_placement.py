@@ -124,6 +124,22 @@ def test_unprofiled_pool_keeps_its_own_replicas():
     assert outcome.replicas["h200"] == 2 and not outcome.plan.pool("h200").planned
 
 
+def test_a_joining_pool_takes_no_share_until_a_pod_of_it_is_ready():
+    """Under one Service a pool's share is its ready pods' part: a GPU type that just joined (its Deployment
+    not created yet, so the reconciliation passes 0 ready) leaves the others' shares where they were, and
+    takes its share once its first pod is ready, not a share that comes and goes with its Deployment."""
+    statuses = [status("a100", 14.0, 0.02, 3000.0), status("h100", 8.0, 0.012, 3000.0),
+                status("h200", 7.0, 0.01, 0.0, profiled=False)]
+    joining = members(statuses)
+    joining[2] = dataclasses.replace(joining[2], current_replicas=None, ready_replicas=0)
+    outcome = place_fleet(spec(), joining, None, T0)
+    before = {p.name: p.share for p in place_fleet(spec(), joining[:2], None, T0).plan.pools}
+    assert outcome.plan.pool("h200").share == 0.0
+    assert {p.name: p.share for p in outcome.plan.pools if p.name != "h200"} == before
+    joining[2] = dataclasses.replace(joining[2], current_replicas=1, ready_replicas=1)
+    assert place_fleet(spec(), joining, None, T0).plan.pool("h200").share > 0.0
+
+
 def test_nothing_is_placed_without_load_price_or_a_second_pool():
     quiet = [PoolStatus(name=n, sku=n.upper()) for n in ("a100", "h100")]
     outcome = place_fleet(spec(), members([*quiet, status("h200", 7, 0.01)])[:2], None, T0)

@@ -365,12 +365,14 @@ def _place_fleet(ctx: Context, spec: SpeculativeDeploymentSpec,
     for view, previous, step in steps:
         current = step.current or {}
         replicas = (current.get("spec") or {}).get("replicas")
-        ready = (current.get("status") or {}).get("readyReplicas") if step.current is not None else None
+        # A pool whose Deployment does not exist yet (a GPU type that just joined) serves nothing: 0 ready, not
+        # unknown, or its replicas would take a share of the Service's traffic before any pod of it is ready.
+        ready = (current.get("status") or {}).get("readyReplicas")
         serve = step.outcome.serve
         members.append(FleetMember(
             spec=view.pool, status=step.pool, previous=previous, price_per_gpu_hour=_price(ctx, spec, view),
             gpus_available=_allocatable_gpus(view, by_name), current_replicas=int(replicas) if replicas is not None
-            else None, ready_replicas=int(ready or 0) if step.current is not None else None,
+            else None, ready_replicas=int(ready or 0),
             per_pool_replicas=serve.replicas if serve is not None and serve.replicas is not None
             else step.pool.desired_replicas))
     outcome = place_fleet(spec, members, old.fleet, now, routing)
