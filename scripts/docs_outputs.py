@@ -4,7 +4,7 @@ Each generated block sits between cog markers (HTML comments, so nothing of them
 `shown(...)` here; cog replaces the fenced block under the markers with what the command prints now.
 Regenerate every block after a change that moves an output (from the repository root, in the venv):
 
-    python -m cogapp -r -I scripts README.md docs/simulate.md docs/profiles.md
+    python -m cogapp -r -I scripts README.md docs/demo.md docs/simulate.md docs/profiles.md
 
 `python scripts/docs_outputs.py` runs the same, and `python scripts/docs_outputs.py --check` what
 tests/unit/test_docs_generated.py runs in the suite (`cog --check`: a block that no longer matches fails).
@@ -25,7 +25,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 # the files with generated blocks, as cog is given them
-GENERATED = ("README.md", "docs/simulate.md", "docs/profiles.md")
+GENERATED = ("README.md", "docs/demo.md", "docs/simulate.md", "docs/profiles.md")
 COG_ARGS = ("-I", "scripts")
 WALL_TIME = re.compile(r"\(\d+(?:\.\d+)? s\)")
 WALL_TIME_SHOWN = "(N.N s)"

@@ -1,7 +1,7 @@
 """The printed outputs README.md and docs/*.md show are what the commands print now (issue 28).
 
 Each is a cog block (scripts/docs_outputs.py runs the real command line); `cog --check` fails when one has
-drifted. Regenerate them with `python -m cogapp -r -I scripts README.md docs/simulate.md docs/profiles.md`.
+drifted. Regenerate them with `python -m cogapp -r -I scripts README.md docs/demo.md docs/simulate.md docs/profiles.md`.
 Slow (the default `specpilot simulate` and `--fleet default` run once each, about a minute together), but not
 skipped: scripts/test.sh runs every mark.
 """
