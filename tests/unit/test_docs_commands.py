@@ -186,3 +186,38 @@ def test_a_mistyped_example_path_is_not_a_placeholder():
     assert not set(missing_names(argv)) & set(PLACEHOLDERS)
     assert argv_of("specpilot validate [--operator-config values.yaml] FILE... | head") == [
         "validate", "--operator-config", "values.yaml", "FILE..."]
+
+
+def _commands_table() -> list[str]:
+    """The first cell's code of each row of the README's `## Commands` table."""
+    text = (REPO / "README.md").read_text()
+    assert "\n## Commands\n" in text, "README has no Commands section"
+    section = text.split("\n## Commands\n", 1)[1].split("\n## ", 1)[0]
+    return [match.group(1) for line in section.splitlines()
+            if (match := re.match(r"\|\s*`([^`]+)`\s*\|", line))]
+
+
+def test_the_readme_commands_table_names_real_commands(capsys):
+    """Each row of the README's Commands table is a console script of the distribution, and each `specpilot`
+    row a subcommand (its --help runs) or, for `specpilot --version`, a flag that prints the version."""
+    import tomllib
+
+    scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+    rows = _commands_table()
+    assert "specpilot --version" in rows and "specpilot run" in rows, rows
+    for row in rows:
+        argv = shlex.split(row)
+        assert argv[0] in scripts, f"README Commands: `{row}`: {argv[0]} is not a console script ({sorted(scripts)})"
+        if argv[0] != "specpilot":
+            continue
+        if argv[1:] == ["--version"]:
+            assert run(["--version"]) == 0
+            out = capsys.readouterr().out
+            assert re.fullmatch(r"specpilot \S+\n", out), f"`specpilot --version` printed {out!r}"
+            continue
+        assert run([argv[1], "--help"]) == 0, f"README Commands: `{row}`: no subcommand {argv[1]}"
+        usage = capsys.readouterr().out
+        for option in {token.strip("[]") for token in argv[2:] if token.strip("[]").startswith("--")}:
+            assert re.search(rf"(?<![\w-]){re.escape(option)}(?![\w-])", usage), (
+                f"README Commands: `{row}`: `specpilot {argv[1]}` has no option {option}")
+

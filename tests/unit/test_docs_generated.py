@@ -36,6 +36,22 @@ def test_every_file_with_cog_markers_is_checked():
     assert marked == set(docs_outputs.GENERATED)
 
 
+def test_the_known_blocks_are_where_the_docs_say():
+    """Each output the docs show is still generated, in the file that now holds it (the demo's options moved
+    from the README to docs/demo.md with the rest of the demo's page)."""
+    expected = {
+        "README.md": ['shown("specpilot plan --profile examples/speculationprofile-h100-baseline.yaml'],
+        "docs/demo.md": ['shown("specpilot demo --help")'],
+        "docs/simulate.md": ['shown("specpilot simulate", in_repo=False)',
+                             'shown("specpilot simulate --fleet default", in_repo=False)'],
+        "docs/profiles.md": ["refine_example()"],
+    }
+    for name, calls in expected.items():
+        code = "\n".join(re.findall(r"<!-- \[\[\[cog\n(.*?)\]\]\] -->", (REPO / name).read_text(), flags=re.S))
+        for call in calls:
+            assert call in code, f"{name}: no generated block calls {call}"
+
+
 def test_generated_text_has_no_host_dependent_wall_time():
     shown = docs_outputs.WALL_TIME.sub(docs_outputs.WALL_TIME_SHOWN, "fixed policy  (23.4 s)\nfleet  (61 s)")
     assert shown == f"fixed policy  {docs_outputs.WALL_TIME_SHOWN}\nfleet  {docs_outputs.WALL_TIME_SHOWN}"
