@@ -9,10 +9,13 @@ import faulthandler
 import json
 import logging
 import os
+import re
 import signal
 import sys
 import threading
+import time
 from datetime import UTC, datetime
+from urllib.parse import urlsplit
 
 
 class JsonFormatter(logging.Formatter):
@@ -44,6 +47,78 @@ def configure_logging(fmt: str, verbose: bool) -> None:
     root.setLevel(logging.DEBUG if verbose else logging.INFO)
     for noisy in ("kubernetes.client.rest", "urllib3", "aiohttp.access"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+class UnreachableServerLines(logging.Filter):
+    """One line per attempt to reach an API server that does not answer, naming the server, the cause, the next
+    try and the fix. kopf logs each failed attempt as `Request attempt #2/9 failed; will retry: GET https://...
+    -> ClientConnectorError(ConnectionKey(...eight fields...), ConnectionRefusedError(...))`, once for each
+    request in flight (its /api and /apis lookups: the same attempt twice), and when it gives up, the error with
+    its chained tracebacks. Set on the log handler, so every kopf logger's records pass through it; any other
+    record, and any other error (an HTTP error, a TLS failure), passes unchanged; an unreachable server's error
+    logged with its traceback (kopf's task that gave up, asyncio's report of a request left behind) keeps only
+    what failed and the cause."""
+
+    ATTEMPT = re.compile(r"Request attempt #(?P<n>\d+)(?:/(?P<of>\d+))? failed; (?P<then>will retry|escalating): "
+                         r"(?P<method>[A-Z]+) (?P<url>\S+) -> (?P<error>\w+)\((?P<detail>.*)", re.S)
+    REPEAT_S = 2.0
+    """The same line again within this long (another request's identical attempt) is dropped."""
+
+    def __init__(self, server: str, fix: str, backoffs: tuple[float, ...]) -> None:
+        super().__init__()
+        self.server, self.fix, self.backoffs = server.rstrip("/"), fix, backoffs
+        self._last: dict[str, float] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from .kube import UNREACHABLE_ERRORS, is_unreachable, unreachable_cause
+
+        match = self.ATTEMPT.match(str(record.msg)) if record.name.startswith("kopf") and not record.args else None
+        if match and match["error"] in UNREACHABLE_ERRORS:
+            cause = unreachable_cause(f"{match['error']}({match['detail']}")
+            n = int(match["n"])
+            if match["then"] == "will retry":
+                of = f" of {match['of']}" if match["of"] else ""
+                delay = f" in {self.backoffs[n - 1]:g}s" if n <= len(self.backoffs) else ""
+                then, level = f"retrying{delay} (attempt {n}{of})", logging.WARNING
+            else:
+                then, level = f"giving up after {n} attempts", logging.ERROR
+            text = f"{self.unreachable(match['url'], cause)}; {then}; {self.fix}"
+        elif record.exc_info and is_unreachable(exc := record.exc_info[1]):
+            # A task that gave up on it (kopf's observer; asyncio's report of the request it left behind): the
+            # attempts above said why, so what failed and the cause, without the chained tracebacks.
+            what = record.getMessage().splitlines()[0].split(":")[0]
+            cause = unreachable_cause(f"{exc!r} {exc.__cause__!r}")
+            text, level = f"{what}: {self.unreachable(self.server, cause)}", record.levelno
+        else:
+            return True
+        now = time.monotonic()
+        if now - self._last.get(text, float("-inf")) < self.REPEAT_S:
+            return False
+        if len(self._last) > 64:
+            self._last.clear()
+        self._last[text] = now
+        record.msg, record.args, record.exc_info, record.exc_text = text, (), None, None
+        record.levelno, record.levelname = level, logging.getLevelName(level)
+        return True
+
+    def unreachable(self, url: str, cause: str) -> str:
+        """`cannot reach the Kubernetes API server at SERVER (CAUSE)`: the connection's server, or the URL's."""
+        if url == self.server or url.startswith(self.server + "/"):
+            url = self.server  # with its path, where a proxy serves the API below one
+        else:
+            parts = urlsplit(url)
+            url = f"{parts.scheme}://{parts.netloc}"
+        return f"cannot reach the Kubernetes API server at {url} ({cause})"
+
+
+def unreachable_fix(kubeconfig: str | None, context: str | None) -> str:
+    """What to check when the API server does not answer: the kubeconfig's server and context, or in a pod
+    (no kubeconfig given, as Connection.load decides) the pod's way to the API server."""
+    if not (kubeconfig or context or os.environ.get("KUBECONFIG")) and os.environ.get("KUBERNETES_SERVICE_HOST"):
+        return ("check that the control plane is up and that the pod may reach it (KUBERNETES_SERVICE_HOST, a "
+                "NetworkPolicy's egress)")
+    return ("check the kubeconfig's server and context (--kubeconfig, --context; `kubectl cluster-info` uses the "
+            "same), or that the cluster is up")
 
 
 def cluster_unreachable_message(kubeconfig: str | None, err: Exception) -> str:
@@ -377,19 +452,34 @@ def cmd_run(args: argparse.Namespace) -> int:
     registry = kopf.OperatorRegistry()
     peering = args.peering is not None
     register_handlers(registry, ctx, peering=peering)
+    backoffs = kopf.OperatorSettings().networking.error_backoffs  # what kopf waits between attempts
+    backoffs = tuple(backoffs) if isinstance(backoffs, (list, tuple)) else ()
+    lines = UnreachableServerLines(connection.server, unreachable_fix(args.kubeconfig, args.context), backoffs)
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(lines)
     logging.getLogger("specpilot").info(
         "specpilot operator starting: namespaces=%s peering=%s server=%s",
         ",".join(args.namespace) or "all", args.peering or "standalone", connection.host)
-    kopf.run(
-        registry=registry,
-        standalone=not peering,
-        peering_name=args.peering,
-        clusterwide=args.all_namespaces or not args.namespace,
-        namespaces=args.namespace,
-        liveness_endpoint=f"http://{_host(args.liveness_address)}:{args.liveness_port}/healthz"
-        if args.liveness_port else None,
-        memo=ctx,
-    )
+    try:
+        kopf.run(
+            registry=registry,
+            standalone=not peering,
+            peering_name=args.peering,
+            clusterwide=args.all_namespaces or not args.namespace,
+            namespaces=args.namespace,
+            liveness_endpoint=f"http://{_host(args.liveness_address)}:{args.liveness_port}/healthz"
+            if args.liveness_port else None,
+            memo=ctx,
+        )
+    except Exception as exc:
+        from .kube import is_unreachable, unreachable_cause
+
+        if not is_unreachable(exc):
+            raise
+        # kopf gave up after its retries, each logged in one line above: the same, not a traceback
+        cause = unreachable_cause(f"{exc!r} {exc.__cause__!r}")
+        raise SystemExit(f"specpilot run: {lines.unreachable(connection.server, cause)}; gave up after kopf's "
+                         f"retries; {lines.fix}") from None
     return 0
 
 

@@ -127,6 +127,41 @@ class Unreachable(kopf.TemporaryError):
     """No answer from the API server (connection refused or reset, a timeout)."""
 
 
+UNREACHABLE_ERRORS = frozenset({
+    "ClientConnectorError", "ClientConnectorDNSError", "ClientOSError", "ServerDisconnectedError",
+    "ServerTimeoutError", "ConnectionTimeoutError", "SocketTimeoutError", "TimeoutError", "ConnectionRefusedError",
+    "ConnectionResetError"})
+"""Names of the errors (aiohttp's and the OS's) that mean no answer came from the API server. A TLS error is not
+among them: the server answered, with a certificate the kubeconfig does not trust (kopf logs it as it is)."""
+
+
+def is_unreachable(exc: BaseException | None) -> bool:
+    """Whether `exc` says the API server could not be reached (not that it answered with an error)."""
+    if isinstance(exc, (aiohttp.ClientSSLError, aiohttp.ClientResponseError)):
+        return False
+    return isinstance(exc, (Unreachable, aiohttp.ClientConnectionError, asyncio.TimeoutError, ConnectionError))
+
+
+def unreachable_cause(text: str) -> str:
+    """Why the API server could not be reached, in a few words, from an error's repr (with its cause's): aiohttp's
+    own is a ConnectionKey with eight fields before the reason."""
+    causes = (
+        (("ConnectionRefusedError", "Errno 111", "Errno 61"), "connection refused"),
+        (("ClientConnectorDNSError", "gaierror", "Name or service not known", "nodename nor servname",
+          "Temporary failure in name resolution"), "its host name does not resolve"),
+        (("No route to host", "Errno 113"), "no route to host"),
+        (("Network is unreachable", "Errno 101"), "network unreachable"),
+        (("ConnectionResetError", "Connection reset"), "connection reset"),
+        (("ServerDisconnectedError",), "it closed the connection"),
+        (("Timeout", "timed out"), "timed out"),
+        (("Certificate", "CERTIFICATE", "SSL"), "TLS failed: check the kubeconfig's certificate-authority"),
+    )
+    for needles, cause in causes:
+        if any(needle in text for needle in needles):
+            return cause
+    return "no connection"
+
+
 class Refused(Exception):
     """The API server answered a request with a client error other than 404/409 (a 422 for a value the
     schema or a webhook refuses, a 413 for a body too large, a 403 for a missing permission): retrying the
@@ -211,7 +246,9 @@ class Kube:
                     proxy=self._connection.proxy, **extra) as response:
                 status, text = response.status, await response.read()
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
-            raise Unreachable(f"API server unreachable on {method} {path} ({type(exc).__name__})", delay=5) from exc
+            cause = unreachable_cause(f"{exc!r} {exc.__cause__!r}")
+            raise Unreachable(f"cannot reach the Kubernetes API server at {self._connection.server} ({cause}) on "
+                              f"{method} {path}", delay=5) from exc
         if status == 404:
             raise NotFound(f"{method} {path}: not found")
         if status == 409:
