@@ -307,8 +307,30 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def installed_version() -> str:
+    """The installed `specpilot` distribution's version (what pip and the image installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("specpilot")
+    except PackageNotFoundError:  # imported from a source tree nothing installed
+        return "unknown (not installed: pip install -e . in the checkout)"
+
+
+class _VersionAction(argparse.Action):
+    """`--version`: looks the version up only when asked (the metadata lookup reads the install's files)."""
+
+    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS, **kwargs) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        print(f"specpilot {installed_version()}")
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specpilot", description=__doc__)
+    parser.add_argument("--version", action=_VersionAction, help="print the installed version and exit")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("crds", help="write crds/*.yaml (and the chart's copy) from the API models")

@@ -100,6 +100,15 @@ def test_malloc_arenas_are_capped_unless_the_environment_says_otherwise(monkeypa
     assert cli.limit_malloc_arenas() is False and len(calls) == 1
 
 
+def test_version_prints_the_installed_distributions_version() -> None:
+    from importlib.metadata import version
+
+    done = _specpilot("--version")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == f"specpilot {version('specpilot')}\n"
+    assert done.stderr == ""
+
+
 # ----- an API server that does not answer: one line per retry, not aiohttp's tracebacks -----
 
 def _free_port() -> int:
