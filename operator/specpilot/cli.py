@@ -110,37 +110,38 @@ def _yaml_error(path: Path | str, exc: yaml.YAMLError) -> InputError:
 
 
 YAML_SUFFIXES = (".yaml", ".yml", ".json")
-"""Files `validate` reads (JSON is YAML); other files met in a directory or a glob are named and skipped."""
+"""Files `validate` reads (JSON is YAML). A file named on the command line with another extension is an error;
+other files met in a directory or a quoted glob's matches are skipped silently."""
 
 
 def _expand_inputs(args: list[str]) -> tuple[list[Path], list[str]]:
     """The files to validate from the command line's arguments (a directory: the YAML files in it and below; a
-    quoted glob: its matches), and one line for each argument that names no file or a file that is not YAML."""
+    quoted glob: its YAML matches; a file: itself), and one error line for each argument that gives nothing to
+    check: a directory or glob without a YAML file, a file named with another extension than YAML's."""
     import glob
 
     files: list[Path] = []
-    notes: list[str] = []
+    errors: list[str] = []
+    suffixes = ", ".join(YAML_SUFFIXES)
     for arg in args:
         path = Path(arg)
         if path.is_dir():
-            found = sorted(p for p in path.rglob("*") if p.is_file())
-            yaml_files = [p for p in found if p.suffix.lower() in YAML_SUFFIXES]
-            if not yaml_files:
-                notes.append(f"{arg}: a directory with no YAML file (.yaml, .yml, .json) in it")
-            files += yaml_files
-            skipped = [str(p) for p in found if p not in yaml_files]
-            if skipped:
-                notes.append(f"skipped {', '.join(skipped[:10])}{' ...' if len(skipped) > 10 else ''}: not YAML "
-                             f"files (validate reads {', '.join(YAML_SUFFIXES)})")
-            continue
-        if not path.exists() and glob.has_magic(arg):
-            matches = sorted(Path(m) for m in glob.glob(arg, recursive=True) if Path(m).is_file())
-            if not matches:
-                notes.append(f"{arg}: matches no file")
-            files += matches
-            continue
-        files.append(path)
-    return files, notes
+            found = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in YAML_SUFFIXES)
+            if not found:
+                errors.append(f"{arg}: no YAML files ({suffixes}) in this directory or below")
+            files += found
+        elif not path.exists() and glob.has_magic(arg):
+            found = sorted(Path(m) for m in glob.glob(arg, recursive=True)
+                           if Path(m).is_file() and Path(m).suffix.lower() in YAML_SUFFIXES)
+            if not found:
+                errors.append(f"{arg}: matches no YAML file ({suffixes})")
+            files += found
+        elif path.suffix and path.suffix.lower() not in YAML_SUFFIXES and path.is_file():
+            errors.append(f"{arg}: not a YAML file (validate reads {suffixes}): name only resource files, or "
+                          f"their directory (its other files are skipped)")
+        else:
+            files.append(path)  # no extension, or one of YAML's: read as YAML (a missing file is said so)
+    return files, errors
 
 
 def load_operator_config(path: str):
@@ -256,9 +257,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
     typed models' cross-field rules, then the operator's tenancy bounds and Prometheus allow-list (its
     defaults, or the admin's with --operator-config).
 
-    One line per resource (`FILE: Kind/name: valid`, or its problems); a file that cannot be read, is not
-    YAML or holds no specpilot resource gets one line on stderr naming it; a file that is not YAML, met in a
-    directory or a glob, is named and skipped. Exit 1 if anything failed, 2 for an unusable --operator-config.
+    One line per resource (`FILE: Kind/name: valid`, or its problems); each argument that gives nothing to
+    check gets one line on stderr naming it and why (VALIDATE_EPILOG: the exit codes).
     """
     from .api.crd import all_crds
     from .config import OperatorConfig
@@ -270,17 +270,12 @@ def cmd_validate(args: argparse.Namespace) -> int:
         return 2
     crds = {c["spec"]["names"]["kind"]: c for c in all_crds().values()}
     kinds = " or ".join(sorted(crds))
-    failed = 0
-    files, notes = _expand_inputs(args.files)
-    for note in notes:
-        print(f"specpilot validate: {note}", file=sys.stderr)
-        failed += not note.startswith("skipped ")
+    files, errors = _expand_inputs(args.files)
+    for error in errors:
+        print(f"specpilot validate: {error}", file=sys.stderr)
+    failed = len(errors)
     for path in files:
         file = str(path)
-        if path.suffix and path.suffix.lower() not in YAML_SUFFIXES and path.is_file():
-            print(f"specpilot validate: skipped {file}: not a YAML file (validate reads {', '.join(YAML_SUFFIXES)})",
-                  file=sys.stderr)
-            continue
         try:
             docs = _load_documents(path)
         except InputError as exc:
@@ -328,6 +323,21 @@ class _VersionAction(argparse.Action):
         parser.exit()
 
 
+VALIDATE_EPILOG = """\
+what is read:
+  A file named on the command line is read as YAML (.yaml, .yml and .json files, and a file without an
+  extension); a file named with another extension is an error. In a directory (and below) or a quoted
+  glob's matches, only .yaml, .yml and .json files are read: others are skipped silently.
+
+exit status:
+  0  every resource is valid; warnings (a spec.metrics.prometheusUrl the operator would not read) do not fail
+  1  a resource is invalid or the operator would refuse it, or an argument gives nothing to check: a missing
+     or unreadable file, a file that is not YAML or does not parse, a file with no specpilot resource, a
+     directory or quoted glob with no YAML file; each is one line on stderr naming it and why
+  2  --operator-config cannot be used, or the command line is wrong
+"""
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specpilot", description=__doc__)
     parser.add_argument("--version", action=_VersionAction, help="print the installed version and exit")
@@ -339,9 +349,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_crds)
 
     p = sub.add_parser("validate", help="validate SpeculativeDeployment/SpeculationProfile files offline, as the API "
-                                        "server and the operator would")
+                                        "server and the operator would",
+                       description="Validate SpeculativeDeployment and SpeculationProfile files offline, as the "
+                                   "API server\n(CRD schema and CEL rules) and the operator (its tenancy bounds and "
+                                   "Prometheus allow-list) would.",
+                       epilog=VALIDATE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("files", nargs="+", help="YAML files (several documents each allowed), directories (their YAML "
-                                            "files) or quoted globs")
+                                            "files, below too) or quoted globs")
     p.add_argument("--operator-config", metavar="FILE",
                    help="the operator config whose tenancy bounds apply: the chart's values file (its config:) or "
                         "the operator's config file (default: the operator's defaults)")

@@ -72,10 +72,14 @@ def test_empty_file(capsys, tmp_path, text):
     assert one_line(err) == f"specpilot validate: no resources found in {path}"
 
 
-def test_a_directory_without_yaml_files(capsys, tmp_path):
-    code, _, err = run(capsys, tmp_path)
-    assert code != 0
-    assert one_line(err) == f"specpilot validate: {tmp_path}: a directory with no YAML file (.yaml, .yml, .json) in it"
+@pytest.mark.parametrize("others", [[], ["histogram.csv", "notes.txt"]], ids=["empty", "no-yaml"])
+def test_a_directory_without_yaml_files_is_an_error(capsys, tmp_path, others):
+    for name in others:
+        write(tmp_path, name, "concurrency,share\n")
+    code, out, err = run(capsys, tmp_path)
+    assert code == 1 and out == []
+    assert one_line(err) == (f"specpilot validate: {tmp_path}: no YAML files (.yaml, .yml, .json) in this directory "
+                             f"or below")
 
 
 def test_not_utf8(capsys, tmp_path):
@@ -195,27 +199,62 @@ def test_console_script_prints_no_traceback(tmp_path):
 
 # ----- directories, globs and files that are not YAML (issue 28) -----
 
-def test_a_directory_is_validated_file_by_file_and_other_files_are_named(capsys, tmp_path):
+def test_a_directory_is_validated_file_by_file_and_other_files_are_skipped_silently(capsys, tmp_path):
     write(tmp_path, "a.yaml", MINIMAL)
     (tmp_path / "sub").mkdir()
     write(tmp_path / "sub", "b.yml", MINIMAL)
     write(tmp_path, "histogram.csv", "concurrency,share\n1,0.5\n")
+    write(tmp_path / "sub", "README", "not a resource\n")
     code, out, err = run(capsys, tmp_path)
     assert code == 0, out + err
     assert out == [f"{tmp_path / 'a.yaml'}: SpeculativeDeployment/llama-8b: valid",
                    f"{tmp_path / 'sub' / 'b.yml'}: SpeculativeDeployment/llama-8b: valid"]
-    assert one_line(err) == (f"specpilot validate: skipped {tmp_path / 'histogram.csv'}: not YAML files (validate "
-                             f"reads .yaml, .yml, .json)")
+    assert err == []
 
 
-def test_the_examples_folder_with_its_csv(capsys):
+def test_a_file_named_that_is_not_yaml_is_an_error(capsys, tmp_path):
+    csv = write(tmp_path, "histogram.csv", "concurrency,share\n1,0.5\n")
+    code, out, err = run(capsys, csv)
+    assert code == 1 and out == []
+    assert one_line(err) == (f"specpilot validate: {csv}: not a YAML file (validate reads .yaml, .yml, .json): name "
+                             f"only resource files, or their directory (its other files are skipped)")
+
+
+def test_a_file_named_without_an_extension_is_read_as_yaml(capsys, tmp_path):
+    good = write(tmp_path, "deployment", MINIMAL)
+    bad = write(tmp_path, "notes", "a: [\n")
+    code, out, err = run(capsys, good, bad)
+    assert code == 1
+    assert out == [f"{good}: SpeculativeDeployment/llama-8b: valid"]
+    assert one_line(err).startswith(f"specpilot validate: {bad}:2:1: not valid YAML")
+
+
+def test_the_examples_as_the_shell_expands_examples_star(capsys):
     files = sorted((REPO / "examples").iterdir())
     assert any(f.suffix == ".csv" for f in files)  # what the shell gives for examples/*
     code, out, err = run(capsys, *files)
-    assert code == 0, out + err
+    assert code == 1, out + err  # the CSV was named: an error, the others are still checked
     csv = next(f for f in files if f.suffix == ".csv")
-    assert err == [f"specpilot validate: skipped {csv}: not a YAML file (validate reads .yaml, .yml, .json)"]
-    assert sum(line.endswith(": valid") for line in out) == len(files) - 1
+    assert one_line(err).startswith(f"specpilot validate: {csv}: not a YAML file")
+    assert sum(": valid" in line for line in out) == len(files) - 1
+
+
+def test_the_examples_folder_skips_its_csv(capsys):
+    code, out, err = run(capsys, REPO / "examples")
+    assert code == 0 and err == [], out + err
+    assert sum(line.endswith(": valid") for line in out) == len(list((REPO / "examples").glob("*.yaml")))
+
+
+def test_the_help_documents_the_exit_status(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["validate", "--help"])
+    assert exit_.value.code == 0
+    text = capsys.readouterr().out
+    assert "skipped silently" in text
+    status = text[text.index("exit status:"):]
+    for code, what in (("0", "every resource is valid"), ("1", "not YAML or does not parse"),
+                       ("2", "--operator-config cannot be used")):
+        assert f"  {code}  " in status and what in " ".join(status.split()), status
 
 
 def test_a_quoted_glob_is_expanded(capsys, tmp_path):
@@ -223,8 +262,12 @@ def test_a_quoted_glob_is_expanded(capsys, tmp_path):
     write(tmp_path, "b.yaml", MINIMAL)
     code, out, _ = run(capsys, str(tmp_path / "*.yaml"))
     assert code == 0 and len(out) == 2
+    write(tmp_path, "c.csv", "concurrency,share\n")
+    code, out, err = run(capsys, str(tmp_path / "*"))
+    assert code == 0 and len(out) == 2 and err == []  # the glob found the CSV, not the user: skipped silently
     code, _, err = run(capsys, str(tmp_path / "*.json"))
-    assert code != 0 and one_line(err) == f"specpilot validate: {tmp_path / '*.json'}: matches no file"
+    assert code == 1 and one_line(err) == (f"specpilot validate: {tmp_path / '*.json'}: matches no YAML file (.yaml, "
+                                           f".yml, .json)")
 
 
 def test_an_unknown_field_gets_the_nearest_known_one(capsys, tmp_path):
