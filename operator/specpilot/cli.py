@@ -175,11 +175,12 @@ def load_operator_config(path: str):
 def _operator_refusals(doc: dict, config) -> tuple[list[str], list[str]]:
     """What the operator, run with `config`, would refuse in a SpeculativeDeployment the schema and the models
     accept: (what fails the resource: its tenancy bounds, Valid=False and nothing created; what it ignores: a
-    Prometheus URL not on the admin's allow-list, MetricsAvailable=False while the rest runs)."""
+    Prometheus URL neither on the admin's allow-list nor the operator's own prometheusUrl, MetricsAvailable=False
+    while the rest runs)."""
     from .api.deployment import SpeculativeDeploymentSpec
     from .api.gateway import gateway_problems
     from .api.tenancy import spec_problems
-    from .observe.allowlist import refusal
+    from .observe.allowlist import prometheus_url_refusal
 
     spec = SpeculativeDeploymentSpec.model_validate(doc.get("spec") or {})
     # Without metadata.namespace the resource lands in kubectl's current namespace: "default" when none is set.
@@ -188,12 +189,10 @@ def _operator_refusals(doc: dict, config) -> tuple[list[str], list[str]]:
                 for p in spec_problems(spec, config.tenancy, benchmark_image=config.benchmark_image)
                 + gateway_problems(spec, namespace, config.allowed_gateway_parents)]
     warnings = []
-    url = spec.metrics.prometheus_url
-    if spec.metrics.source == "prometheus" and url:
-        refused = refusal(url, config.allowed_prometheus_urls)
-        if refused:
-            warnings.append(f"warning: the operator would run it without reading its Prometheus (MetricsAvailable="
-                            f"False, PrometheusUrlNotAllowed): {refused}")
+    refused = prometheus_url_refusal(spec, config)  # the operator's own decision (controller/observation.py)
+    if refused:
+        warnings.append(f"warning: the operator would run it without reading its Prometheus (MetricsAvailable="
+                        f"False, PrometheusUrlNotAllowed): {refused}")
     return problems, warnings
 
 

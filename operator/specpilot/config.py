@@ -67,8 +67,8 @@ class OperatorConfig(ApiModel):
     """Default Prometheus base URL for resources that do not name one; empty = none."""
     allowed_prometheus_urls: list[str] = Field(default_factory=list, max_length=256)
     """Prometheus URLs a SpeculativeDeployment may name in spec.metrics.prometheusUrl: exact base URLs, or
-    prefixes ending in `/*` (same scheme, host and port; the path continues below the prefix). Empty: a
-    per-deployment URL is refused and the operator's prometheusUrl is used (the operator would otherwise GET
+    prefixes ending in `/*` (same scheme, host and port; the path continues below the prefix). prometheusUrl is
+    always allowed (what the operator reads anyway); any other URL is refused (the operator would otherwise GET
     any URL a tenant names, from its own network position)."""
     allowed_gateway_parents: list[Annotated[str, Field(max_length=317, pattern=GATEWAY_PARENT_PATTERN)]] = Field(
         default_factory=list, max_length=256)

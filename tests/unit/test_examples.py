@@ -195,6 +195,22 @@ def test_documented_command_runs(where, line, capsys, monkeypatch):
     assert code == 0, f"{where}: `{line}` exited {code}:\n{captured.out}\n{captured.err}"
 
 
+def test_the_examples_validate_without_a_warning_under_the_charts_defaults():
+    """What a user who follows the README's install gets: the examples as the chart's operator would take them
+    (llama-70b names the chart's own prometheusUrl, which needs no allow-list entry)."""
+    import sys
+
+    script = Path(sys.executable).parent / "specpilot"
+    done = subprocess.run([str(script), "validate", "examples/", "--operator-config", "charts/specpilot/values.yaml"],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stderr == ""
+    assert "warning" not in done.stdout.lower(), done.stdout
+    lines = done.stdout.splitlines()
+    assert lines and all(line.endswith(": valid") for line in lines), done.stdout
+    assert len(lines) == len(list(EXAMPLES.glob("*.yaml")))
+
+
 # ----- the README's configuration table ------------------------------------------------------------------
 
 

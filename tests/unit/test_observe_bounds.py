@@ -7,12 +7,14 @@ import asyncio
 import math
 
 import pytest
+import yaml
 from aiohttp import web
 
 from specpilot.observe import vllm_metrics as vm
 from specpilot.observe.allowlist import refusal, url_allowed
 from specpilot.observe.bounded import ReadLimits, ReadRefused, bounded_get, new_session, safe_excerpt
 from specpilot_sandbox.exporter import VllmMetricsState, render_metrics
+from tests.conftest import REPO
 
 SECRET = "INTERNAL-SECRET-TOKEN=x"
 
@@ -167,6 +169,44 @@ def test_refusal_names_the_field_and_the_fix():
     assert "spec.metrics.prometheusUrl" in message and "allowedPrometheusUrls is empty" in message
     assert "Remove spec.metrics.prometheusUrl" in message
     assert refusal("http://p:9090", ["http://p:9090"]) is None
+
+
+OWN = "http://prometheus-operated.monitoring.svc:9090"
+
+
+@pytest.mark.parametrize(("url", "allowed", "ok"), [
+    (OWN, [], True),  # the operator's own prometheusUrl: what it reads when the spec names none
+    ("http://Prometheus-Operated.monitoring.svc:9090/", [], True),  # the same base, written otherwise
+    ("http://prometheus-operated.monitoring.svc:9091", [], False),
+    ("https://prometheus-operated.monitoring.svc:9090", [], False),
+    ("http://prometheus-operated.monitoring.svc:9090/api/v1/admin", [], False),  # exact, never a prefix
+    ("http://prometheus-operated.monitoring.svc:9090?x=1", [], False),
+    ("http://user@prometheus-operated.monitoring.svc:9090", [], False),
+    ("http://169.254.169.254/latest", [], False),
+    ("http://prom.team-a.svc:9090", ["http://prom.team-a.svc:9090"], True),
+])
+def test_the_operators_own_url_is_allowed_exactly_and_operator_and_validate_agree(url, allowed, ok):
+    from types import SimpleNamespace
+
+    from specpilot.api.deployment import SpeculativeDeploymentSpec
+    from specpilot.cli import _operator_refusals
+    from specpilot.config import OperatorConfig
+    from specpilot.controller.observation import prometheus_url_refusal as operator_refusal
+    from specpilot.observe.allowlist import prometheus_url_refusal
+
+    config = OperatorConfig(prometheus_url=OWN, allowed_prometheus_urls=allowed)
+    doc = yaml.safe_load((REPO / "examples" / "minimal.yaml").read_text())
+    doc["spec"]["metrics"] = {"source": "prometheus", "prometheusUrl": url}
+    spec = SpeculativeDeploymentSpec.model_validate(doc["spec"])
+    decided = prometheus_url_refusal(spec, config)
+    assert (decided is None) is ok
+    assert operator_refusal(SimpleNamespace(config=config), spec) == decided  # what the operator reports
+    _, warnings = _operator_refusals(doc, config)  # what `specpilot validate --operator-config` says
+    assert warnings == ([] if ok else [f"warning: the operator would run it without reading its Prometheus "
+                                       f"(MetricsAvailable=False, PrometheusUrlNotAllowed): {decided}"])
+    # without a prometheusUrl of its own, the operator allows only the allow-list
+    assert (prometheus_url_refusal(spec, OperatorConfig(allowed_prometheus_urls=allowed)) is None) is (
+        url in allowed)
 
 
 def test_an_observation_holds_only_physical_numbers_whatever_its_source_sent():

@@ -38,11 +38,9 @@ async def observe_pool(ctx: Context, uid: str, spec: SpeculativeDeploymentSpec, 
 
 
 def prometheus_url_refusal(ctx: Context, spec: SpeculativeDeploymentSpec) -> str | None:
-    """Why the deployment's own Prometheus URL is not used (not on the admin's allow-list), or None."""
-    url = spec.metrics.prometheus_url
-    if spec.metrics.source != "prometheus" or not url:
-        return None
-    return allowlist.refusal(url, ctx.config.allowed_prometheus_urls)
+    """Why the deployment's own Prometheus URL is not used (neither on the admin's allow-list nor the operator's
+    own prometheusUrl), or None; `specpilot validate` warns by the same function."""
+    return allowlist.prometheus_url_refusal(spec, ctx.config)
 
 
 def _max_k(spec: SpeculativeDeploymentSpec) -> int:

@@ -9,12 +9,21 @@ used only when it matches an entry of the operator config's `allowedPrometheusUr
 Scheme and host compare case-insensitively and an omitted port is the scheme's default. A URL with user
 info, a query, a fragment, a backslash, a `.`/`..` path segment or a percent escape never matches, so a
 prefix cannot be left by path tricks.
+
+The operator config's own `prometheusUrl` is allowed too, exactly (never as a prefix): it is the admin's
+choice, and the operator reads it for every deployment that names no URL, so a spec that names it reaches
+nothing it would not reach anyway (docs/security.md).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
+
+if TYPE_CHECKING:
+    from ..api.deployment import SpeculativeDeploymentSpec
+    from ..config import OperatorConfig
 
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 
@@ -52,12 +61,30 @@ def url_allowed(url: str, allowed: Sequence[str]) -> bool:
     return False
 
 
-def refusal(url: str, allowed: Sequence[str]) -> str | None:
-    """Why `spec.metrics.prometheusUrl` is not used, naming the field and the fix; None when it is allowed."""
-    if url_allowed(url, allowed):
+def same_url(url: str, other: str) -> bool:
+    """Whether two plain http(s) URLs name the same base: scheme, host, port and path (a trailing slash, the
+    case of scheme and host, and a default port written or not do not matter)."""
+    target = _parts(url)
+    return target is not None and target == _parts(other)
+
+
+def refusal(url: str, allowed: Sequence[str], own: str = "") -> str | None:
+    """Why `spec.metrics.prometheusUrl` is not used, naming the field and the fix; None when it is allowed: it
+    matches an entry of `allowed`, or it is `own`, the operator's own prometheusUrl."""
+    if url_allowed(url, allowed) or same_url(url, own):
         return None
     where = ("the operator config's allowedPrometheusUrls is empty" if not allowed
              else "it matches no entry of the operator config's allowedPrometheusUrls")
     return (f"spec.metrics.prometheusUrl is refused: {where}, and the operator reads only the Prometheus its "
             "administrator chose. Remove spec.metrics.prometheusUrl to use the operator's prometheusUrl, use "
             "spec.metrics.source: pods, or ask the cluster administrator to add the URL to allowedPrometheusUrls")
+
+
+def prometheus_url_refusal(spec: SpeculativeDeploymentSpec, config: OperatorConfig) -> str | None:
+    """Why the operator does not read the deployment's own spec.metrics.prometheusUrl, or None (no URL named,
+    or one it may read): what the operator reports as MetricsAvailable=False (PrometheusUrlNotAllowed) and
+    `specpilot validate` as a warning."""
+    url = spec.metrics.prometheus_url
+    if spec.metrics.source != "prometheus" or not url:
+        return None
+    return refusal(url, config.allowed_prometheus_urls, own=config.prometheus_url)
