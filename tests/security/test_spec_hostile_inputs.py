@@ -174,6 +174,51 @@ HOSTILE = [
      "spec.profiling.jobDeadlineSeconds: Input should be less than or equal to 604800"),
     ("attacker-bench-image", "spec.profiling.image", ATTACKER_IMAGE,
      "spec.profiling.image 'evil.example.com/miner:latest' is not a benchmark image the operator's config allows"),
+    # Values that defeat a rule the engine container is held to: the supervisor, the image's working directory
+    # (first on `python -m`'s path), HOME and the cache and plugin folders code is loaded from.
+    ("mount-over-supervisor", "spec.profiling.podOverrides",
+     {"volumes": [{"name": "s", "configMap": {"name": "fake"}}], "containers": [{"name": "engine", "volumeMounts": [
+         {"name": "s", "mountPath": "/specpilot-supervisor"}]}]},
+     "spec.profiling.podOverrides.containers[0].volumeMounts[0].mountPath '/specpilot-supervisor' is specpilot's own "
+     "mount"),
+    ("mount-over-workdir", "spec.serving.podOverrides",
+     {"volumes": [{"name": "w", "configMap": {"name": "vllm"}}], "containers": [{"name": "engine", "volumeMounts": [
+         {"name": "w", "mountPath": "/vllm-workspace/vllm"}]}]},
+     "spec.serving.podOverrides.containers[0].volumeMounts[0].mountPath '/vllm-workspace/vllm' is in the system's or "
+     "Python's own files"),
+    ("mount-hf-modules", "spec.serving.podOverrides",
+     {"volumes": [{"name": "m", "configMap": {"name": "mods"}}], "containers": [{"name": "engine", "volumeMounts": [
+         {"name": "m", "mountPath": "/home/specpilot/.cache/huggingface/modules"}]}]},
+     "is the Python user site or a cache of compiled code under HOME"),
+    ("env-home", "spec.model.env", [{"name": "HOME", "value": "/models"}], "spec.model.env[0].name 'HOME' is not allowed"),
+    *[(f"env-{name.lower().replace('_', '-')}", "spec.model.env", [{"name": name, "value": "/models/x"}],
+       f"spec.model.env[0].name {name!r} is not allowed")
+      for name in ("TRITON_CACHE_MANAGER", "TRITON_HOME", "NCCL_CONF_FILE", "XDG_CACHE_HOME", "TORCH_EXTENSIONS_DIR",
+                   "FLASHINFER_WORKSPACE_BASE")],
+    ("compile-backend-non-ascii", "spec.model.extraArgs", ["--compilation-config", '{"backend": "\u00e9vil.fn"}'],
+     "sets --compilation-config, which makes the engine import code"),
+    ("compile-backend-fullwidth", "spec.model.extraArgs", ["-cc.backend=\uff45vil.fn"],
+     "sets --compilation-config, which makes the engine import code"),
+    # Other teams' objects and the cluster's own nodes and priorities.
+    ("pull-secret-other-team", "spec.serving.podOverrides", {"imagePullSecrets": [{"name": "payments-registry"}]},
+     "spec.serving.podOverrides.imagePullSecrets[0].name references Secret 'payments-registry'"),
+    ("env-field-ref-annotations", "spec.model.env",
+     [{"name": "A", "valueFrom": {"fieldRef": {"fieldPath": "metadata.annotations"}}}],
+     "spec.model.env[0].valueFrom.fieldRef.fieldPath 'metadata.annotations' is not allowed"),
+    ("clone-other-namespace", "spec.serving.podOverrides", {"volumes": [{"name": "w", "ephemeral": {
+        "volumeClaimTemplate": {"spec": {"accessModes": ["ReadOnlyMany"], "dataSourceRef": {
+            "kind": "PersistentVolumeClaim", "name": "weights", "namespace": "team-b"}}}}}]},
+     "spec.serving.podOverrides.volumes[0].ephemeral.volumeClaimTemplate.spec.dataSourceRef.namespace 'team-b' clones "
+     "a volume of another namespace"),
+    ("tolerate-control-plane", "spec.serving.podOverrides",
+     {"tolerations": [{"key": "node-role.kubernetes.io/control-plane", "operator": "Exists", "effect": "NoSchedule"}]},
+     "spec.serving.podOverrides.tolerations[0].key 'node-role.kubernetes.io/control-plane' tolerates the taint"),
+    ("pool-tolerate-cordoned", "spec.gpuPools.0.tolerations",
+     [{"key": "node.kubernetes.io/unschedulable", "operator": "Exists", "effect": "NoSchedule"}],
+     "spec.gpuPools[0].tolerations[0].key 'node.kubernetes.io/unschedulable' tolerates the taint"),
+    ("system-node-critical", "spec.profiling.podOverrides", {"priorityClassName": "system-node-critical"},
+     "spec.profiling.podOverrides.priorityClassName 'system-node-critical' is one of Kubernetes' own priority "
+     "classes"),
 ]
 
 
@@ -291,6 +336,36 @@ def test_admin_allow_lists_open_exactly_what_they_name():
     assert judge(copy.deepcopy(doc), policy).model is None
     doc["spec"]["profiling"]["image"] = "registry.example.com/specpilot-evil/bench:1"
     assert "spec.profiling.image" in judge(doc, policy).model
+
+
+def test_what_stays_allowed_in_the_engine_container_passes():
+    """The rules refuse what defeats them and nothing a team ordinarily needs: its own pull secret when the admin
+    allows it, the pod's name and node by fieldRef, a ConfigMap key of its namespace, a clone of its own PVC, a
+    GPU taint, a priority class of the cluster's, weights under HOME's Hugging Face cache, a built-in backend."""
+    doc = _doc()
+    doc["spec"]["model"]["env"] = [
+        {"name": "POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+        {"name": "MODE", "valueFrom": {"configMapKeyRef": {"name": "serving-settings", "key": "mode"}}},
+        {"name": "HF_HUB_CACHE", "value": "/models/hub"}, {"name": "HF_HOME", "value": "/models/hf"}]
+    doc["spec"]["model"]["extraArgs"] = ["--compilation-config", '{"backend": "inductor"}']
+    doc["spec"]["gpuPools"][0]["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists",
+                                                  "effect": "NoSchedule"}]
+    doc["spec"]["serving"]["podOverrides"] = {
+        "imagePullSecrets": [{"name": "team-registry"}], "priorityClassName": "inference-high",
+        "volumes": [{"name": "w", "ephemeral": {"volumeClaimTemplate": {"spec": {
+            "accessModes": ["ReadOnlyMany"], "dataSourceRef": {"kind": "PersistentVolumeClaim", "name": "weights"}}}}}],
+        "containers": [{"name": "engine", "volumeMounts": [
+            {"name": "w", "mountPath": "/home/specpilot/.cache/huggingface/hub"}]}]}
+    policy = TenancyPolicy(allowed_secret_names=["hf-token", "team-registry"])
+    verdict = judge(doc, policy)
+    assert verdict.model is None and verdict.reached_pod
+    admin = TenancyPolicy(allowed_pod_override_fields=["systemPriorityClasses", "tolerateControlPlaneTaints"])
+    doc = _doc()
+    doc["spec"]["serving"]["podOverrides"] = {
+        "priorityClassName": "system-cluster-critical",
+        "tolerations": [{"key": "node-role.kubernetes.io/control-plane", "operator": "Exists"}]}
+    assert judge(copy.deepcopy(doc)).model and judge(doc, admin).model is None
 
 
 def test_an_admin_prefix_must_end_at_a_separator():

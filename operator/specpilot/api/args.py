@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import re
+import unicodedata
 
 from .base import cap, echo
 
@@ -189,7 +190,13 @@ FLAGS_PREFIXING_CODE_FLAGS = frozenset({"reasoning-parser", "model"})
 
 BUILTIN_EXECUTOR_BACKENDS = frozenset({"mp", "ray", "uni", "external_launcher"})
 _IMPORTING_KEY = re.compile(r"(module_path|_cls|_class|inductor_passes|pass_manager)$")
-_QUALIFIED_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*([.:][A-Za-z_][A-Za-z0-9_]*)+$")
+
+
+def _qualified_name(value: str) -> bool:
+    """Whether `value` reads as a dotted (or `module:attr`) Python name: identifiers as Python reads them, so
+    non-ASCII ones (`évil.fn`, full-width letters normalised by NFKC) count as well."""
+    parts = re.split(r"[.:]", value)
+    return len(parts) > 1 and all(unicodedata.normalize("NFKC", part).isidentifier() for part in parts)
 
 
 def _imports_code(flag: str, keys: list[str], value: str | None) -> bool:
@@ -202,7 +209,7 @@ def _imports_code(flag: str, keys: list[str], value: str | None) -> bool:
     if value is None:
         return False
     if keys:  # a dotted sub-key: its value is a scalar (a backend may be a qualified name)
-        return keys[-1].replace("-", "_").endswith("backend") and bool(_QUALIFIED_NAME.match(value))
+        return keys[-1].replace("-", "_").endswith("backend") and _qualified_name(value)
     try:
         parsed = json.loads(value)
     except ValueError:
@@ -216,7 +223,7 @@ def _json_imports_code(value: object, key: str = "") -> bool:
                    for k, v in value.items())
     if isinstance(value, list):
         return any(_json_imports_code(v, key) for v in value)
-    return isinstance(value, str) and key.endswith("backend") and bool(_QUALIFIED_NAME.match(value))
+    return isinstance(value, str) and key.endswith("backend") and _qualified_name(value)
 
 
 def _code_loading_flag(name: str) -> tuple[str, bool] | None:

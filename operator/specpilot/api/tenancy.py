@@ -95,27 +95,42 @@ volumes and projected secret sources must name an allowed Secret; projected Serv
 never allowed."""
 PROJECTED_SOURCES = frozenset({"configMap", "downwardAPI", "secret", "clusterTrustBundle"})
 """Sources a projected volume may have (serviceAccountToken is refused: it would hand out a token)."""
-OWNED_MOUNT_PATHS = ("/dev/shm", "/var/run/secrets/kubernetes.io/serviceaccount", "/workload")
+SUPERVISOR_DIR = "/specpilot-supervisor"
+"""Where the benchmark pod's engine container finds the supervisor that starts vLLM (manifests/benchmark.py mounts
+it there; a test checks that the two agree): a tenant's volume there would replace the supervisor."""
+OWNED_MOUNT_PATHS = ("/dev/shm", "/var/run/secrets/kubernetes.io/serviceaccount", "/workload", SUPERVISOR_DIR)
 """Mount paths of specpilot's own volumes; a tenant's volumeMount may not replace them."""
 REFUSED_MOUNT_TREES = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/usr", "/etc", "/boot", "/root",
-                       "/proc", "/sys", "/dev", "/opt/venv", "/opt/conda", "/var/run/secrets", "/run/secrets")
+                       "/proc", "/sys", "/dev", "/opt/venv", "/opt/conda", "/var/run/secrets", "/run/secrets",
+                       "/vllm-workspace")
 """Paths a tenant's volume may not be mounted at or below: the system's programs, libraries and configuration
 (a ConfigMap over /etc/ld.so.preload or an OpenSSL config loads code into every process), the Python
-installation, and the Kubernetes secrets (/var/run is /run in most images)."""
+installation, the Kubernetes secrets (/var/run is /run in most images), and /vllm-workspace, the vLLM image's
+working directory: `python -m` puts the working directory first on the module path, so a module there would be
+imported in place of vLLM's own."""
 REFUSED_MOUNT_COMPONENTS = frozenset({"site-packages", "dist-packages", "__pycache__"})
 """Path components a tenant's mount may not contain: Python imports from these (a ConfigMap of .py or .pth files
 there runs at start-up)."""
 REFUSED_MOUNT_NAMES = re.compile(r"^(sitecustomize|usercustomize)\.py$|\.pth$")
 """File names Python runs at start-up wherever they sit on its path."""
-REFUSED_HOME_TREES = (".local", ".config", ".cache/vllm", ".triton", ".cache/torch")
-"""Below HOME: the Python user site (~/.local/lib/pythonX/site-packages), and the caches of compiled code
-vLLM, Triton and torch load (a ConfigMap there would be run as kernels or graphs)."""
+REFUSED_HOME_TREES = (".local", ".config", ".cache/vllm", ".triton", ".cache/torch", ".cache/torch_extensions",
+                      ".cache/flashinfer", ".cache/huggingface/modules", ".nv")
+"""Below HOME: the Python user site (~/.local/lib/pythonX/site-packages), the caches of compiled code vLLM,
+Triton, torch, torch's C++ extensions, FlashInfer and CUDA's JIT load (a ConfigMap there would be run as kernels
+or graphs), and the Hugging Face modules cache (remote code imported from there)."""
 REFUSED_ENV_NAMES = frozenset({
     "PYTHONPATH", "PYTHONSTARTUP", "PYTHONHOME", "PYTHONUSERBASE", "PYTHONINSPECT", "PYTHONEXECUTABLE",
     "BASH_ENV", "ENV", "PROMPT_COMMAND", "OPENSSL_CONF", "OPENSSL_ENGINES", "OPENSSL_MODULES", "GCONV_PATH",
     "GLIBC_TUNABLES", "NODE_OPTIONS", "PERL5OPT", "PERL5LIB", "RUBYOPT", "JAVA_TOOL_OPTIONS", "CUDA_INJECTION64_PATH",
     "NCCL_NET_PLUGIN", "NCCL_TUNER_PLUGIN", "NCCL_PROFILER_PLUGIN", "NCCL_ENV_PLUGIN", "TORCHINDUCTOR_CACHE_DIR",
     "TRITON_CACHE_DIR", "HF_MODULES_CACHE", "VLLM_CACHE_ROOT", "VLLM_LOGGING_CONFIG_PATH",
+    # Cache and plugin locations that load code from wherever they point: Triton's cache manager (a class path)
+    # and home, NCCL's config file (which names plugins), torch's extensions and hub, FlashInfer's JIT workspace,
+    # CUDA's compute cache, and the homes the refused folders under HOME hang from (HOME and XDG_* move ~/.local,
+    # ~/.config and ~/.cache away from the folders the mount rule guards). HF_HOME stays allowed: teams put the
+    # weights cache on a volume with it (docs/security.md says what it reaches).
+    "TRITON_CACHE_MANAGER", "TRITON_HOME", "NCCL_CONF_FILE", "TORCH_EXTENSIONS_DIR", "TORCH_HOME",
+    "FLASHINFER_WORKSPACE_BASE", "CUDA_CACHE_PATH", "HOME", "XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME",
     # vLLM switches that open the engine beyond what is measured and served: development endpoints (sleep,
     # reset caches, ...) on the serving port, pickle deserialization between its processes, an endpoint that
     # loads LoRA adapters from any path at run time.
@@ -135,6 +150,17 @@ REFUSED_ENV_PREFIXES = ("KUBERNETES_", "SPECPILOT_", "LD_")
 """Variables that redirect a Kubernetes client (KUBERNETES_SERVICE_HOST would send a token to another host),
 specpilot's own (the bench's result token, the sandbox's clock), and the dynamic linker's (LD_PRELOAD, LD_AUDIT,
 LD_LIBRARY_PATH load other libraries)."""
+SAFE_FIELD_PATHS = frozenset({"metadata.name", "metadata.namespace", "spec.nodeName", "status.podIP", "status.podIPs",
+                              "status.hostIP", "status.hostIPs"})
+"""The pod fields an env fieldRef may read: where the pod runs, not what the operator wrote on it (labels and
+annotations carry the Job's identities and the benchmark's profile name)."""
+CONTROL_PLANE_TAINTS = frozenset({"node-role.kubernetes.io/control-plane", "node-role.kubernetes.io/master",
+                                  "node.kubernetes.io/unschedulable", "node.cloudprovider.kubernetes.io/uninitialized"})
+"""Taints that keep workloads off control-plane, cordoned and uninitialised nodes: a tenant's pod tolerating one
+would run beside the API server's etcd or on a node being drained."""
+SYSTEM_PRIORITY_PREFIX = "system-"
+"""Kubernetes' own priority classes (system-node-critical, system-cluster-critical) preempt every workload; the
+prefix is reserved for them."""
 MAX_SPEC_BYTES = 131072
 """A SpeculativeDeployment's spec as JSON, at most (kopf keeps a copy in an annotation; annotations of an
 object total at most 256 KiB)."""
@@ -242,6 +268,12 @@ def env_problems(env: Any, where: str, policy: TenancyPolicy) -> list[str]:
                             f"client, or set one of specpilot's own variables; remove it")
         source = var.get("valueFrom")
         if isinstance(source, dict):
+            field_ref = source.get("fieldRef")
+            path = field_ref.get("fieldPath") if isinstance(field_ref, dict) else field_ref
+            if field_ref is not None and path not in SAFE_FIELD_PATHS:
+                problems.append(f"{at}.valueFrom.fieldRef.fieldPath {echo(path, 80)} is not allowed (a pod's labels "
+                                f"and annotations carry the operator's identities of its Job): use one of "
+                                f"{', '.join(sorted(SAFE_FIELD_PATHS))}")
             ref = source.get("secretKeyRef")
             if ref is not None and not (isinstance(ref, dict) and isinstance(ref.get("name"), str)
                                         and secret_allowed(ref["name"], policy)):
@@ -270,6 +302,16 @@ def _volume_problems(volumes: Any, where: str, policy: TenancyPolicy) -> list[st
                        if kind == "hostPath" else "use one of the allowed types")
                 problems.append(f"{at}.{cap(kind, 60)} is not allowed: volume types allowed by the operator's config "
                                 f"are {', '.join(policy.allowed_volume_types)}; {fix}")
+        template = (volume.get("ephemeral") or {}).get("volumeClaimTemplate") \
+            if isinstance(volume.get("ephemeral"), dict) else None
+        claim = template.get("spec") if isinstance(template, dict) else None
+        for source_field in ("dataSource", "dataSourceRef"):
+            source = claim.get(source_field) if isinstance(claim, dict) else None
+            if isinstance(source, dict) and source.get("namespace") and not policy.allows("crossNamespaceDataSources"):
+                problems.append(f"{at}.ephemeral.volumeClaimTemplate.spec.{source_field}.namespace "
+                                f"{echo(source.get('namespace'), 80)} clones a volume of another namespace (another "
+                                f"team's data): clone one of this namespace's, or ask the cluster admin to list "
+                                f"crossNamespaceDataSources in tenancy.allowedPodOverrideFields")
         secret = volume.get("secret")
         if "secret" in policy.allowed_volume_types and isinstance(secret, dict) and not secret_allowed(
                 str(secret.get("secretName", "")), policy):
@@ -460,16 +502,47 @@ def pod_override_problems(overrides: dict[str, Any] | None, where: str, policy: 
             problems += _container_problems(value, at, field, layout, policy)
         elif field == "tolerations":
             problems += tolerations_problems(value, at, policy)
+        elif field == "imagePullSecrets":
+            problems += _pull_secret_problems(value, at, policy)
+        elif field == "priorityClassName" and isinstance(value, str) and value.startswith(SYSTEM_PRIORITY_PREFIX) \
+                and not policy.allows("systemPriorityClasses"):
+            problems.append(f"{at} {echo(value, 80)} is one of Kubernetes' own priority classes, which preempt every "
+                            f"workload: use a priority class of your cluster's, or ask the cluster admin to list "
+                            f"systemPriorityClasses in tenancy.allowedPodOverrideFields")
+    return problems
+
+
+def _pull_secret_problems(value: Any, where: str, policy: TenancyPolicy) -> list[str]:
+    """imagePullSecrets name Secrets the kubelet reads for the pod: the same allow-list as every Secret a spec
+    names (a registry credential of another team would pull its private images)."""
+    if not isinstance(value, list):
+        return [f"{where} must be a list of {{name: SECRET}} objects (got {echo(value, 80)})"]
+    problems: list[str] = []
+    for i, ref in enumerate(value):
+        name = ref.get("name") if isinstance(ref, dict) else ref
+        if not (isinstance(name, str) and secret_allowed(name, policy)):
+            problems.append(_secret_refusal(f"{where}[{i}].name", name, policy))
     return problems
 
 
 def tolerations_problems(tolerations: Any, where: str, policy: TenancyPolicy) -> list[str]:
     if policy.allows("tolerateAllTaints") or not isinstance(tolerations, list):
         return []
-    return [f"{where}[{i}] has no key, so it tolerates every taint (control-plane and cordoned nodes included): "
-            f"name the taint's key, or ask the cluster admin to list tolerateAllTaints in "
-            f"tenancy.allowedPodOverrideFields"
-            for i, t in enumerate(tolerations) if isinstance(t, dict) and not t.get("key")]
+    problems: list[str] = []
+    for i, toleration in enumerate(tolerations):
+        if not isinstance(toleration, dict):
+            continue
+        key = toleration.get("key")
+        if not key:
+            problems.append(f"{where}[{i}] has no key, so it tolerates every taint (control-plane and cordoned nodes "
+                            f"included): name the taint's key, or ask the cluster admin to list tolerateAllTaints in "
+                            f"tenancy.allowedPodOverrideFields")
+        elif key in CONTROL_PLANE_TAINTS and not policy.allows("tolerateControlPlaneTaints"):
+            problems.append(f"{where}[{i}].key {echo(key, 80)} tolerates the taint that keeps workloads off "
+                            f"control-plane, cordoned or uninitialised nodes: remove it (GPU pools are worker nodes), "
+                            f"or ask the cluster admin to list tolerateControlPlaneTaints in "
+                            f"tenancy.allowedPodOverrideFields")
+    return problems
 
 
 def bench_image(spec: SpeculativeDeploymentSpec, default: str) -> str:

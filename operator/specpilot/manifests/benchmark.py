@@ -27,6 +27,7 @@ from typing import Any
 from ..api import seal
 from ..api.deployment import MAX_CONCURRENCY_LEVEL, GpuPool, ModelSpec, SpeculativeDeploymentSpec, WorkloadName
 from ..api.profile import SpeculationProfileSpec
+from ..api import tenancy
 from ..api.tenancy import TenancyPolicy, profiling_problems, refuse, serving_problems
 from . import names
 from .engine import (
@@ -62,7 +63,7 @@ BENCH_CONTAINER = names.BENCH_CONTAINER
 ENGINE_CONTAINER = names.ENGINE_CONTAINER
 SUPERVISOR_INSTALL_CONTAINER = names.SUPERVISOR_INSTALL_CONTAINER
 SUPERVISOR_VOLUME = "engine-supervisor"
-SUPERVISOR_DIR = "/specpilot-supervisor"
+SUPERVISOR_DIR = tenancy.SUPERVISOR_DIR
 SUPERVISOR_SCRIPT = f"{SUPERVISOR_DIR}/supervisor.py"
 SUPERVISOR_PORT = 8090
 """Loopback port of the engine supervisor's control endpoint (the bench's --supervisor-url)."""
