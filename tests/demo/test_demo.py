@@ -19,13 +19,21 @@ import io
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 
 import pytest
 
 from specpilot.api.schedule import ScheduleRange, k_at
-from specpilot_sandbox.demo.report import NOTES, WITHIN_PERCENT, fleet_lines, summary_rows, write_reports
+from specpilot_sandbox.demo.report import (
+    NOTES,
+    WITHIN_PERCENT,
+    fleet_lines,
+    metrics_window_s,
+    summary_rows,
+    write_reports,
+)
 from specpilot_sandbox.demo.run import Demo, DemoError
 from specpilot_sandbox.demo.scenario import METHODS, NAMESPACE, fast_scenario
 from specpilot_sandbox.fidelity import FIDELITY_BOUND_PERCENT
@@ -341,9 +349,32 @@ def test_the_fleet_placement_is_shown_per_phase(demo_run, tmp_path):
         assert all(bounds["minReplicas"] <= p["replicas"] <= bounds["maxReplicas"]
                    for p in phase.placement.values() if p["replicas"] is not None)
         assert phase.fleet.get("costPerMtok")
-    lines = fleet_lines(result)
-    assert any(line.strip().startswith(placed[-1].phase.name) and "fleet $" in line for line in lines)
-    assert any(line.strip().startswith(f"{result.joined_pool} joined") for line in lines)
-    write_reports(result, scenario, summary_rows(result, scenario), tmp_path)
+    rows = summary_rows(result, scenario)
+    lines = fleet_lines(result, rows, metrics_window_s(scenario))
+    last = next(line for line in lines if line.strip().startswith(f"{placed[-1].phase.name}:"))
+    join = next(line for line in lines if line.strip().startswith(f"{result.joined_pool} joined"))
+    # One $/Mtok per phase and pool: the fleet line's are the table's, and the join's "at the end" is the last
+    # phase's line, figure for figure (the fleet's measured $/Mtok, then the operator's estimate).
+    for row in (r for r in rows if r.phase_index == len(result.phases) - 1):
+        assert f"{row.pool} " in last and f"${row.cost_specpilot:.3f}/Mtok" in last, (row, last)
+    figures = re.compile(r"\$(\d+\.\d+)/Mtok")
+    assert figures.findall(join.split("at the end of that phase, ")[1]) == figures.findall(last.split("; fleet ")[1])
+    write_reports(result, scenario, rows, tmp_path)
     report = json.loads((tmp_path / "demo.json").read_text())
     assert [f["phase"] for f in report["fleet"]] == [p.phase.name for p in placed]
+
+
+def test_a_pool_serving_unprofiled_runs_k_0_in_the_timeline(demo_run):
+    """The GPU type that joins serves before it is profiled: its K is sampled as 0 (off), not left out, and
+    once a pod of it is ready it takes its share of the traffic without the shares coming and going first."""
+    _, result, workdir = demo_run
+    pool = result.joined_pool
+    serving = [s for s in result.timeline if pool in s.ms_per_token]
+    assert serving, f"{pool} never served (logs: {workdir})"
+    assert any(s.k.get(pool) == 0 for s in serving), f"{pool} was never sampled unprofiled (logs: {workdir})"
+    # Until it runs its decision (a rollout may then take its pod away a while), its share, once taken, stays:
+    # no 33% -> 0 -> 33% before its pod is ready.
+    decided = next((s.at_s for s in result.timeline if s.k.get(pool, 0) > 0), math.inf)
+    shares = [s.share.get(pool, 0.0) > 0 for s in result.timeline
+              if s.share and result.joined_at_s <= s.at_s < decided]
+    assert shares == sorted(shares), f"the shares came and went at the join (logs: {workdir})"

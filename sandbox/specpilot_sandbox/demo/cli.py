@@ -99,6 +99,7 @@ def print_summary(console, result, scenario, out: Path) -> list[Path]:
         COST_BASIS,
         fidelity_lines,
         fleet_lines,
+        metrics_window_s,
         percent,
         stage_durations,
         summary_rows,
@@ -134,7 +135,7 @@ def print_summary(console, result, scenario, out: Path) -> list[Path]:
     for pool in result.status.get("pools") or []:
         decision = pool.get("decision") or {}
         console.print(f"  {pool['name']} ({pool.get('sku') or 'no nodes'}): {decision.get('reason', 'no decision')}")
-    for line in fleet_lines(result):
+    for line in fleet_lines(result, rows, metrics_window_s(scenario)):
         console.print(line, highlight=False)
     console.print("Where the time went: " + "; ".join(f"{stage} {seconds:g} s"
                                                      for stage, seconds in stage_durations(result)))

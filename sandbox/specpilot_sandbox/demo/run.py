@@ -130,6 +130,9 @@ class DemoResult:
     joined_pool: str = ""
     joined_at_s: float | None = None
     """When the new GPU type's node joined, in seconds since the trace began."""
+    trace_started_s: float | None = None
+    """When the load trace began, in seconds since the demo started: the origin of the timeline's and the join's
+    times (the phases' are since the demo started)."""
     joined_pool_profiled: bool = False
     processes_left: int = 0
     errors: int = 0
@@ -288,6 +291,7 @@ class Demo:
         async with LoadDriver(self.endpoints, model, self.scenario.output_len, clock_of=self._clock_of) as driver:
             self.driver = driver
             trace_start = time.monotonic()
+            result.trace_started_s = trace_start - self.started
             sampler = asyncio.create_task(self._sample_timeline(result, trace_start))
             try:
                 node_name, product, pool = self.scenario.joining_node
@@ -456,7 +460,11 @@ class Demo:
         for pool in self.status().get("pools") or []:
             decision = pool.get("decision") or {}
             mine = urls.get(pool["name"])
-            if not mine or not decision.get("method"):
+            if not mine:
+                continue
+            if not decision.get("method"):
+                # Serving without speculation (not profiled yet, or no method pays): K is 0, not absent.
+                out[pool["name"]] = 0
                 continue
             batch = max(1, round(sum(self.driver.in_flight(u) for u in mine) / len(mine)))
             schedule = [ScheduleRange.model_validate(r) for r in decision.get("schedule") or []]
