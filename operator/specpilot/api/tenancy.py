@@ -188,7 +188,10 @@ class TenancyPolicy(ApiModel):
     """Pod-spec fields tenants may set in podOverrides beyond the safe defaults, e.g. runtimeClassName,
     serviceAccountName, hostNetwork, dnsConfig, securityContext (the whole pod securityContext),
     containers.securityContext, containers.ports, containers.envFrom, extraContainers (containers other than
-    specpilot's), tolerateAllTaints (a toleration without a key). Each one widens what a tenant can do."""
+    specpilot's), tolerateAllTaints (a toleration without a key), tolerateControlPlaneTaints (control-plane,
+    cordon and uninitialised-node taints), systemPriorityClasses (system-node-critical, system-cluster-critical),
+    crossNamespaceDataSources (an ephemeral claim cloning another namespace's volume). Each one widens what a
+    tenant can do."""
     allowed_volume_types: list[str] = Field(default_factory=lambda: list(DEFAULT_VOLUME_TYPES), max_length=32)
     """Volume types tenants may add in podOverrides (e.g. add csi, or drop persistentVolumeClaim)."""
     allowed_secret_names: list[str] = Field(default_factory=lambda: ["hf-token"], max_length=256)
