@@ -351,7 +351,7 @@ def test_the_fleet_placement_is_shown_per_phase(demo_run, tmp_path):
         assert phase.fleet.get("costPerMtok")
     rows = summary_rows(result, scenario)
     lines = fleet_lines(result, rows, metrics_window_s(scenario))
-    last = next(line for line in lines if line.strip().startswith(f"{placed[-1].phase.name}:"))
+    last = [line for line in lines if line.strip().startswith(f"{placed[-1].phase.name}:")][-1]  # names repeat
     join = next(line for line in lines if line.strip().startswith(f"{result.joined_pool} joined"))
     # One $/Mtok per phase and pool: the fleet line's are the table's, and the join's "at the end" is the last
     # phase's line, figure for figure (the fleet's measured $/Mtok, then the operator's estimate).
