@@ -132,6 +132,8 @@ def print_summary(console, result, scenario, out: Path) -> list[Path]:
     for line in table_notes(rows):
         console.print(line, highlight=False)
     console.print(COST_BASIS)
+    console.print("The operator's last decision per pool (its $/Mtok is the decision's prediction at the load it was "
+                  "decided for, not a measurement):", highlight=False)
     for pool in result.status.get("pools") or []:
         decision = pool.get("decision") or {}
         console.print(f"  {pool['name']} ({pool.get('sku') or 'no nodes'}): {decision.get('reason', 'no decision')}")
