@@ -169,7 +169,8 @@ class Cluster:
         method = profile["spec"].get("method") or {}
         sku = profile["spec"]["sku"] if profile["spec"]["sku"] in DEFAULT_CATALOG else SYNTHETIC_SKU
         status = measured_status(sku, method.get("method"), method.get("numSpeculativeTokens", 4),
-                                 levels=profile["spec"]["concurrencyLevels"])
+                                 levels=profile["spec"]["concurrencyLevels"],
+                                 requests_per_level=profile["spec"].get("requestsPerLevel", 64))
         self.custom.patch_namespaced_custom_object_status(
             GROUP, VERSION, self.namespace, PROFILES, profile["metadata"]["name"], {"status": status})
 

@@ -100,16 +100,17 @@ async def complete_job(api: SandboxApiServer, job: dict, completed_at: datetime)
 
 
 def measured_status(sku: str, method: str | None, max_k: int = 4, seed: int = 0, noise: float = 0.0,
-                    levels: list[int] | None = None) -> dict:
+                    levels: list[int] | None = None, requests_per_level: int = 64) -> dict:
     """A Succeeded profile status as the benchmark Job writes it, from the twin (noise-free unless `noise`,
     the relative measurement noise per level; the same seed gives the baseline and a method the same draw),
-    at `levels` (the profile spec's concurrencyLevels; default: the API default)."""
+    at `levels` (the profile spec's concurrencyLevels; default: the API default), `requests_per_level`
+    requests each (the spec's requestsPerLevel: a level finishing more than it sent is refused)."""
     from specpilot.sim.synthetic import Scenario, synthetic_profiles
 
     extra = {"levels": tuple(levels)} if levels else {}
     baseline, method_profile = synthetic_profiles(
         Scenario(sku=sku, model_id="meta-llama/Llama-3.1-8B-Instruct", method=method or "eagle3", max_k=max_k),
-        noise=noise, seed=seed, **extra)
+        noise=noise, seed=seed, requests_per_level=requests_per_level, **extra)
     chosen = baseline if method is None else method_profile
     now = datetime.now(tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     return {**chosen.status.dump(), "startedAt": now, "completedAt": now}
@@ -139,7 +140,8 @@ async def publish_results(api: SandboxApiServer, sku: str, names: list[str] | No
             method = profile["spec"].get("method") or {}
             job = next(j for j in jobs(api) if j["metadata"]["name"] == profile["status"]["jobName"])
             result = measured_status(sku, method.get("method"), method.get("numSpeculativeTokens", 4), seed=seed,
-                                     noise=noise, levels=profile["spec"]["concurrencyLevels"])
+                                     noise=noise, levels=profile["spec"]["concurrencyLevels"],
+                                     requests_per_level=profile["spec"].get("requestsPerLevel", 64))
             await api.patch("speculationprofiles", NAMESPACE, profile["metadata"]["name"],
                             {"status": seal.sealed(result, job)}, subresource="status")
             done.append(profile["metadata"]["name"])

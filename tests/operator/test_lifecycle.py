@@ -121,7 +121,8 @@ async def test_a_result_written_as_soon_as_the_job_exists_is_kept(sandbox, opera
             spec = sandbox.get("speculationprofiles", NAMESPACE, profile)["spec"]
             method = spec.get("method") or {}
             result = measured_status("H100-SXM", method.get("method"), method.get("numSpeculativeTokens", 4),
-                                     levels=spec["concurrencyLevels"])
+                                     levels=spec["concurrencyLevels"],
+                                     requests_per_level=spec.get("requestsPerLevel", 64))
             await sandbox.patch("speculationprofiles", NAMESPACE, profile,
                                 {"status": seal.sealed(result, request.data)}, subresource="status")
         return response

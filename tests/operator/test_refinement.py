@@ -10,6 +10,7 @@ import pytest
 
 from specpilot.api import seal
 from specpilot.manifests.names import LABEL_REFINE_ROUND
+from specpilot.perf.plausibility import REFINE_LEVELS_ANNOTATION
 from tests.operator.scenario import (
     H100,
     NAMESPACE,
@@ -49,7 +50,8 @@ async def _play_refinement_job(api, job: dict, seed: int = 100) -> int:
     profile = api.get("speculationprofiles", NAMESPACE, name)
     stored, method = profile["status"], profile["spec"].get("method") or {}
     measured = [measured_status("H100-SXM", method.get("method"), method.get("numSpeculativeTokens", 4),
-                                seed=seed + i, noise=0.05, levels=levels) for i in range(repeat)]
+                                seed=seed + i, noise=0.05, levels=levels,
+                                requests_per_level=profile["spec"].get("requestsPerLevel", 64)) for i in range(repeat)]
     runs, appended = [dict(run) for run in stored["runs"]], 0
     for run in runs:
         if run["numSpeculativeTokens"] in ks:
@@ -94,6 +96,11 @@ async def test_uncertain_crossovers_are_measured_again_and_decided_again(sandbox
             what=f"round 1's next Job (played {sorted(played)} of {sorted(expected)})")
         for job in started:
             assert job["metadata"]["name"] in expected
+            # the operator recorded the round's levels before the Job existed: its points pass as asked for
+            owner = job["metadata"]["ownerReferences"][0]["name"]
+            recorded = sandbox.get("speculationprofiles", NAMESPACE, owner)["metadata"]["annotations"]
+            levels = _flag(job["spec"]["template"]["spec"]["containers"][0]["args"], "--levels").split(",")
+            assert set(levels) <= set(recorded[REFINE_LEVELS_ANNOTATION].split(","))
             appended += await _play_refinement_job(sandbox, job)
             played.add(job["metadata"]["name"])
     assert appended > 0

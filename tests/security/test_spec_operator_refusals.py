@@ -162,7 +162,9 @@ async def test_a_result_published_without_a_phase_is_decided_on(sandbox, operato
         method = profile["spec"].get("method") or {}
         job = next(j for j in jobs(sandbox) if j["metadata"]["name"] == profile["status"]["jobName"])
         result = {k: v for k, v in measured_status("H100-SXM", method.get("method"), 4,
-                                                   levels=profile["spec"]["concurrencyLevels"]).items()
+                                                   levels=profile["spec"]["concurrencyLevels"],
+                                                   requests_per_level=profile["spec"].get("requestsPerLevel",
+                                                                                          64)).items()
                   if k not in ("phase", "reason", "message")}
         await sandbox.patch("speculationprofiles", NAMESPACE, profile["metadata"]["name"],
                             {"status": seal.sealed(result, job)}, subresource="status")

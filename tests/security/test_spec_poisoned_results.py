@@ -123,7 +123,10 @@ def test_ten_times_the_measured_throughput_is_refused():
         for point in run["points"]:
             point["outputThroughput"] *= 10
     problems = result_problems(body)
-    assert problems and all("above the physical bound" in p for p in problems), problems
+    # the streams' token count (outputThroughput x durationS) no longer fits the requests or the engine's count
+    assert problems and all("above the physical bound" in p or "can carry at outputLen" in p
+                            or "fewer than the 1.638e+05 tokens its streams carried" in p for p in problems), problems
+    assert "above the physical bound" in problems[0], problems
     assert "1.25 x the memory/compute roofline of H100-SXM" in problems[0]
 
 
@@ -152,7 +155,7 @@ def test_a_concurrency_beyond_the_spec_is_refused():
     body = _profile("eagle3")
     body["status"]["runs"][1]["points"][0]["concurrency"] = 10**9
     problems = result_problems(body)
-    assert any("concurrency is 1000000000, more than the profile may be measured at" in p for p in problems), problems
+    assert any("concurrency is 1000000000, not a level the operator asked for" in p for p in problems), problems
 
 
 def test_an_unknown_sku_or_model_keeps_a_generous_bound_and_says_so():
@@ -179,16 +182,29 @@ def test_a_quantized_engine_is_bounded_at_4_bits():
     assert bound.ceiling(1, 0) == pytest.approx(4 * throughput_bound(plain).ceiling(1, 0))
 
 
-def test_a_refinement_level_beyond_the_sweep_is_plausible_up_to_the_largest_batch():
-    """A refinement round places a crossover between the sweep's levels or past its largest, up to the largest
-    batch a schedule covers: such a point is checked against physics like any other, not refused for its level."""
-    from specpilot.perf.plausibility import REFINE_MAX_BATCH
+def test_a_refinement_level_is_accepted_only_where_a_round_asked_for_it():
+    """A refinement round measures between the sweep's levels or past its largest: the operator records the
+    round's levels in the profile's metadata when it starts the round, and a point is accepted at those and the
+    spec's levels only (anything else a bench could write, up to the largest batch or not, is refused)."""
+    from specpilot.perf.plausibility import REFINE_LEVELS_ANNOTATION
 
     body = _profile("eagle3")
     body["spec"]["concurrencyLevels"] = [c for c in body["spec"]["concurrencyLevels"] if c <= 128]
-    assert max(body["spec"]["concurrencyLevels"]) < 165 <= REFINE_MAX_BATCH
     point = body["status"]["runs"][1]["points"][-1]
     point["concurrency"] = 165
+    problems = result_problems(body)
+    assert any("points[11].concurrency is 165, not a level the operator asked for: spec.concurrencyLevels "
+               "[1, 2, 4, 8, 16, 32, 48, 64, 96, 128] (no refinement round asked for others)" in p
+               for p in problems), problems
+    body["metadata"]["annotations"] = {REFINE_LEVELS_ANNOTATION: "61,165"}
     assert not [p for p in result_problems(body) if "concurrency is 165" in p]
-    point["concurrency"] = REFINE_MAX_BATCH + 1
-    assert [p for p in result_problems(body) if f"concurrency is {REFINE_MAX_BATCH + 1}" in p]
+    point["concurrency"] = 200
+    assert any("concurrency is 200, not a level the operator asked for" in p and "refinement round's [61, 165]" in p
+               for p in result_problems(body))
+
+
+def test_refine_levels_annotation_merges_rounds():
+    from specpilot.perf.plausibility import refine_levels_annotation
+
+    assert refine_levels_annotation(None, [101, 61]) == "61,101"
+    assert refine_levels_annotation("61,101", (230, 61)) == "61,101,230"

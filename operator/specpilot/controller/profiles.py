@@ -24,7 +24,7 @@ from ..manifests import names
 from ..manifests.benchmark import benchmark_job
 from ..manifests.rbac import bench_rbac
 from ..manifests.serving import serving_service_account
-from ..perf.plausibility import checked_result_problems
+from ..perf.plausibility import REFINE_LEVELS_ANNOTATION, checked_result_problems, refine_levels_annotation
 from ..policy import profiling
 from . import desired
 from .context import Context
@@ -404,6 +404,7 @@ async def restart_profile(ctx: Context, namespace: str, name: str, profile: dict
     was, or as the first patch left it, does not restart it again (deleting the Job just created)."""
     await ctx.kube.delete("jobs", namespace, names.bench_job_name(name))
     annotations: dict[str, str | None] = {JOB_UID_ANNOTATION: None, seal.NONCE_ANNOTATION: None,
+                                          REFINE_LEVELS_ANNOTATION: None,
                                           desired.VERDICT_ANNOTATION: None}
     if reprofile:
         annotations[REPROFILE_ANNOTATION] = reprofile
@@ -432,6 +433,7 @@ async def start_refinement(ctx: Context, spec: SpeculativeDeploymentSpec, namesp
         if meta.get("namespace", namespace) == namespace and (meta.get("labels") or {}).get(
                 names.LABEL_PROFILE) == label and job_state(other) == "Active":
             return
+    await _record_refine_levels(ctx, namespace, need.name, job.levels or need.spec.concurrency_levels)
     created, nonce = await _create_sealed_job(ctx, spec, namespace, sdep_name, pool, need, profile,
                                               refine_round=round_index, refine_part=job.part, levels=job.levels,
                                               ks=job.ks, repeat=job.repeat, append=True)
@@ -440,6 +442,18 @@ async def start_refinement(ctx: Context, spec: SpeculativeDeploymentSpec, namesp
     sealing = seal.sealing_nonce(ctx.result_key, namespace, profile)
     await ctx.kube.patch("speculationprofiles", namespace, need.name, {"metadata": {"annotations": {
         seal.NONCE_ANNOTATION: f"{sealing} {nonce}" if sealing else nonce}}})
+
+
+async def _record_refine_levels(ctx: Context, namespace: str, name: str, levels: list[int]) -> None:
+    """The round's levels join the profile's REFINE_LEVELS_ANNOTATION before its Job exists (the plausibility
+    check accepts points at the spec's levels and these only). Read afresh: the parts of a round may start in
+    one pass, each with the same view."""
+    current = await ctx.kube.get("speculationprofiles", namespace, name)
+    recorded = ((current.get("metadata") or {}).get("annotations") or {}).get(REFINE_LEVELS_ANNOTATION)
+    merged = refine_levels_annotation(recorded, levels)
+    if merged != recorded:
+        await ctx.kube.patch("speculationprofiles", namespace, name,
+                             {"metadata": {"annotations": {REFINE_LEVELS_ANNOTATION: merged}}})
 
 
 async def _create_sealed_job(ctx: Context, spec: SpeculativeDeploymentSpec, namespace: str, sdep_name: str,
