@@ -105,6 +105,46 @@ def test_what_changes_a_measurement_changes_the_profile(path, value):
     assert _identity_name(**{path: value}) != _identity_name()
 
 
+def _mounting(volume: dict) -> dict:
+    """profiling.podOverrides mounting `volume` at /models in the engine container."""
+    return {"containers": [{"name": "engine", "volumeMounts": [{"name": "models", "mountPath": "/models"}]}],
+            "volumes": [{"name": "models", **volume}]}
+
+
+@pytest.mark.parametrize("first,second", [
+    ({"persistentVolumeClaim": {"claimName": "llama-weights"}}, {"persistentVolumeClaim": {"claimName": "other"}}),
+    ({"configMap": {"name": "weights-a"}}, {"configMap": {"name": "weights-b"}}),
+    ({"secret": {"secretName": "a"}}, {"secret": {"secretName": "b"}}),
+    ({"image": {"reference": "registry.example/llama@sha256:" + "a" * 64}},
+     {"image": {"reference": "registry.example/llama@sha256:" + "b" * 64}}),
+    ({"csi": {"driver": "s3.csi.example", "volumeAttributes": {"bucket": "a"}}},
+     {"csi": {"driver": "s3.csi.example", "volumeAttributes": {"bucket": "b"}}}),
+])
+def test_different_weights_mounted_at_one_path_are_different_profiles(first, second):
+    assert _identity_name(profiling__podOverrides=_mounting(first)) != \
+        _identity_name(profiling__podOverrides=_mounting(second))
+
+
+def test_a_volume_no_container_mounts_leaves_the_profile_as_it_was():
+    overrides = _mounting({"emptyDir": {}})
+    base = _identity_name(profiling__podOverrides=overrides)
+    unmounted = {**overrides, "volumes": [*overrides["volumes"], {"name": "spare", "configMap": {"name": "x"}}]}
+    assert _identity_name(profiling__podOverrides=unmounted) == base
+
+
+def test_an_image_with_a_digest_is_named_by_its_digest():
+    from specpilot.api.profile import image_identity
+
+    digest = "sha256:" + "c" * 64
+    assert image_identity(f"vllm/vllm-openai:v0.32.0@{digest}") == f"vllm/vllm-openai@{digest}"
+    assert image_identity(f"registry:5000/vllm@{digest}") == f"registry:5000/vllm@{digest}"
+    assert image_identity("registry:5000/vllm:v1") == "registry:5000/vllm:v1"
+    assert _identity_name(model__image=f"vllm/vllm-openai:v0.32.0@{digest}") == \
+        _identity_name(model__image=f"vllm/vllm-openai:latest@{digest}")
+    assert _identity_name(model__image=f"vllm/vllm-openai@{digest}") != \
+        _identity_name(model__image="vllm/vllm-openai@sha256:" + "d" * 64)
+
+
 @pytest.mark.parametrize("path,value", [
     ("serving__maxReplicas", 9),
     ("model__servedName", "chat"),

@@ -61,10 +61,36 @@ class EngineSettings(ApiModel):
     container_overrides: list[FreeFormObject] = Field(default_factory=list, max_length=8)
     """The containers and initContainers entries of spec.profiling.podOverrides (env, resources, mounts of
     the bench and engine)."""
+    volumes: list[FreeFormObject] = Field(default_factory=list, max_length=64)
+    """The volumes of spec.profiling.podOverrides that those containers mount, whole: their source (a
+    ConfigMap's or Secret's name, a PVC's claimName, an image volume's reference, a CSI driver and its
+    attributes...) decides what the engine reads at the mount path (its weights, its code)."""
 
     def identity(self) -> dict[str, Any]:
-        """The settings that are set (an empty or default one leaves the identity as it was without it)."""
-        return {k: v for k, v in self.dump().items() if v not in ([], {}, None)}
+        """The settings that are set (an empty or default one leaves the identity as it was without it); image
+        volumes by digest where they give one."""
+        out = {k: v for k, v in self.dump().items() if v not in ([], {}, None)}
+        if "volumes" in out:
+            out["volumes"] = [_volume_identity(v) for v in out["volumes"]]
+        return out
+
+
+def image_identity(ref: str) -> str:
+    """An image as a profile's identity names it: by digest where the reference gives one (`repo:tag@sha256:x`
+    runs what `repo@sha256:x` runs, whatever the tag says), else as written."""
+    name, at, digest = ref.partition("@")
+    if not at:
+        return ref
+    slash = name.rfind("/")
+    colon = name.rfind(":")
+    return f"{name[:colon] if colon > slash else name}@{digest}"
+
+
+def _volume_identity(volume: dict[str, Any]) -> dict[str, Any]:
+    image = volume.get("image")
+    if isinstance(image, dict) and isinstance(image.get("reference"), str):
+        return {**volume, "image": {**image, "reference": image_identity(image["reference"])}}
+    return volume
 
 
 class SpeculationProfileSpec(ApiModel):
@@ -106,20 +132,21 @@ class SpeculationProfileSpec(ApiModel):
     def identity(self) -> dict[str, Any]:
         """What the profile measures; equal identities are interchangeable measurements. Everything that
         changes the numbers is in it: model, method config, GPU type, engine image, workload, the engine's
-        settings (extra args, env, resources, memory share) and the benchmark image. (Settings left unset
-        leave the hash as it was before they were part of it.)"""
+        settings (extra args, env, resources, memory share, the bench's container overrides and the volumes
+        they mount) and the benchmark image; images by digest where the reference gives one. (Settings left
+        unset leave the hash as it was before they were part of it.)"""
         identity: dict[str, Any] = {
             "model": self.model.dump(),
             "method": self.method.identity() if self.method else None,
             "sku": self.sku,
-            "engineImage": self.engine_image,
+            "engineImage": image_identity(self.engine_image),
             "workload": self.workload.dump(),
         }
         engine = self.engine.identity() if self.engine else {}
         if engine:
             identity["engine"] = engine
         if self.benchmark_image:
-            identity["benchmarkImage"] = self.benchmark_image
+            identity["benchmarkImage"] = image_identity(self.benchmark_image)
         return identity
 
     def identity_hash(self) -> str:

@@ -98,11 +98,15 @@ def engine_settings(spec: SpeculativeDeploymentSpec) -> EngineSettings:
     overrides = spec.profiling.pod_overrides or {}
     containers = [c for field in ("containers", "initContainers") for c in overrides.get(field) or []
                   if isinstance(c, dict)]
+    # a mounted volume's source decides what is read at its path (two PVCs at /models: two models' weights)
+    mounted = {m.get("name") for c in containers for m in c.get("volumeMounts") or [] if isinstance(m, dict)}
+    volumes = sorted((v for v in overrides.get("volumes") or [] if isinstance(v, dict) and v.get("name") in mounted),
+                     key=lambda v: str(v.get("name")))
     return EngineSettings(extra_args=list(spec.model.extra_args), env=list(spec.model.env),
                           resources=spec.model.resources,
                           gpu_memory_utilization=spec.model.gpu_memory_utilization
                           if "gpu_memory_utilization" in spec.model.model_fields_set else None,
-                          container_overrides=containers)
+                          container_overrides=containers, volumes=volumes)
 
 
 def profile_spec(spec: SpeculativeDeploymentSpec, sku: str, candidate: CandidateMethod | None,
