@@ -47,6 +47,8 @@ from specpilot.api.crd import all_crds
 from specpilot.api.validate import validate_custom_resource
 from specpilot.controller.kube import KIND_TO_PLURAL, resource_path
 
+from . import objectrules
+
 _VERBS = {"get", "list", "watch", "create", "update", "patch", "delete"}
 
 # Built-in resources the operator and the sandbox use, beyond kmock's bundled discovery data.
@@ -206,6 +208,13 @@ class Cause:
 
     field: str
     message: str
+    reason: str = objectrules.INVALID
+    """FieldValueInvalid (`message` is the detail after "Invalid value: "), or another reason, whose `message`
+    is the whole text after the field ("Required value", "Forbidden: ...")."""
+
+    @property
+    def text(self) -> str:
+        return f"Invalid value: {self.message}" if self.reason == objectrules.INVALID else self.message
 
 
 class SchemaValidator:
@@ -215,6 +224,10 @@ class SchemaValidator:
 
     def __init__(self) -> None:
         self.crds = {(c["spec"]["group"], c["spec"]["names"]["plural"]): c for c in all_crds().values()}
+        self.status_subresources = frozenset(
+            key for key, crd in self.crds.items()
+            if any("status" in (v.get("subresources") or {}) for v in crd["spec"]["versions"]))
+        """The custom resources whose status is written through /status only (and only there)."""
         self.unchanged: dict[tuple[tuple[str, str], str], dict] = {
             (key, section): _without_section(crd, section) for key, crd in self.crds.items()
             for section in ("spec", "status")}
@@ -231,6 +244,11 @@ class SchemaValidator:
         return found
 
     def _causes(self, group: str, plural: str, obj: dict, old: dict | None) -> list[Cause]:
+        rules = [Cause(field, text.removeprefix("Invalid value: ") if reason == objectrules.INVALID else text,
+                       reason) for field, reason, text in objectrules.object_problems(plural, obj, old is None)]
+        return rules + self._schema_causes(group, plural, obj, old)
+
+    def _schema_causes(self, group: str, plural: str, obj: dict, old: dict | None) -> list[Cause]:
         crd = self.crds.get((group, plural))
         if crd is not None:
             same = [s for s in ("spec", "status") if old is not None and s in obj and obj.get(s) == old.get(s)]
@@ -291,14 +309,49 @@ def _invalid(request: kmock.Request, obj: dict, causes: list[Cause]) -> aiohttp.
     group = request.resource.group if request.resource is not None else ""
     name = (obj.get("metadata") or {}).get("name") or request.name or ""
     message = f'{kind}{"." + group if group else ""} "{name}" is invalid: ' + ", ".join(
-        f"{c.field}: Invalid value: {c.message}" for c in causes[:20])
+        f"{c.field}: {c.text}" for c in causes[:20])
     return aiohttp.web.json_response({
         "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": message,
         "reason": "Invalid", "code": 422,
         "details": {"name": name, "group": group, "kind": kind,
-                    "causes": [{"reason": "FieldValueInvalid", "message": f"Invalid value: {c.message}",
-                                "field": c.field} for c in causes]},
+                    "causes": [{"reason": c.reason, "message": c.text, "field": c.field} for c in causes]},
     }, status=422)
+
+
+def _status(code: int, reason: str, message: str) -> aiohttp.web.Response:
+    return aiohttp.web.json_response({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                                      "message": message, "reason": reason, "code": code}, status=code)
+
+
+def _keep_own_section(request: kmock.Request, status_subresources: frozenset[tuple[str, str]]) -> None:
+    """What the API server ignores of a write to a custom resource with a status subresource: the status
+    sent to the object itself (create, replace, patch) and everything but the status sent to /status (its
+    spec, its metadata but the resourceVersion a replace is conditional on). The write goes on without it."""
+    resource = request.resource
+    if resource is None or (resource.group or "", resource.plural) not in status_subresources:
+        return
+    verb = _verb(request)
+    if verb not in ("create", "update", "patch"):
+        return
+    data = request.data
+    on_status = request.subresource == "status"
+    if isinstance(data, dict):
+        if on_status:
+            meta = data.get("metadata") if isinstance(data.get("metadata"), dict) else {}
+            for key in [k for k in data if k not in ("status", "apiVersion", "kind")]:
+                del data[key]
+            if meta.get("resourceVersion") is not None:
+                data["metadata"] = {"resourceVersion": meta["resourceVersion"]}
+        elif request.subresource is None:
+            data.pop("status", None)
+    elif isinstance(data, list):
+        def own(op: Any) -> bool:
+            path = str(op.get("path", "")) if isinstance(op, dict) else ""
+            under_status = path == "/status" or path.startswith("/status/")
+            if on_status:
+                return under_status or path == "/metadata/resourceVersion"
+            return not under_status
+        data[:] = [op for op in data if own(op)]
 
 
 ANNOTATIONS_LIMIT = 256 * 1024
@@ -321,9 +374,19 @@ class SandboxEmulator(kmock.KubernetesEmulator):
     schemas: SchemaValidator | None = attrs.field(factory=SchemaValidator, init=False)
     """Validates every write as the API server would (None: store what comes, as kmock does)."""
 
+    async def __call__(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
+        # The depth limit goes before kmock parses the body: Python's decoder fails past its recursion limit.
+        body = await raw_request.read()
+        if body and objectrules.nesting_depth(body) > objectrules.MAX_DEPTH:
+            return _status(400, "BadRequest", f"the request body is invalid: json: exceeded max depth of "
+                                              f"{objectrules.MAX_DEPTH} (objects and arrays nested deeper)")
+        return await super().__call__(raw_request)
+
     async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
         if self.recorded is not None:
             self.recorded.append(_record(request))
+        if self.schemas is not None:
+            _keep_own_section(request, self.schemas.status_subresources)
         fault = (next((f for f in self.faults if f.matches(request)), None) or self._annotations_too_long(request)
                  or _non_finite(request))
         refusal = fault.response(request) if fault is not None else self._schema_refusal(request)

@@ -15,7 +15,8 @@ pytestmark = pytest.mark.operator
 
 
 def _job(name: str, deadline_s: int | None, backoff_limit: int = 3) -> dict:
-    spec = {"backoffLimit": backoff_limit, "template": {"spec": {"containers": [{"name": "bench", "args": []}]}}}
+    spec = {"backoffLimit": backoff_limit,
+            "template": {"spec": {"containers": [{"name": "bench", "image": "specpilot-bench:test", "args": []}]}}}
     if deadline_s is not None:
         spec["activeDeadlineSeconds"] = deadline_s
     return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name, "namespace": NAMESPACE},
