@@ -21,12 +21,18 @@ NOW = datetime(2026, 12, 1, tzinfo=UTC)
 
 
 class FakeKube:
-    def __init__(self) -> None:
+    def __init__(self, pods: list[dict] | None = None) -> None:
         self.patches: list[tuple[str, dict]] = []
+        self.pods = pods or []
+        self.lists: list[tuple[str, str, str | None]] = []
 
     async def patch(self, kind, namespace, name, body, subresource=None):
         self.patches.append((name, body))
         return body
+
+    async def list(self, plural, namespace=None, label_selector=None):
+        self.lists.append((plural, namespace, label_selector))
+        return list(self.pods)
 
 
 def _forged_view(version: str) -> tuple[desired.NeededProfile, dict]:
@@ -136,3 +142,69 @@ def test_the_planner_reads_the_phase_the_operator_decided_not_the_stored_one():
     assert _ready(SpeculationProfile.model_validate(planned.bodies[need.key]))
     assert body["status"]["phase"] == "Running"  # the index's copy is left as it is
     assert _pool_profiles([need], view, {need.name: "Running"}, {need.name: body}, {}, "uid").bodies == {}
+
+
+def test_a_failed_jobs_pods_are_read_and_their_account_quoted():
+    """The Job failed for good: its pods (by the Job's uid) say why, in the status and the Event; the engine's
+    text quoted as its own, with the Job's result token scrubbed."""
+    from specpilot.api import seal
+    from specpilot.manifests import names
+
+    ctx = Context(kube=FakeKube(), config=OperatorConfig(), metrics=OperatorMetrics(), connection=SimpleNamespace())
+    spec = SpeculativeDeploymentSpec.model_validate({
+        "model": {"id": "meta-llama/Llama-3.1-8B-Instruct"},
+        "gpuPools": [{"name": "h100", "nodeSelector": {"gpu": "h100"}}],
+        "methods": [{"method": "eagle3", "model": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"}]})
+    need, profile, job = _failed_job_profile(ctx, None)
+    job["metadata"]["annotations"] = {seal.NONCE_ANNOTATION: "n1"}
+    token = seal.job_token(ctx.result_key, "team", need.name, "n1")
+    ctx.kube.pods = [{"metadata": {"name": "bench-x-abcde", "ownerReferences": [{"kind": "Job", "uid": "j1"}]},
+                      "status": {"phase": "Failed", "containerStatuses": [
+                          {"name": "engine", "state": {"terminated": {"exitCode": 137, "reason": "OOMKilled",
+                                                                      "message": f"loading\ntoken {token}"}}}]}}]
+    events: list = []
+    asyncio.run(reconcile_profiles(ctx, spec, "team", "llama", [need], {need.name: profile},
+                                   {f"team/{names.bench_job_name(need.name)}": job}, None, NOW, events))
+    assert ctx.kube.lists == [("pods", "team", "controller-uid=j1")]
+    message = ctx.kube.patches[-1][1]["status"]["message"]
+    assert "pod bench-x-abcde: engine container was OOMKilled (exit 137)" in message
+    assert "«loading | token ***»" in message and token not in message
+    assert "OOMKilled" in events[-1].message and events[-1].reason == "ProfilingFailed"
+
+
+def test_an_active_job_whose_pod_cannot_start_says_so_once():
+    """An active Job with no pod ready: its pods are read (not more often than the check interval), and an image
+    that cannot be pulled is told in the profile's status and one Warning Event; the profile is not failed."""
+    from specpilot.manifests import names
+
+    kube = FakeKube([{"metadata": {"name": "bench-x-abcde", "ownerReferences": [{"kind": "Job", "uid": "j1"}]},
+                      "status": {"phase": "Pending", "containerStatuses": [
+                          {"name": "engine", "image": "registry.invalid/vllm:1",
+                           "state": {"waiting": {"reason": "ErrImagePull", "message": "no such host"}}}]}}])
+    ctx = Context(kube=kube, config=OperatorConfig(), metrics=OperatorMetrics(), connection=SimpleNamespace())
+    spec = SpeculativeDeploymentSpec.model_validate({
+        "model": {"id": "meta-llama/Llama-3.1-8B-Instruct"},
+        "gpuPools": [{"name": "h100", "nodeSelector": {"gpu": "h100"}}],
+        "methods": [{"method": "eagle3", "model": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"}]})
+    need, profile, job = _failed_job_profile(ctx, None)
+    profile["status"] = {"phase": "Running", "jobName": job["metadata"]["name"]}
+    profile["metadata"]["annotations"] = {"specpilot.io/job-uid": "j1"}
+    job["status"] = {"active": 1, "ready": 0}
+    jobs = {f"team/{names.bench_job_name(need.name)}": job}
+    for _ in range(2):
+        events: list = []
+        states = asyncio.run(reconcile_profiles(ctx, spec, "team", "llama", [need], {need.name: profile}, jobs,
+                                                None, NOW, events))
+        assert states == {need.name: "Running"}
+        if _ == 0:
+            assert [e.reason for e in events] == ["BenchmarkPodNotStarting"]
+            status = kube.patches[-1][1]["status"]
+            assert status["reason"] == "PodNotStarting"
+            assert "image registry.invalid/vllm:1 cannot be pulled: ErrImagePull" in status["message"]
+        else:
+            assert events == []  # read again within the interval: not at all
+    assert len(kube.lists) == 1
+    # It started after all: the profile no longer says it cannot.
+    job["status"] = {"active": 1, "ready": 1}
+    asyncio.run(reconcile_profiles(ctx, spec, "team", "llama", [need], {need.name: profile}, jobs, None, NOW, []))
+    assert kube.patches[-1][1]["status"]["reason"] == "Measuring"

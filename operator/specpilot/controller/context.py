@@ -93,6 +93,11 @@ class Context:
     the index shows the write, a reconciliation that still sees one of those versions sees the profile as the
     write left it (and does not fail it again, posting ProfilingFailed and counting it twice, nor restart it
     again, deleting the Job it has just created and posting a second Reprofiling)."""
+    pod_checks: Bounded = field(default_factory=Bounded)
+    """Benchmark Job uid -> (when its pods were last read while none was ready (monotonic seconds), why its pod
+    could not start then ("" when nothing stopped it), the last such cause): the pods are read at most every
+    `profiles.POD_CHECK_S`, and the last cause is quoted when the Job fails after the Job controller deleted
+    its pods (past its deadline)."""
     profile_events: Bounded = field(default_factory=lambda: Bounded(10 * MAX_REMEMBERED))
     """"namespace/profile" -> watch events of the profile and its benchmark Jobs seen by the index handlers."""
 

@@ -354,7 +354,7 @@ METADATA_KEPT = ("name", "namespace", "uid", "resourceVersion", "generation", "c
                  "annotations", "ownerReferences")
 """What the indexes keep of an object's metadata (not managedFields, finalizers or kopf's own annotations'
 history: at a few hundred profiles and Jobs those made up much of the operator's memory)."""
-JOB_STATUS_KEPT = ("conditions", "failed", "succeeded", "active", "startTime", "completionTime")
+JOB_STATUS_KEPT = ("conditions", "failed", "succeeded", "active", "ready", "startTime", "completionTime")
 """What the Jobs index keeps of a Job's status."""
 
 

@@ -25,7 +25,7 @@ from ..manifests.benchmark import benchmark_job
 from ..manifests.rbac import bench_rbac
 from ..manifests.serving import serving_service_account
 from ..perf.plausibility import REFINE_LEVELS_ANNOTATION, checked_result_problems, refine_levels_annotation
-from ..policy import profiling
+from ..policy import job_failure, profiling
 from . import desired
 from .context import Context
 from .kube import Conflict
@@ -49,6 +49,9 @@ RESULT_GRACE_S = profiling.RESULT_GRACE_S
 """How long after a benchmark Job completes its result may take to reach the profile (watch order)."""
 RETRY_HINT = profiling.RETRY_HINT
 """How a profile that failed for good is measured again, as its message says."""
+POD_CHECK_S = 30.0
+"""How often, at most, the pods of an active benchmark Job with no pod ready are read to see whether one cannot
+start (an image that cannot be pulled, no node): four reconcile intervals when that is shorter."""
 
 
 async def ensure_bench_identity(ctx: Context, namespace: str) -> None:
@@ -130,10 +133,13 @@ async def reconcile_profiles(ctx: Context, spec: SpeculativeDeploymentSpec, name
         profile = await _renew(ctx, namespace, need, stored, renew, events) if renew is not None else stored
         current[need.name] = profile
         job = _current_job(jobs.get(f"{namespace}/{names.bench_job_name(need.name)}"), profile)
-        step = profiling.follow(plan_need, _view(ctx, namespace, profile, job), _job_view(job, profile), now,
-                                RESULT_GRACE_S)
+        view = _view(ctx, namespace, profile, job)
+        pods_said = await _failed_pods_account(ctx, namespace, need, job, view)
+        step = profiling.follow(plan_need, view, _job_view(job, profile, pods_said), now, RESULT_GRACE_S)
         for action in step.actions:
             await _execute(ctx, namespace, need, current[need.name], job, action, events)
+        if step.running:
+            await _check_pod_start(ctx, namespace, need, job, events)
         if step.phase == "Succeeded":
             uid = (job or {}).get("metadata", {}).get("uid")
             if uid and uid not in ctx.counted_jobs:
@@ -173,13 +179,14 @@ def _view(ctx: Context, namespace: str, profile: dict, job: dict | None = None,
         bench_said=_bench_account(ctx, namespace, profile) if checked and phase in profiling.MEASURING else "")
 
 
-def _job_view(job: dict | None, profile: dict) -> profiling.JobView | None:
+def _job_view(job: dict | None, profile: dict, pods_said: str = "") -> profiling.JobView | None:
     if job is None:
         return None
     status = job.get("status") or {}
     return profiling.JobView(
         name=(job.get("metadata") or {}).get("name", ""), state=job_state(job), active=int(status.get("active") or 0),
         failed=int(status.get("failed") or 0), completed_at=desired.job_completed_at(job), failure=_job_failure(job),
+        pods_said=pods_said,
         nonce_recorded=_job_nonce(profile, job) is None,
         name_recorded=(profile.get("status") or {}).get("jobName") == (job.get("metadata") or {}).get("name"))
 
@@ -255,12 +262,72 @@ async def _accept_result(ctx: Context, namespace: str, need: desired.NeededProfi
 
 def _bench_account(ctx: Context, namespace: str, profile: dict) -> str:
     """The benchmark's own account of why it stopped (status.benchFailure), quoted only when the profile's seal
-    holds (its Job wrote it, not tenant code or another writer); "" otherwise."""
+    holds (its Job wrote it, not tenant code or another writer); "" otherwise. The engine's log lines it carries
+    are quoted as the engine's text (job_failure.bench_account)."""
     failure = (profile.get("status") or {}).get("benchFailure")
     if not isinstance(failure, dict) or seal.seal_problem(ctx.result_key, namespace, profile) is not None:
         return ""
-    reason, text = str(failure.get("reason") or "")[:128], str(failure.get("message") or "")[-2000:]
-    return f"; the benchmark says: {reason}: {text}" if text else f"; the benchmark says: {reason}"
+    return "; " + job_failure.bench_account(failure.get("reason"), failure.get("message"),
+                                            _job_tokens(ctx, namespace, profile))
+
+
+def _job_tokens(ctx: Context, namespace: str, profile: dict) -> list[str]:
+    """The result tokens of the profile's recorded Jobs: scrubbed from any pod text quoted."""
+    meta = profile.get("metadata") or {}
+    nonces = ((meta.get("annotations") or {}).get(seal.NONCE_ANNOTATION) or "").split()
+    return [seal.job_token(ctx.result_key, namespace, meta.get("name", ""), nonce) for nonce in nonces]
+
+
+async def _job_pods(ctx: Context, namespace: str, job: dict) -> list[dict]:
+    return await ctx.kube.list("pods", namespace, label_selector=job_failure.job_pod_selector(job))
+
+
+async def _failed_pods_account(ctx: Context, namespace: str, need: desired.NeededProfile, job: dict | None,
+                               view: profiling.ProfileView) -> str:
+    """What the pods of a Job that failed for good say about why (`job_failure.pod_account`), read once: when
+    the profile is still measuring, so its failure is about to be recorded; "" otherwise."""
+    if job is None or view.phase not in profiling.MEASURING or job_state(job) != "Failed":
+        return ""
+    meta = job.get("metadata") or {}
+    uid = meta.get("uid") or None
+    earlier = (ctx.pod_checks.get(uid) or (0.0, "", ""))[2] if uid else ""
+    nonce = (meta.get("annotations") or {}).get(seal.NONCE_ANNOTATION)
+    tokens = [seal.job_token(ctx.result_key, namespace, need.name, nonce)] if nonce else []
+    return job_failure.pod_account(await _job_pods(ctx, namespace, job), job_uid=uid, bench_said=bool(view.bench_said),
+                                   known_secrets=tokens, earlier=earlier)
+
+
+async def _check_pod_start(ctx: Context, namespace: str, need: desired.NeededProfile, job: dict | None,
+                           events: list[Event]) -> None:
+    """An active Job with no pod ready (Job status.ready, where the cluster reports it): read its pods, at most
+    every POD_CHECK_S, and when one cannot start (`job_failure.pod_not_starting`) say why in the profile's
+    status and a BenchmarkPodNotStarting Warning Event, once per cause. The profile is not failed: Kubernetes
+    keeps trying (a registry back, a node added) until the Job's deadline."""
+    status = (job or {}).get("status") or {}
+    meta = (job or {}).get("metadata") or {}
+    uid = meta.get("uid")
+    if not uid or job_state(job) != "Active":
+        return
+    last_at, last_said, reported = ctx.pod_checks.get(uid) or (None, "", "")
+    if status.get("ready") != 0 or not int(status.get("active") or 0):
+        if last_said:  # it started after all: the profile no longer says it cannot
+            ctx.pod_checks[uid] = (last_at, "", reported)
+            await ctx.kube.patch("speculationprofiles", namespace, need.name, {"status": {
+                "reason": "Measuring", "message": f"the benchmark Job {meta.get('name')} is running"}},
+                subresource="status")
+        return
+    if last_at is not None and time.monotonic() - last_at < min(POD_CHECK_S,
+                                                                4 * ctx.config.reconcile_interval_seconds):
+        return
+    said = job_failure.pod_not_starting(await _job_pods(ctx, namespace, job), uid)
+    ctx.pod_checks[uid] = (time.monotonic(), said, said or reported)
+    if not said or said == last_said:
+        return
+    message = (f"the benchmark Job {meta.get('name')} cannot start: {said}; Kubernetes keeps trying until the Job's "
+               f"deadline (spec.profiling.jobDeadlineSeconds)")
+    await ctx.kube.patch("speculationprofiles", namespace, need.name,
+                         {"status": {"reason": "PodNotStarting", "message": message}}, subresource="status")
+    events.append(Event("Warning", "BenchmarkPodNotStarting", f"{need.key} on {need.sku} ({need.name}): {message}"))
 
 
 async def _start_job(ctx: Context, spec: SpeculativeDeploymentSpec, namespace: str, sdep_name: str, pool: GpuPool,

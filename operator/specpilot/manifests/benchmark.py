@@ -76,6 +76,12 @@ WORKLOAD_FILE_NAME = "prompts.jsonl"
 WORKLOAD_FILE = f"{WORKLOAD_DIR}/{WORKLOAD_FILE_NAME}"
 TTL_SECONDS_AFTER_FINISHED = 86400
 """Finished Jobs stay a day for `kubectl logs`; the results are in the profile's status."""
+TERMINATION_MESSAGE = {"terminationMessagePath": "/dev/termination-log",
+                       "terminationMessagePolicy": "FallbackToLogsOnError"}
+"""On every container of the pod: the kubelet records in the pod's status what the container wrote to
+/dev/termination-log (the bench its error line, the supervisor the engine's last log lines), or the end of
+its log when it failed without writing one, so the operator can say why a Job failed without reading logs
+(`policy.job_failure`)."""
 def bench_engine_model(spec: SpeculativeDeploymentSpec, profile_spec: SpeculationProfileSpec) -> ModelSpec:
     """The engine a profile measures: the profile's identity (model, revision, TP, context, image) with the
     deployment's other settings (served name, token). Extra args, env, resources and memory share come from
@@ -207,12 +213,12 @@ def benchmark_job(*, profile_name: str, namespace: str, profile_spec: Speculatio
             "name": workload_file.name, "items": [{"key": workload_file.key, "path": WORKLOAD_FILE_NAME}]}})
         bench_mounts.append({"name": WORKLOAD_VOLUME, "mountPath": WORKLOAD_DIR, "readOnly": True})
     owned_bench = {"name": BENCH_CONTAINER, "image": bench_image, "command": list(BENCH_COMMAND), "args": args,
-                   "env": bench_env, "volumeMounts": bench_mounts}
+                   "env": bench_env, "volumeMounts": bench_mounts, **TERMINATION_MESSAGE}
 
     # The engine: the profile's engine image under the supervisor, the tenant's env and mounts, the GPUs, no token.
     owned_engine = {"name": ENGINE_CONTAINER, "image": model.image,
                     "command": ["python3", SUPERVISOR_SCRIPT],
-                    "args": supervisor_args(profile_spec, model, port, security.home_dir)}
+                    "args": supervisor_args(profile_spec, model, port, security.home_dir), **TERMINATION_MESSAGE}
     engine: dict[str, Any] = {**owned_engine, "env": with_identity_env(engine_env(model), security),
                               "volumeMounts": [dshm_mount(), home_mount(security),
                                                {"name": SUPERVISOR_VOLUME, "mountPath": SUPERVISOR_DIR,
@@ -220,7 +226,8 @@ def benchmark_job(*, profile_name: str, namespace: str, profile_spec: Speculatio
                               "resources": gpu_resources(model.resources, pool.gpu_resource_name, gpu_count)}
     install = {"name": SUPERVISOR_INSTALL_CONTAINER, "image": bench_image, "command": ["python3", "-c", (
         "import shutil, specpilot_bench.supervisor as s; shutil.copyfile(s.__file__, "
-        f"{SUPERVISOR_SCRIPT!r})")], "volumeMounts": [{"name": SUPERVISOR_VOLUME, "mountPath": SUPERVISOR_DIR}]}
+        f"{SUPERVISOR_SCRIPT!r})")], "volumeMounts": [{"name": SUPERVISOR_VOLUME, "mountPath": SUPERVISOR_DIR}],
+        **TERMINATION_MESSAGE}
 
     pod_spec: dict[str, Any] = {
         "serviceAccountName": names.BENCH_SERVICE_ACCOUNT,

@@ -100,6 +100,9 @@ class JobView:
     completed_at: datetime | None = None
     failure: tuple[str, str] = ("JobFailed", "the benchmark Job failed")
     """(reason, message) of its Failed condition."""
+    pods_said: str = ""
+    """What its last pod's status says about the failure (`policy.job_failure.pod_account`; "" when nothing, or
+    not read: the controller reads the pods only of a Job that failed for good)."""
     nonce_recorded: bool = True
     """The profile records the Job's result nonce (False: the operator stopped between creating the Job and
     recording it; the next reconciliation catches up)."""
@@ -329,8 +332,12 @@ def _follow_job(need: Need, profile: ProfileView, job: JobView, now: datetime,
     if job.state == FAILED:
         reason, message = job.failure
         attempts = job.failed
-        return FAILED, [MarkFailed(need.name, reason, f"{message} after {attempts} attempt(s){said}; {RETRY_HINT}",
-                                   f"{reason}: {message} ({attempts} attempts){said}", attempts=attempts)]
+        if reason == "DeadlineExceeded":
+            message = f"{message} (spec.profiling.jobDeadlineSeconds)"
+        pods = f"; {job.pods_said}" if job.pods_said else ""
+        return FAILED, [MarkFailed(need.name, reason,
+                                   f"{message} after {attempts} attempt(s){said}{pods}; {RETRY_HINT}",
+                                   f"{reason}: {message} ({attempts} attempts){said}{pods}", attempts=attempts)]
     if job.state == COMPLETE:
         # The result is on its way (watch order); past the grace it never will come, and waiting longer would
         # hang the pool at Profiling.
