@@ -71,6 +71,8 @@ from .profiles import (
     validation,
 )
 from .sweep import EngineDisagrees, Slo, fit_prompts, sweep
+from .termination import DEFAULT_PATH as DEFAULT_TERMINATION_LOG
+from .termination import write_termination_message
 from .workloads import WORKLOADS, load_prompts
 
 DEFAULT_LEVELS = [1, 2, 4, 8]
@@ -166,6 +168,9 @@ def build_parser() -> argparse.ArgumentParser:
     engine.add_argument("--engine-args", default="", help="extra engine arguments as one shell-quoted string")
     engine.add_argument("--engine-start-timeout", type=float, default=900, help="seconds to wait for a healthy engine")
     engine.add_argument("--log-dir", type=Path, default=Path("specpilot-bench-logs"), help="engine logs go here")
+    engine.add_argument("--termination-log", type=Path, default=DEFAULT_TERMINATION_LOG,
+                        help="where a failure's one-line reason goes for the kubelet (written only when the file "
+                             "exists, as in a pod)")
 
     sweep_args = p.add_argument_group("sweep")
     sweep_args.add_argument("--warmup-requests", type=int, default=0, help="warm-up requests per level "
@@ -568,6 +573,10 @@ def finalize(args: argparse.Namespace, targets: list[Target], code: int) -> int:
         if target.status.phase == ProfilePhase.FAILED.value:
             print(f"[specpilot-bench] {target.name or target.spec.object_name()} failed: {target.status.reason}: "
                   f"{target.status.message}", file=sys.stderr, flush=True)
+            # The error line only: the engine log lines a message may carry are the engine container's to report.
+            first = (target.status.message or "").strip().splitlines()[:1]
+            write_termination_message(args.termination_log, f"{target.status.reason}: {first[0]}" if first
+                                      else str(target.status.reason))
         if target.store is not None:
             try:
                 target.store.publish(target.status, target.expected_ks)
@@ -603,7 +612,11 @@ def main(argv: list[str] | None = None) -> int:
         return asyncio.run(_profile(args))
     except ValueError as exc:
         print(f"specpilot-bench: {exc}", file=sys.stderr)
+        write_termination_message(args.termination_log, f"{type(exc).__name__}: {exc}")
         return 2
+    except Exception as exc:
+        write_termination_message(args.termination_log, f"{type(exc).__name__}: {exc}")
+        raise
 
 
 if __name__ == "__main__":

@@ -66,6 +66,10 @@ async def bounded_json(response: aiohttp.ClientResponse, limit: int = MAX_CONTRO
     return json.loads(body)
 
 
+ENGINE_CONTAINER_GONE = ("the engine container stopped: its supervisor at {url} answered before and has refused "
+                         "connections since (the pod's status says why, e.g. OOMKilled)")
+
+
 class EngineStartError(RuntimeError):
     """The engine did not become ready; the message carries the reason and the engine's last log lines."""
 
@@ -142,6 +146,8 @@ async def wait_until_ready(base_url: str, timeout_s: float, process: subprocess.
                 raise failure(f"the engine exited with code {process.returncode} before it became ready")
             if supervisor is not None:
                 state = await supervisor.state(session)
+                if state.get("gone"):
+                    raise failure(ENGINE_CONTAINER_GONE.format(url=supervisor.supervisor_url), "")
                 if state.get("exitCode") is not None or state.get("k") != supervisor.k:
                     raise failure(f"the engine for k={supervisor.k} exited with code {state.get('exitCode')} "
                                   "before it became ready", str(state.get("logTail") or "")[-8000:])
@@ -235,6 +241,15 @@ class SidecarEngine:
         return None
 
 
+SUPERVISOR_GONE_S = 15.0
+"""How long a supervisor that has answered before may refuse connections before the bench takes the engine
+container for gone: the pod's restartPolicy is Never, so it does not come back (OOMKilled, say), and waiting out
+the engine's start budget would hold the GPUs for nothing."""
+_answered: set[str] = set()
+"""Supervisor URLs that have answered in this process (before the first answer the container may still be
+pulling its image or starting)."""
+
+
 class SupervisedEngine:
     """The engine of one run, started by the engine container's supervisor (supervisor.py) over loopback: the
     bench asks only for the run's k; the command line is the supervisor's, set by the operator. The engine
@@ -247,15 +262,34 @@ class SupervisedEngine:
         self.start_timeout_s = start_timeout_s
         self.start_s: float | None = None
         self.log_path: Path | None = None
+        self._refused_since: float | None = None
 
     async def state(self, session: aiohttp.ClientSession) -> dict[str, Any]:
-        """The supervisor's view of the engine; {} while it does not answer (it may still be starting)."""
-        with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+        """The supervisor's view of the engine; {"k": k} while it does not answer (it may still be starting),
+        {"k": k, "gone": True} once it has refused connections for SUPERVISOR_GONE_S after answering before."""
+        try:
             async with session.get(f"{self.supervisor_url}/engine") as r:
                 state = await bounded_json(r)
                 if r.status == 200 and isinstance(state, dict):
+                    _answered.add(self.supervisor_url)
+                    self._refused_since = None
                     return state
+        except aiohttp.ClientConnectorError:
+            if self._gone():
+                return {"k": self.k, "gone": True}
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+            pass
         return {"k": self.k}
+
+    def _gone(self) -> bool:
+        """Another refused connection: whether the supervisor, which answered before, has refused them for
+        SUPERVISOR_GONE_S."""
+        if self.supervisor_url not in _answered:
+            return False
+        now = time.monotonic()
+        if self._refused_since is None:
+            self._refused_since = now
+        return now - self._refused_since > SUPERVISOR_GONE_S
 
     async def _request_start(self) -> None:
         deadline = time.monotonic() + self.start_timeout_s
@@ -266,12 +300,15 @@ class SupervisedEngine:
                     async with session.put(f"{self.supervisor_url}/engine", json={"k": self.k}) as r:
                         answer = await bounded_json(r)
                         if r.status == 200:
+                            _answered.add(self.supervisor_url)
                             return
                         error = answer.get("error") if isinstance(answer, dict) else answer
                         raise EngineStartError(f"the engine supervisor at {self.supervisor_url} refused the run at "
                                                f"k={self.k}: HTTP {r.status}: {str(error)[:500]}")
                 except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
                     last = f"{type(exc).__name__}: {str(exc)[:200]}"
+                    if isinstance(exc, aiohttp.ClientConnectorError) and self._gone():
+                        raise EngineStartError(ENGINE_CONTAINER_GONE.format(url=self.supervisor_url)) from None
                 await asyncio.sleep(0.5)
         raise EngineStartError(f"the engine supervisor at {self.supervisor_url} did not answer within "
                                f"{self.start_timeout_s:.0f} s ({last}): is the engine container running?")

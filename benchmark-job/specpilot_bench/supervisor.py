@@ -45,6 +45,9 @@ MAX_REQUEST_BYTES = 1024
 """A control request is `{"k": 3}`: anything longer is refused unread."""
 LOG_TAIL_LINES = 25
 LOG_TAIL_BYTES = 8192
+TERMINATION_LINES = 10
+TERMINATION_BYTES = 4096
+"""What the kubelet keeps of a termination message."""
 STOP_GRACE_S = 30
 HEARTBEAT_S = 30
 """How often the bench calls while it runs (GET /healthz)."""
@@ -74,6 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
                    f"seconds without a call from the bench (it calls every {HEARTBEAT_S} s while it runs)")
     p.add_argument("--log-dir", type=Path, default=Path("/tmp/specpilot-engine-logs"),  # noqa: S108 - in the pod
                    help="engine logs go here, one file per start")
+    p.add_argument("--termination-log", type=Path, default=Path("/dev/termination-log"),
+                   help="where the last lines of an engine that failed go for the kubelet (the container's "
+                        "termination message; written only when the file exists, as in a pod)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- the engine's command line (without "
                    "--speculative-config)")
     return p
@@ -82,10 +88,13 @@ def build_parser() -> argparse.ArgumentParser:
 class Supervisor:
     """One engine process at a time, started for the k the bench asks for."""
 
-    def __init__(self, command: list[str], configs: dict[int, str], log_dir: Path) -> None:
+    def __init__(self, command: list[str], configs: dict[int, str], log_dir: Path,
+                 termination_log: Path | None = None) -> None:
         self.command = command
         self.configs = configs
         self.log_dir = log_dir
+        self.termination_log = termination_log
+        self.exit_noted: subprocess.Popen | None = None
         self.process: subprocess.Popen | None = None
         self.k: int | None = None
         self.log_path: Path | None = None
@@ -138,8 +147,25 @@ class Supervisor:
         with self.lock:
             process = self.process
             code = None if process is None else process.poll()
+            if code:
+                self._note_exit(process, code)
             return {"k": self.k, "running": process is not None and code is None, "exitCode": code,
                     "logTail": self._log_tail()}
+
+    def _note_exit(self, process: subprocess.Popen, code: int) -> None:
+        """An engine that failed: its last log lines go to this container's log and termination message (the
+        kubelet records it in the pod's status, where the operator reads why the Job failed). Once per start."""
+        if self.exit_noted is process:
+            return
+        self.exit_noted = process
+        tail = "\n".join(self._log_tail().splitlines()[-TERMINATION_LINES:])
+        print(f"[engine-supervisor] the engine for k={self.k} exited with code {code}; its log ends with:\n{tail}",
+              file=sys.stderr, flush=True)
+        path = self.termination_log
+        if path is not None and path.is_file():
+            data = f"the engine for k={self.k} exited with code {code}:\n{tail}".encode(errors="replace")
+            with contextlib.suppress(OSError):
+                path.write_bytes(data[-TERMINATION_BYTES:])
 
     def _log_tail(self) -> str:
         if self.log_path is None:
@@ -227,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     if not command:
         build_parser().error("give the engine's command line after --")
     host, _, port = args.listen.rpartition(":")
-    supervisor = Supervisor(command, dict(args.config_for_k), args.log_dir)
+    supervisor = Supervisor(command, dict(args.config_for_k), args.log_dir, args.termination_log)
     server = ThreadingHTTPServer((host or "127.0.0.1", int(port)), handler_for(supervisor))
 
     def on_term(*_: object) -> None:
