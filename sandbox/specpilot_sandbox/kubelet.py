@@ -27,6 +27,7 @@ import random
 import signal
 import subprocess
 import sys
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -71,6 +72,18 @@ class PodProcess:
     stopping: bool = False
 
 
+UNPULLABLE_REGISTRY_SUFFIX = ".invalid"
+"""An image whose registry host ends so (RFC 2606's reserved top-level domain, e.g. `registry.invalid/vllm:1`)
+cannot be pulled here: its container waits in ErrImagePull, then ImagePullBackOff, and nothing runs, until the
+Job's activeDeadlineSeconds, as in a cluster whose registry refuses it."""
+ENGINE_MEMORY_BYTES = 1 << 30
+"""What the simulated engine takes once it loads its model: an engine container with a lower memory limit is
+OOMKilled (exit 137) as it does, as the kernel's OOM killer would kill a real one."""
+FALLBACK_LOG_LINES, FALLBACK_LOG_BYTES = 80, 2048
+"""What the kubelet keeps of a failed container's log as its message (terminationMessagePolicy
+FallbackToLogsOnError) when it wrote no termination message."""
+
+
 @dataclass
 class JobRun:
     name: str
@@ -80,6 +93,19 @@ class JobRun:
     done: bool = False
     started_at: float = 0.0
     """When the Job started (loop time): its activeDeadlineSeconds counts from here, across retries."""
+    pod: str | None = None
+    """The name of its current (or last) pod's Pod object."""
+    log_offsets: dict[str, int] = field(default_factory=dict)
+    """Container -> where its log file stood when the current pod started (its log is what follows)."""
+    unpullable: str | None = None
+    """The image of its pod that cannot be pulled: nothing runs."""
+    pull_checks: int = 0
+    oom_killed: bool = False
+    """The engine container was OOMKilled in the current pod."""
+    engine_memory: int | None = None
+    """The engine container's memory limit in bytes (None: none)."""
+    engine_starts: int = 0
+    """Engine logs its supervisor had written when the current pod started (a new one: an engine starts)."""
 
 
 @dataclass
@@ -140,9 +166,11 @@ class Kubelet:
         supervisor_url = _flag(bench_args, "--supervisor-url")
         if supervisor_url is not None:
             bench_args = _with_flag(bench_args, "--supervisor-url", _on_host(supervisor_url, ip))
+        name = job["metadata"]["name"]
         bench_command = [sys.executable, "-m", "specpilot_bench", *bench_args,
                          "--kubeconfig", str(self.kubeconfig), "--no-calibration",
-                         "--log-dir", str(self.workdir / "bench-logs")]
+                         "--log-dir", str(self.workdir / "bench-logs"),
+                         "--termination-log", str(self._termination_path(name, BENCH_CONTAINER))]
         engine = containers.get(ENGINE_CONTAINER)
         if engine is None:
             return bench_command, []
@@ -151,7 +179,8 @@ class Kubelet:
         supervisor, command = args[:split], args[split + 1:]
         listen = _flag(supervisor, "--listen") or "127.0.0.1:8090"
         supervisor = _with_flag(_with_flag(supervisor, "--listen", f"{ip}:{listen.rpartition(':')[2]}"),
-                                "--log-dir", str(self.workdir / "engine-logs" / job["metadata"]["name"]))
+                                "--log-dir", str(self.workdir / "engine-logs" / name))
+        supervisor = _with_flag(supervisor, "--termination-log", str(self._termination_path(name, ENGINE_CONTAINER)))
         # vLLM's server (`python3 -m vllm.entrypoints.openai.api_server`) becomes the simulated GPU
         module_at = command.index("-m") + 2 if "-m" in command else 1
         engine_args = _with_flag(command[module_at:], "--host", ip)
@@ -159,6 +188,16 @@ class Kubelet:
         engine_command = [sys.executable, "-m", "specpilot_bench", "engine-supervisor", *supervisor, "--",
                           sys.executable, "-m", ENGINE_MODULE, *engine_args, *self._sim_args(sku)]
         return bench_command, engine_command
+
+    def _termination_path(self, job_name: str, container: str, fresh: bool = True) -> Path:
+        """The container's termination message file (its /dev/termination-log); `fresh`: created empty, as the
+        kubelet creates it before the container starts."""
+        folder = self.workdir / "termination"
+        folder.mkdir(exist_ok=True)
+        path = folder / f"{job_name}-{container}"
+        if fresh:
+            path.write_bytes(b"")
+        return path
 
     def _clock_path(self, name: str) -> Path:
         clocks = self.workdir / "clocks"
@@ -192,47 +231,169 @@ class Kubelet:
         for name, job in live.items():
             run = self.jobs.get(name)
             if run is None and not (job.get("status") or {}).get("conditions"):
-                run = self.jobs[name] = JobRun(name, self._spawn_job(job), started_at=loop.time())
-                await self._patch_job(job, {"active": 1, "startTime": _now()})
+                run = self.jobs[name] = JobRun(name, None, started_at=loop.time())
+                await self._start_pod(job, run)
+                await self._patch_job(job, {"active": 1, "ready": 0 if run.process is None else 1,
+                                            "startTime": _now()})
                 continue
             if run is None or run.done:
                 continue
             deadline = job["spec"].get("activeDeadlineSeconds")
             if deadline is not None and loop.time() - run.started_at > float(deadline) / self.sim.time_scale:
                 # As the Job controller: past activeDeadlineSeconds (simulated time) the running pod is
-                # terminated and the Job fails for good, whatever retries it had left.
+                # terminated and deleted, and the Job fails for good, whatever retries it had left.
                 self._stop_job(name, run)  # kept in the run: shutdown() waits for it to exit
                 run.done = True
-                await self._patch_job(job, {"active": 0, "failed": run.failures + 1, "conditions": [
+                if run.process is not None or run.unpullable:
+                    await self._delete_job_pod(job, run)
+                await self._patch_job(job, {"active": 0, "ready": 0, "failed": run.failures + 1, "conditions": [
                     {"type": "Failed", "status": "True", "reason": "DeadlineExceeded",
                      "message": "Job was active longer than specified deadline"}]})
                 continue
+            if run.unpullable:
+                await self._pull_back_off(job, run)
+                continue
             if run.process is None:
                 if loop.time() >= run.retry_at:
-                    run.process = self._spawn_job(job)
+                    await self._start_pod(job, run)
+                    await self._patch_job(job, {"active": 1, "ready": 0 if run.process is None else 1})
                 continue
+            self._kill_if_out_of_memory(name, run)
             code = run.process.poll()
             if code is None:
                 continue
             run.process = None
             # The bench told the supervisor it is done; a supervisor left behind goes with the pod.
-            _wait(self.job_engines.pop(name, None), timeout_s=5)
+            engine = self.job_engines.pop(name, None)
+            _wait(engine, timeout_s=5)
+            await self._finish_pod(job, run, code, None if engine is None else engine.returncode)
             if code == 0:
                 run.done = True
-                await self._patch_job(job, {"active": 0, "succeeded": 1, "completionTime": _now(), "conditions": [
-                    {"type": "Complete", "status": "True", "reason": "Completed"}]})
+                await self._patch_job(job, {"active": 0, "ready": 0, "succeeded": 1, "completionTime": _now(),
+                                            "conditions": [{"type": "Complete", "status": "True",
+                                                            "reason": "Completed"}]})
                 continue
             run.failures += 1
             limit = int(job["spec"].get("backoffLimit", 6))
             if run.failures > limit:
                 run.done = True
-                await self._patch_job(job, {"active": 0, "failed": run.failures, "conditions": [
+                await self._patch_job(job, {"active": 0, "ready": 0, "failed": run.failures, "conditions": [
                     {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded",
                      "message": "Job has reached the specified backoff limit"}]})
             else:
                 # The Job controller's back-off (10 s, doubling), in simulated time.
                 run.retry_at = loop.time() + 10 * 2 ** (run.failures - 1) / self.sim.time_scale
-                await self._patch_job(job, {"active": 0, "failed": run.failures})
+                await self._patch_job(job, {"active": 0, "ready": 0, "failed": run.failures})
+
+    # ----- a Job's pod, as the kubelet reports it -----
+
+    async def _start_pod(self, job: dict, run: JobRun) -> None:
+        """One attempt: a Pod object for it (labelled and owned as the Job controller does), and its containers'
+        processes, unless an image cannot be pulled."""
+        name = job["metadata"]["name"]
+        pod_spec = job["spec"]["template"]["spec"]
+        containers = [*(pod_spec.get("initContainers") or []), *(pod_spec.get("containers") or [])]
+        run.unpullable = next((c.get("image") for c in containers if _unpullable(c.get("image"))), None)
+        run.oom_killed, run.pull_checks = False, 0
+        engine = next((c for c in pod_spec.get("containers") or [] if c.get("name") == ENGINE_CONTAINER), {})
+        run.engine_memory = _quantity(((engine.get("resources") or {}).get("limits") or {}).get("memory"))
+        run.engine_starts = _files(self.workdir / "engine-logs" / name)
+        run.pod = f"{name}-{uuid.uuid4().hex[:5]}"
+        run.log_offsets = {container: _size(self.workdir / log) for container, log in
+                           ((BENCH_CONTAINER, f"job-{name}.log"), (ENGINE_CONTAINER, f"job-{name}-engine.log"))}
+        if run.unpullable is None:
+            run.process = self._spawn_job(job)
+        meta = job["metadata"]
+        uid = meta.get("uid", "")
+        labels = {**((job["spec"]["template"].get("metadata") or {}).get("labels") or {}), "job-name": name,
+                  "batch.kubernetes.io/job-name": name, "controller-uid": uid,
+                  "batch.kubernetes.io/controller-uid": uid}
+        statuses = [_container_status(c, {"running": {"startedAt": _now()}} if run.process is not None
+                                      else {"waiting": {"reason": "ContainerCreating"}})
+                    for c in pod_spec.get("containers") or []]
+        with contextlib.suppress(RuntimeError):
+            await self.api.create({
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": run.pod, "namespace": meta.get("namespace"), "labels": labels,
+                             "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": name, "uid": uid,
+                                                  "controller": True, "blockOwnerDeletion": True}]},
+                "spec": {"restartPolicy": "Never",
+                         "containers": [{"name": c.get("name"), "image": c.get("image", "")}
+                                        for c in pod_spec.get("containers") or []]},
+                "status": {"phase": "Running" if run.process is not None else "Pending",
+                           "containerStatuses": statuses}})
+
+    async def _pull_back_off(self, job: dict, run: JobRun) -> None:
+        """The pod whose image cannot be pulled: ErrImagePull on the first try, ImagePullBackOff after."""
+        run.pull_checks += 1
+        if run.pull_checks > 2:
+            return
+        reason = "ErrImagePull" if run.pull_checks == 1 else "ImagePullBackOff"
+        host = str(run.unpullable).split("/", 1)[0]
+        message = (f'rpc error: code = Unknown desc = failed to pull and unpack image "{run.unpullable}": dial tcp: '
+                   f"lookup {host}: no such host" if reason == "ErrImagePull"
+                   else f'Back-off pulling image "{run.unpullable}"')
+        containers = job["spec"]["template"]["spec"].get("containers") or []
+        statuses = [_container_status(c, {"waiting": {"reason": reason, "message": message}
+                                          if c.get("image") == run.unpullable else {"reason": "ContainerCreating"}})
+                    for c in containers]
+        await self._patch_pod(job, run, {"phase": "Pending", "containerStatuses": statuses})
+
+    def _kill_if_out_of_memory(self, name: str, run: JobRun) -> None:
+        """An engine container whose memory limit is below what the simulated engine takes is killed as the
+        kernel would kill it, once its supervisor starts the engine (loads the model)."""
+        engine = self.job_engines.get(name)
+        if run.oom_killed or engine is None or engine.poll() is not None:
+            return
+        limit = run.engine_memory
+        if limit is None or limit >= ENGINE_MEMORY_BYTES or _files(self.workdir / "engine-logs" / name) <= \
+                run.engine_starts:
+            return
+        run.oom_killed = True
+        # The whole container: the supervisor's process group and the engine's, which it starts in its own.
+        for pid in [*_descendants(engine.pid), engine.pid]:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(os.getpgid(pid), signal.SIGKILL)
+        print(f"[sandbox kubelet] engine container of {name}: OOMKilled (limit {limit} bytes, the simulated "
+              f"engine takes {ENGINE_MEMORY_BYTES})", file=sys.stderr, flush=True)
+
+    async def _finish_pod(self, job: dict, run: JobRun, bench_code: int, engine_code: int | None) -> None:
+        """The pod's containers terminated: each one's exit code, reason and termination message (the file it
+        wrote, or with FallbackToLogsOnError the end of its log when it failed without writing one)."""
+        name = job["metadata"]["name"]
+        containers = job["spec"]["template"]["spec"].get("containers") or []
+        codes = {BENCH_CONTAINER: bench_code, ENGINE_CONTAINER: 137 if run.oom_killed else engine_code}
+        logs = {BENCH_CONTAINER: f"job-{name}.log", ENGINE_CONTAINER: f"job-{name}-engine.log"}
+        statuses = []
+        for container in containers:
+            cname = container.get("name")
+            code = codes.get(cname)
+            if code is None:
+                continue
+            code = 128 - code if code < 0 else code  # killed by a signal: 128 + its number, as the runtime says
+            reason = "OOMKilled" if cname == ENGINE_CONTAINER and run.oom_killed else (
+                "Completed" if code == 0 else "Error")
+            message = _read_text(self._termination_path(name, cname, fresh=False))
+            if not message and code != 0 and container.get("terminationMessagePolicy") == "FallbackToLogsOnError":
+                message = _log_tail(self.workdir / logs[cname], run.log_offsets.get(cname, 0))
+            terminated = {"exitCode": code, "reason": reason, "finishedAt": _now()}
+            if message:
+                terminated["message"] = message
+            statuses.append(_container_status(container, {"terminated": terminated}))
+        failed = any(s["state"]["terminated"]["exitCode"] for s in statuses)
+        await self._patch_pod(job, run, {"phase": "Failed" if failed else "Succeeded", "containerStatuses": statuses})
+
+    async def _patch_pod(self, job: dict, run: JobRun, status: dict) -> None:
+        if run.pod is None:
+            return
+        with contextlib.suppress(RuntimeError):
+            await self.api.patch("pods", job["metadata"].get("namespace"), run.pod, {"status": status},
+                                 subresource="status")
+
+    async def _delete_job_pod(self, job: dict, run: JobRun) -> None:
+        if run.pod is not None:
+            with contextlib.suppress(RuntimeError):
+                await self.api.delete("pods", job["metadata"].get("namespace"), run.pod)
 
     async def _patch_job(self, job: dict, status: dict) -> None:
         with contextlib.suppress(RuntimeError):
@@ -414,6 +575,78 @@ def _on_host(url: str, host: str) -> str:
 
     parts = urlsplit(url)
     return urlunsplit(parts._replace(netloc=f"{host}:{parts.port}" if parts.port else host))
+
+
+def _container_status(container: dict, state: dict) -> dict:
+    """A containerStatuses entry as the kubelet writes one."""
+    image = container.get("image", "")
+    return {"name": container.get("name"), "image": image, "imageID": f"sandbox://{image}" if "running" in state
+            or "terminated" in state else "", "ready": "running" in state, "restartCount": 0, "started":
+            "running" in state, "state": state}
+
+
+def _unpullable(image: str | None) -> bool:
+    """An image the sandbox cannot pull: its registry host ends in UNPULLABLE_REGISTRY_SUFFIX."""
+    host = str(image or "").split("/", 1)[0] if "/" in str(image or "") else ""
+    return host.split(":", 1)[0].endswith(UNPULLABLE_REGISTRY_SUFFIX)
+
+
+def _quantity(value: object) -> int | None:
+    """A Kubernetes memory quantity ("512Mi", "2G", "1e9", 1024) in bytes; None when absent or unreadable."""
+    text = str(value).strip() if value is not None else ""
+    units = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40, "k": 10**3, "K": 10**3, "M": 10**6,
+             "G": 10**9, "T": 10**12, "m": 1e-3}
+    for suffix in sorted(units, key=len, reverse=True):
+        if text.endswith(suffix):
+            try:
+                return int(float(text[:-len(suffix)]) * units[suffix])
+            except ValueError:
+                return None
+    try:
+        return int(float(text)) if text else None
+    except ValueError:
+        return None
+
+
+def _descendants(pid: int) -> list[int]:
+    """A process's children, recursively (Linux's /proc; none found elsewhere)."""
+    try:
+        children = [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except (OSError, ValueError):
+        return []
+    return [p for child in children for p in (child, *_descendants(child))]
+
+
+def _files(folder: Path) -> int:
+    return sum(1 for _ in folder.iterdir()) if folder.is_dir() else 0
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _read_text(path: Path, limit: int = 4096) -> str:
+    """A termination message file's text (the kubelet keeps its first 4096 bytes)."""
+    try:
+        with path.open("rb") as f:
+            return f.read(limit).decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _log_tail(path: Path, offset: int) -> str:
+    """The end of a container's log since `offset` (its pod's start), as FallbackToLogsOnError keeps it: the
+    last 80 lines, at most 2048 bytes."""
+    try:
+        with path.open("rb") as f:
+            f.seek(max(offset, _size(path) - FALLBACK_LOG_BYTES))
+            text = f.read(FALLBACK_LOG_BYTES).decode(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-FALLBACK_LOG_LINES:])
 
 
 def _now() -> str:
