@@ -101,7 +101,8 @@ collection. */}}
 - apiGroups: [""]
   resources: ["services"]
   verbs: ["get", "create", "patch"]
-# Serving pods to scrape (metrics.source: pods).
+# Pods, read-only: serving pods to scrape (metrics.source: pods), and a benchmark Job's pods (by its
+# controller-uid label) when it failed for good or has no pod ready, to say why in the profile's status.
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["list"]
