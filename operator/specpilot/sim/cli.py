@@ -16,8 +16,10 @@ DEFAULT_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 DEFAULT_GPU = "H100-SXM"
 DEFAULT_METHODS = "ngram:4,eagle3:4,draft_model:4"
 DEFAULT_TRACE = "diurnal:100:20:3"
+DEFAULT_SLO_TTFT_MS = 2000.0
+"""sim.fleet.DEFAULT_SLO_TTFT_MS (kept here so --help needs no numpy import)."""
 FAST_TRACE = "diurnal:40:8:0.25"
-FLEET_SCENARIOS = ("default", "owned-a100", "loose-slo", "code", "join")
+FLEET_SCENARIOS = ("default", "owned-a100", "loose-slo", "code", "join", "bursty", "log")
 """The mixed-fleet scenarios of `--fleet` (sim.mixed.SCENARIOS)."""
 FLEET_FAST_STARTUP_S = 15.0
 """Replica start-up under --fleet --fast: a day in a quarter-hour is 96x faster than real time, and 120 s
@@ -39,13 +41,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help=f"candidate methods with their largest k (default {DEFAULT_METHODS})")
     p.add_argument("--trace", metavar="SPEC",
                    help="constant:RPS[:SECONDS] | diurnal:PEAK:TROUGH[:HOURS] | "
-                        "bursts:BASE:PEAK[:EVERY_S[:LENGTH_S]] | FILE.csv with time_s,arrival_rate_rps "
-                        f"(default {DEFAULT_TRACE}; --fast: {FAST_TRACE})")
+                        "bursts:BASE:PEAK[:EVERY_S[:LENGTH_S]] | FILE.csv with time_s,arrival_rate_rps | "
+                        "FILE.csv request log (TIMESTAMP,ContextTokens,GeneratedTokens or arrival_s,input_tokens,"
+                        f"output_tokens), replayed (default {DEFAULT_TRACE}; --fast: {FAST_TRACE}; with --fleet: "
+                        "the scenario's)")
+    p.add_argument("--trace-scale", type=float, default=1.0, metavar="X",
+                   help="compress a request log's time by X (X times its rate; default 1)")
     p.add_argument("--duration", metavar="TIME", help="simulated time, e.g. 7200, 90m, 6h (default: the trace's)")
     p.add_argument("--replicas", type=int, help="replicas of the fixed-replica policies (default 4; --fast: 2)")
     p.add_argument("--min-replicas", type=int, default=1, help="autoscaling lower bound (default 1)")
     p.add_argument("--max-replicas", type=int, help="autoscaling upper bound (default 8; --fast: 4)")
-    p.add_argument("--slo-tpot-ms", type=float, default=15.0, help="per-token latency SLO in ms (default 15)")
+    p.add_argument("--slo-tpot-ms", type=float, default=15.0,
+                   help="per-token latency SLO in ms (default 15; --fleet: the scenario's)")
+    p.add_argument("--slo-ttft-ms", type=float, metavar="MS",
+                   help=f"time-to-first-token SLO in ms; a request is within SLO only within both "
+                        f"(default {DEFAULT_SLO_TTFT_MS:g})")
     p.add_argument("--price-per-gpu-hour", type=float, help="USD per GPU-hour (default: the catalog's price)")
     p.add_argument("--max-num-seqs", type=int, default=256, help="vLLM --max-num-seqs per replica (default 256)")
     p.add_argument("--startup-s", type=float, default=120.0, help="seconds a new replica takes to serve (default 120)")
@@ -103,7 +113,7 @@ def _run(args: argparse.Namespace) -> int:
     resolve_model(args.model)
     skus = [DEFAULT_CATALOG.resolve(g).sku for g in (args.gpu or [DEFAULT_GPU])]
     candidates = tuple(Candidate.parse(m.strip()) for m in args.methods.split(",") if m.strip())
-    trace = parse_trace(args.trace or (FAST_TRACE if args.fast else DEFAULT_TRACE))
+    trace = parse_trace(args.trace or (FAST_TRACE if args.fast else DEFAULT_TRACE), scale=args.trace_scale)
     if args.duration:
         trace = trace.with_duration(parse_duration(args.duration))
     replicas = args.replicas or (2 if args.fast else 4)
@@ -120,7 +130,8 @@ def _run(args: argparse.Namespace) -> int:
         start = time.perf_counter()
         planning = profile_and_decide_pool(inputs, trace)
         policies = build_policies(inputs, planning)
-        results = _simulate_all(policies, trace, setup, config, inputs, args.seed, show, console, sku)
+        results = _simulate_all(policies, trace, setup, config, inputs, args.seed, show, console, sku,
+                                _slo_ttft_ms(args))
         comparisons.append(Comparison(inputs, trace, planning, results, {p.name: p.description for p in policies},
                                       time.perf_counter() - start))
     out = Path(args.out)
@@ -137,8 +148,10 @@ def _run_fleet(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from .fleet import FleetConfig
+    import dataclasses
+
     from .mixed import PLACEMENT_WORDS, SCENARIOS, compare
-    from .mixed_report import fleet_verdict, table_rows, write_fleet_reports
+    from .mixed_report import fleet_verdict, slo_words, table_rows, write_fleet_reports
 
     console = Console()
     if not console.is_terminal:
@@ -149,12 +162,24 @@ def _run_fleet(args: argparse.Namespace) -> int:
     comparisons = []
     for name in names:
         scenario = SCENARIOS[name].fast() if args.fast else SCENARIOS[name]
+        if args.trace:  # the user's trace as given (--fast shrinks the fleet only)
+            scenario = dataclasses.replace(scenario, trace=args.trace, trace_scale=args.trace_scale, thin_log=1,
+                                           duration_s=None)
+        elif args.trace_scale != 1:
+            scenario = dataclasses.replace(scenario, trace_scale=args.trace_scale)
+        if args.slo_ttft_ms is not None:
+            scenario = dataclasses.replace(scenario, slo_ttft_ms=_slo_ttft_ms(args))
+        if args.duration:
+            scenario = dataclasses.replace(scenario, duration_s=parse_duration(args.duration))
         start = time.perf_counter()
         comparison = compare(scenario, config, seed=args.seed)
         comparisons.append(comparison)
         if args.quiet:
             continue
-        console.print(f"[bold]mixed fleet {scenario.name}[/]: {scenario.description}; trace {scenario.trace}")
+        given = " (--trace, in place of the scenario's)" if args.trace else ""
+        console.print(f"[bold]mixed fleet {scenario.name}[/]: {scenario.description}; trace {scenario.trace}{given}")
+        if scenario.trace.lower().endswith(".csv"):
+            console.print(f"  trace: {comparison.trace.describe()}")
         for pool in comparison.prepared:
             console.print(f"  {pool.spec.name}: {pool.spec.sku} x{pool.spec.gpus} GPUs at "
                           f"${pool.setup.gpu_price_per_hour:.2f}/GPU-h, min {pool.spec.min_replicas}; "
@@ -169,6 +194,10 @@ def _run_fleet(args: argparse.Namespace) -> int:
         for row in rows[1:]:
             table.add_row(*row, style="bold green" if row[0] == "specpilot" else "")
         console.print(table)
+        console.print(slo_words(comparison))
+        for result in comparison.results:
+            if result.tuning is not None:
+                console.print(f"{result.placement}: {result.tuning.words()}")
         console.print(fleet_verdict(comparison).words() + f"  [dim]({time.perf_counter() - start:.1f} s)[/]")
     if not args.quiet:
         for placement, words in PLACEMENT_WORDS.items():
@@ -179,7 +208,14 @@ def _run_fleet(args: argparse.Namespace) -> int:
     return 0
 
 
-def _simulate_all(policies, trace, setup, config, inputs, seed, show, console, sku):
+def _slo_ttft_ms(args: argparse.Namespace) -> float:
+    ttft = DEFAULT_SLO_TTFT_MS if args.slo_ttft_ms is None else args.slo_ttft_ms
+    if not ttft > 0:
+        raise ValueError(f"--slo-ttft-ms must be > 0 (got {ttft:g})")
+    return ttft
+
+
+def _simulate_all(policies, trace, setup, config, inputs, seed, show, console, sku, slo_ttft_ms):
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from .fleet import simulate
@@ -199,7 +235,7 @@ def _simulate_all(policies, trace, setup, config, inputs, seed, show, console, s
 
             results.append(simulate(policy, trace, setup, config, slo_tpot_ms=inputs.slo_tpot_ms,
                                     max_replicas=inputs.max_replicas, seed=seed,
-                                    progress=advance if show else None))
+                                    progress=advance if show else None, slo_ttft_ms=slo_ttft_ms))
     return results
 
 

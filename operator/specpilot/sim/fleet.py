@@ -5,7 +5,8 @@ batch: the step time comes from a table precomputed from the twin per (batch, k,
 simulator never calls the twin in its loop, and every request is a slot in numpy arrays, never a Python
 object. The mechanics, per slice:
 
-- Arrivals are Poisson from the trace. The router keeps one FIFO queue and gives each request the free
+- Arrivals are Poisson from the trace, or a request log's own arrivals and lengths replayed
+  (`sim.requestlog.RequestLog`). The router keeps one FIFO queue and gives each request the free
   slot of the least-loaded serving replica (a replica has `max_num_seqs` slots); a request is admitted
   only if its whole KV footprint (prompt + output tokens) fits in what the replica's KV cache has left,
   otherwise it waits (head-of-line, as vLLM's scheduler does). Slots freed mid-slice are refilled at the
@@ -21,7 +22,9 @@ object. The mechanics, per slice:
   with maxSurge 1 / maxUnavailable 0: a new replica first, an old one drains once it serves.
 
 Per-request metrics go into log-spaced histograms (0.5% bins), so memory stays flat however many
-requests a run serves; a time series per bin records load, replicas, tokens and cost for the plots.
+requests a run serves; a time series per bin records load, replicas, tokens and cost for the plots. SLO
+attainment is counted exactly, per request: a request is within SLO when its TTFT and its TPOT are both within
+theirs, decided as it completes; one still queued or running at the end is a miss.
 """
 
 from __future__ import annotations
@@ -35,10 +38,12 @@ from typing import Protocol
 import numpy as np
 
 from ..perf import DEFAULT_CATALOG, Twin, resolve_model
+from .requestlog import RequestLog
 from .traces import LoadTrace
 from .workloads import RequestLengths, request_lengths
 
 __all__ = [
+    "DEFAULT_SLO_TTFT_MS",
     "Action",
     "EngineTables",
     "FleetConfig",
@@ -54,6 +59,9 @@ OFF, STARTING, SERVING, DRAINING = 0, 1, 2, 3
 _CONTEXT_GRID = np.geomspace(16, 65536, 25)
 _PROMPT_GRID = np.geomspace(1, 65536, 33)
 _HIST_EDGES_S = np.geomspace(1e-5, 1e5, 4601)  # 0.5% wide bins from 10 us to ~28 h
+DEFAULT_SLO_TTFT_MS = 2000.0
+"""The TTFT SLO `specpilot simulate` applies unless told otherwise: an interactive user's patience for the
+first token, loose enough that only queueing (not prefill) breaks it."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -218,15 +226,43 @@ class SimResult:
     rollouts: int
     timeseries: dict[str, np.ndarray]
     events: list[tuple[float, str]]
+    slo_ttft_ms: float | None = None
+    ttft_met: int = 0
+    """Completed requests whose TTFT was within its SLO."""
+    slo_met: int = 0
+    """Completed requests within both SLOs (TTFT and TPOT)."""
+    slo_output_tokens: float = 0.0
+    """Output tokens of the requests within both SLOs."""
 
     @property
     def output_tok_s(self) -> float:
         return self.output_tokens / self.duration_s
 
+    def _share(self, met: int) -> float:
+        return met / self.requests_arrived if self.requests_arrived else 1.0
+
     @property
     def slo_attainment(self) -> float:
-        """Share of arrived requests that completed within the TPOT SLO (unfinished ones count as misses)."""
-        return self.tpot_met / self.requests_arrived if self.requests_arrived else 1.0
+        """Share of arrived requests that completed within both the TTFT and the TPOT SLO (unfinished ones,
+        queued, running or never admitted at the end, count as misses)."""
+        return self._share(self.slo_met)
+
+    @property
+    def tpot_attainment(self) -> float:
+        """Share of arrived requests that completed within the TPOT SLO."""
+        return self._share(self.tpot_met)
+
+    @property
+    def ttft_attainment(self) -> float:
+        """Share of arrived requests that completed with their TTFT within its SLO."""
+        return self._share(self.ttft_met)
+
+    @property
+    def cost_per_mtok_within_slo(self) -> float:
+        """Dollars per million output tokens of the requests within both SLOs: what a useful token costs."""
+        if self.slo_output_tokens <= 0:
+            return math.inf
+        return self.cost_usd / self.slo_output_tokens * 1e6
 
     @property
     def cost_per_mtok(self) -> float:
@@ -244,9 +280,14 @@ class SimResult:
             "ttft_p50_ms": self.ttft_p50_ms,
             "ttft_p95_ms": self.ttft_p95_ms,
             "slo_attainment": self.slo_attainment,
+            "tpot_attainment": self.tpot_attainment,
+            "ttft_attainment": self.ttft_attainment,
+            "slo_tpot_ms": self.slo_tpot_ms,
+            "slo_ttft_ms": self.slo_ttft_ms,
             "gpu_hours": self.gpu_hours,
             "cost_usd": self.cost_usd,
             "cost_per_mtok": self.cost_per_mtok,
+            "cost_per_mtok_within_slo": self.cost_per_mtok_within_slo,
             "requests_arrived": self.requests_arrived,
             "requests_completed": self.requests_completed,
             "rollouts": self.rollouts,
@@ -359,13 +400,15 @@ class _Fleet:
 
     def __init__(self, policy: FleetPolicy, trace: LoadTrace, setup: FleetSetup, config: FleetConfig,
                  slo_tpot_ms: float | None, max_replicas: int, seed: int,
-                 tables: Callable[[str | None, int], EngineTables]) -> None:
+                 tables: Callable[[str | None, int], EngineTables], slo_ttft_ms: float | None = None) -> None:
         self.policy = policy
         self.trace = trace
         self.setup = setup
         self.config = config
         self.slo_tpot_ms = slo_tpot_ms
         self.slo_tpot_s = slo_tpot_ms / 1e3 if slo_tpot_ms else math.inf
+        self.slo_ttft_ms = slo_ttft_ms
+        self.slo_ttft_s = slo_ttft_ms / 1e3 if slo_ttft_ms else math.inf
         self.rng = np.random.default_rng(seed)
         self.lengths = setup.lengths
         self.max_replicas = max_replicas
@@ -390,6 +433,7 @@ class _Fleet:
         self.factor = np.ones((R, S))
         self.arrival = np.zeros((R, S))
         self.first_token = np.zeros((R, S))
+        self.ttft_ok = np.zeros((R, S), dtype=bool)  # decided at the first token, counted at completion
         self.length = np.zeros((R, S))  # prompt + output tokens: the KV a request reserves
         self.output = np.full((R, S), 2.0)
         self.queue = _Queue()
@@ -406,6 +450,9 @@ class _Fleet:
         self.tpot_hist = _Histogram()
         self.ttft_hist = _Histogram()
         self.tpot_met = 0
+        self.ttft_met = 0
+        self.slo_met = 0
+        self.slo_tokens = 0.0
         self.arrived = 0
         self.completed = 0
         self.tokens = 0.0
@@ -570,7 +617,9 @@ class _Fleet:
         """The first token leaves with the step that follows the prefill (half a step later on average)."""
         first = t0 + finish + 0.5 * step_s[rows]
         self.first_token[rows, cols] = first
-        self.ttft_hist.add(first - self.arrival[rows, cols])
+        ttft = first - self.arrival[rows, cols]
+        self.ttft_hist.add(ttft)
+        self.ttft_ok[rows, cols] = ttft <= self.slo_ttft_s
 
     def _decode(self, t0: float, dt: float, rows: slice | np.ndarray, decode_share: np.ndarray,
                 step_s: np.ndarray, k: np.ndarray, engine: np.ndarray, fresh: np.ndarray | None = None) -> int:
@@ -600,8 +649,14 @@ class _Fleet:
     def _complete(self, t0: float, rows: np.ndarray, cols: np.ndarray, finish_off: np.ndarray) -> None:
         tpot = (t0 + finish_off - self.first_token[rows, cols]) / (self.output[rows, cols] - 1.0)
         self.tpot_hist.add(tpot)
-        met = int((tpot <= self.slo_tpot_s).sum())
-        self.tpot_met += met
+        tpot_ok = tpot <= self.slo_tpot_s
+        ttft_ok = self.ttft_ok[rows, cols]
+        both = tpot_ok & ttft_ok
+        met = int(both.sum())
+        self.tpot_met += int(tpot_ok.sum())
+        self.ttft_met += int(ttft_ok.sum())
+        self.slo_met += met
+        self.slo_tokens += float(self.output[rows, cols][both].sum())
         self.completed += rows.size
         self.series.sums["met"][self.bin] += met
         self.series.sums["completed"][self.bin] += rows.size
@@ -629,7 +684,8 @@ class _Fleet:
         for _ in range(self.target_replicas):
             self._start_replica(0.0, self.target_mode, warm=True)
         next_control = cfg.control_interval_s
-        arrivals = _ArrivalChunks(self.trace, self.lengths, self.rng, dt)
+        arrivals = (_LogArrivals(self.trace, self.lengths, self.rng, dt) if isinstance(self.trace, RequestLog)
+                    else _ArrivalChunks(self.trace, self.lengths, self.rng, dt))
         serving = self.state == SERVING
         billed = n_serving = 0
 
@@ -732,7 +788,8 @@ class _Fleet:
             ttft_p50_ms=self.ttft_hist.percentile_ms(50), ttft_p95_ms=self.ttft_hist.percentile_ms(95),
             rollouts=self.rollouts,
             timeseries=series.finish(self.setup.tensor_parallel_size * self.setup.gpu_price_per_hour),
-            events=self.events)
+            events=self.events, slo_ttft_ms=self.slo_ttft_ms, ttft_met=self.ttft_met, slo_met=self.slo_met,
+            slo_output_tokens=self.slo_tokens)
 
     def _observe(self, t: float, window: collections.deque) -> Observation:
         n = max(len(window), 1)
@@ -835,6 +892,27 @@ class _ArrivalChunks:
         self.first = first
 
 
+class _LogArrivals:
+    """A request log's own arrivals and lengths, slice by slice; each request draws only its acceptance factor
+    (a log records lengths, not how predictable the text was)."""
+
+    def __init__(self, log: RequestLog, lengths: RequestLengths, rng: np.random.Generator, dt: float) -> None:
+        arrival = np.asarray(log.arrival_s, dtype=float)
+        # a one-token answer has no TPOT: such requests are served as two tokens
+        output = np.maximum(np.asarray(log.output_tokens, dtype=float), 2.0)
+        prompt = np.asarray(log.input_tokens, dtype=float)
+        sigma = lengths.acceptance_sigma
+        factor = rng.lognormal(-sigma**2 / 2, sigma, arrival.size)
+        self.columns = (arrival, prompt + output, output, factor)
+        n_slices = int(math.ceil(log.duration_s / dt)) + 1
+        self.bounds = np.searchsorted(arrival, np.arange(n_slices + 1) * dt, side="left")
+
+    def slice(self, i: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        i = min(i, self.bounds.size - 2)
+        s = slice(self.bounds[i], self.bounds[i + 1])
+        return tuple(c[s] for c in self.columns)  # type: ignore[return-value]
+
+
 _TABLE_CACHE: dict[tuple, EngineTables] = {}
 
 
@@ -850,14 +928,16 @@ def engine_tables(setup: FleetSetup, config: FleetConfig, method: str | None, ma
 
 def simulate(policy: FleetPolicy, trace: LoadTrace, setup: FleetSetup, config: FleetConfig | None = None,
              slo_tpot_ms: float | None = None, max_replicas: int = 8, seed: int = 0,
-             progress: Callable[[float], None] | None = None) -> SimResult:
+             progress: Callable[[float], None] | None = None, slo_ttft_ms: float | None = None) -> SimResult:
     """Serve `trace` with `policy` on a fleet of at most `max_replicas` replicas; `progress(t_s)` per slice.
 
-    The same seed gives the same arrivals and request lengths to every policy.
+    The same seed gives the same arrivals and request lengths to every policy (a request log gives its own).
+    A request is within SLO when its TPOT is within `slo_tpot_ms` and its TTFT within `slo_ttft_ms` (None:
+    that SLO is not checked).
     """
     config = config or FleetConfig()
     if max_replicas < 1:
         raise ValueError(f"max_replicas must be >= 1 (got {max_replicas})")
     fleet = _Fleet(policy, trace, setup, config, slo_tpot_ms, max_replicas, seed,
-                   lambda method, max_k: engine_tables(setup, config, method, max_k))
+                   lambda method, max_k: engine_tables(setup, config, method, max_k), slo_ttft_ms)
     return fleet.run(progress)

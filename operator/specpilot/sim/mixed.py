@@ -15,14 +15,21 @@ replicas per pool and the share of arrivals each pool gets:
 - `cost-optimal-no-sd`: an SD-unaware cost optimiser (AIBrix-style): the fleet planner with free weights
   on profiles without speculation, engines without speculation, as such an optimiser deploys them;
 - `specpilot-service`: the fleet planner under the one-Service constraint, engines on their schedules;
-- `specpilot`: the fleet planner with gateway routing (HTTPRoute weights), engines on their schedules.
+- `specpilot`: the fleet planner with gateway routing (HTTPRoute weights), engines on their schedules;
+- `oracle`: the same planner told the true demand one lead time ahead (the lead time is the replica
+  start-up), so its replicas serve when the load arrives: the cost reference no forecaster can beat by much;
+- `even-split-hpa`: the even split with each pool's autoscaler target utilisation tuned (bisection,
+  `tune_even_split`) until the fleet reaches specpilot's SLO attainment: what today's routing costs at the
+  same service.
 
 Arrivals are Poisson; routing by weights or by even per-pod choice thins them into independent Poisson
 streams per pool with rate share x rate, so each pool is served by the request-level simulator
 (`sim.fleet.simulate`) with its own stream and the planned replicas (started with the startup delay,
-drained on scale-down). Shares follow the replicas serving (a planned replica serves `startup_s` after it
-was asked for), as a Service's endpoints and the planner's ready-replica weights do. The fleet's figures
-add the pools': $/Mtok = dollars / tokens, SLO attainment over all arrived requests, GPU-hours.
+drained on scale-down). A request log is routed request by request instead (`route_log`: each request a
+pool drawn by the shares at its arrival, the same draw under every placement). Shares follow the replicas
+serving (a planned replica serves `startup_s` after it was asked for), as a Service's endpoints and the
+planner's ready-replica weights do. The fleet's figures add the pools': $/Mtok = dollars / tokens, SLO
+attainment (TTFT, TPOT, both) over all arrived requests, GPU-hours.
 
 A pool may join mid-trace (`MixedPool.joins_at_s`, the `join` scenario): the operator's profiling planner
 runs its profiling Jobs on the twin's time (`sim.joining`), it takes no replicas until its profiles are
@@ -35,6 +42,7 @@ import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from datetime import timedelta
+from pathlib import Path
 
 import numpy as np
 
@@ -52,9 +60,10 @@ from ..policy.fleet import (
 )
 from ..policy.replicas import ReplicaState, plan_replicas
 from .connector import EPOCH
-from .fleet import Action, FleetConfig, FleetSetup, Mode, Observation, SimResult, simulate
+from .fleet import DEFAULT_SLO_TTFT_MS, Action, FleetConfig, FleetSetup, Mode, Observation, SimResult, simulate
 from .joining import Joining, plan_joining, with_refinement
 from .policies import Candidate, PlanningInputs, PoolPlanning, profile_and_decide_pool
+from .requestlog import RATE_BIN_S, RequestLog
 from .traces import LoadTrace, parse_trace
 
 __all__ = [
@@ -65,19 +74,29 @@ __all__ = [
     "MixedScenario",
     "PlacementResult",
     "PreparedPool",
+    "HpaTuning",
     "compare",
     "place",
     "prepare",
+    "route_log",
+    "tune_even_split",
 ]
 
-PLACEMENTS = ("even-split", "cost-optimal-no-sd", "specpilot-service", "specpilot")
+PLACEMENTS = ("even-split", "even-split-hpa", "cost-optimal-no-sd", "specpilot-service", "specpilot", "oracle")
 PLACEMENT_WORDS = {
     "even-split": "today: one Service (even per-pod split), each pool autoscaled alone on its share, with SD",
+    "even-split-hpa": "the even split, its autoscalers' target utilisation tuned to reach specpilot's SLO "
+                      "attainment",
     "cost-optimal-no-sd": "cost-optimal placement on profiles without SD (free weights), served without SD",
     "specpilot-service": "specpilot fleet planner, one Service (even per-pod split), with SD schedules",
     "specpilot": "specpilot fleet planner, gateway routing (HTTPRoute weights), with SD schedules",
+    "oracle": "specpilot's planner told the true demand one start-up ahead (clairvoyant): the cost reference",
 }
 DEFAULT_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+ATTAINMENT_TOLERANCE_POINTS = 0.1
+"""SLO attainments within this many percentage points count as equal."""
+SHIPPED_LOG = "data/request-log.csv"
+"""The request log the `log` scenario replays, in the specpilot package (scripts/make_request_log.py)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,18 +126,45 @@ class MixedScenario:
     tensor_parallel_size: int = 1
     profiling_time_scale: float = 1.0
     """A joining pool's Jobs take their time on the twin times this (--fast shrinks them with the trace)."""
+    slo_ttft_ms: float = DEFAULT_SLO_TTFT_MS
+    trace_scale: float = 1.0
+    """A request log's time is compressed by this (`--trace-scale`)."""
+    duration_s: float | None = None
+    """Simulated time (None: the trace's own)."""
+    thin_log: int = 1
+    """A request log keeps every n-th request (--fast: a quarter of the load, the same bursts)."""
+
+    def load_trace(self) -> LoadTrace:
+        """The scenario's trace; `data/...` names a log shipped in the specpilot package unless such a file
+        exists where the command runs."""
+        text = self.trace
+        if text == SHIPPED_LOG and not Path(text).exists():
+            text = str(Path(__file__).resolve().parents[1] / SHIPPED_LOG)
+        trace = parse_trace(text, scale=self.trace_scale)
+        if isinstance(trace, RequestLog) and self.thin_log > 1:
+            trace = trace.thinned(self.thin_log)
+        return trace.with_duration(self.duration_s) if self.duration_s else trace
 
     def fast(self) -> MixedScenario:
-        """The same fleet and shape at a quarter of the load and GPUs, over a quarter-hour: for tests (a pool
-        joins at the same point of the day, and its profiling shrinks with the day)."""
+        """The same fleet and shape at a quarter of the load and GPUs, over a quarter-hour (a request log: every
+        fourth request, at its own times): for tests (a pool joins at the same point of the day, and its
+        profiling shrinks with the day)."""
         kind, *numbers = self.trace.split(":")
+        pools = tuple(dataclasses.replace(p, gpus=max(1, p.gpus // 4)) for p in self.pools)
+        if self.trace.lower().endswith(".csv"):
+            return dataclasses.replace(self, pools=pools, thin_log=self.thin_log * 4)
+        if kind == "bursts":
+            base, peak, *rest = (float(n) for n in numbers)
+            every, length = (rest + [600.0, 60.0][len(rest):])[:2]
+            return dataclasses.replace(self, pools=pools, duration_s=(self.duration_s or 3600.0) / 4,
+                                       trace=f"bursts:{base / 4:g}:{peak / 4:g}:{every / 4:g}:{length / 4:g}")
         if kind != "diurnal":
-            raise ValueError(f"scenario {self.name}: --fast needs a diurnal trace (got {self.trace})")
+            raise ValueError(f"scenario {self.name}: --fast needs a diurnal or bursts trace or a request log "
+                             f"(got {self.trace})")
         peak, trough = float(numbers[0]) / 4, float(numbers[1]) / 4
         squeeze = 0.25 / float(numbers[2]) if len(numbers) > 2 else 1.0
-        pools = tuple(dataclasses.replace(p, gpus=max(1, p.gpus // 4),
-                                          joins_at_s=p.joins_at_s * squeeze if p.joins_at_s is not None else None)
-                      for p in self.pools)
+        pools = tuple(dataclasses.replace(p, joins_at_s=p.joins_at_s * squeeze if p.joins_at_s is not None else None)
+                      for p in pools)
         return dataclasses.replace(self, pools=pools, trace=f"diurnal:{peak:g}:{trough:g}:0.25",
                                    profiling_time_scale=self.profiling_time_scale * squeeze)
 
@@ -155,6 +201,18 @@ SCENARIOS: dict[str, MixedScenario] = {s.name: s for s in (
         (MixedPool("a100", "A100-80GB-SXM", 8, 1), MixedPool("h100", "H100-SXM", 8),
          MixedPool("h200", "H200", 8, joins_at_s=3600.0)),
         "diurnal:320:40:3", 15.0),
+    MixedScenario(
+        "bursty", "the default fleet under bursts: 100 req/s with 120 s at 300 req/s every 10 minutes, an hour "
+                  "(ShareGPT, TPOT SLO 15 ms)",
+        (MixedPool("a100", "A100-80GB-SXM", 8, 1), MixedPool("h100", "H100-SXM", 8),
+         MixedPool("h200", "H200", 8)),
+        "bursts:100:300:600:120", 15.0, duration_s=3600.0),
+    MixedScenario(
+        "log", "the default fleet replaying a request log (6,000 long chat requests over 19 minutes, bursty at "
+               "the 10 s scale; scripts/make_request_log.py), TPOT SLO 15 ms",
+        (MixedPool("a100", "A100-80GB-SXM", 8, 1), MixedPool("h100", "H100-SXM", 8),
+         MixedPool("h200", "H200", 8)),
+        SHIPPED_LOG, 15.0),
 )}
 
 
@@ -198,7 +256,7 @@ def prepare(scenario: MixedScenario, trace: LoadTrace, config: FleetConfig, seed
     mid-trace is profiled from when it joins (`sim.joining`): it serves once its profiles are Ready, and the
     refinement its decision asks for is charged after."""
     first = _prepare(scenario, trace, config, seed, {})
-    output_tokens = float(first[0].setup.lengths.mean_output_tokens)
+    output_tokens = _mean_output_tokens(trace, first)
     timeline = place("specpilot", first, trace, output_tokens, config, scenario)
     histograms = {}
     for pool in first:
@@ -220,6 +278,25 @@ def prepare(scenario: MixedScenario, trace: LoadTrace, config: FleetConfig, seed
             pool.joining = with_refinement(pool.joining, pool.planning, pool.setup, scenario.slo_tpot_ms,
                                            scenario.profiling_time_scale)
     return prepared
+
+
+def _mean_output_tokens(trace: LoadTrace, prepared: Sequence[PreparedPool]) -> float:
+    """Output tokens per request the planners multiply the arrival rate by: the log's own, else the workload's."""
+    if isinstance(trace, RequestLog) and trace.requests:
+        return trace.mean_output_tokens
+    return float(prepared[0].setup.lengths.mean_output_tokens)
+
+
+def arrival_rate_rps(trace: LoadTrace, t0_s: float, t1_s: float) -> float:
+    """The mean arrival rate over [t0_s, t1_s]: what the observation window shows at t1_s (a request log's
+    arrivals counted; a rate trace's rate averaged)."""
+    t0_s = max(t0_s, 0.0)
+    if isinstance(trace, RequestLog):
+        if t1_s - t0_s < RATE_BIN_S:  # nothing observed yet: the first bin's rate
+            return float(trace.rate_rps(np.array([t0_s]))[0])
+        return trace.arrivals_between(t0_s, t1_s) / (t1_s - t0_s)
+    grid = np.linspace(t0_s, t1_s, 16) if t1_s > 0 else np.array([0.0])
+    return float(trace.rate_rps(grid).mean())
 
 
 def _concurrency_at(view: FleetPool, wanted: float, max_num_seqs: int) -> int:
@@ -274,17 +351,31 @@ class Timeline:
     shares: dict[str, np.ndarray]
     cost_per_mtok_planned: np.ndarray
     reasons: list[str]
+    duration_s: float = 0.0
+
+    def replica_changes_per_hour(self) -> dict[str, float]:
+        """Per pool, how often its planned replicas changed, per hour of the trace (churn: each change starts
+        or drains a pod)."""
+        hours = max(self.duration_s, 1e-9) / 3600.0
+        return {n: float(np.count_nonzero(np.diff(r))) / hours for n, r in self.replicas.items()}
 
 
 def place(placement: str, prepared: Sequence[PreparedPool], trace: LoadTrace, output_tokens: float,
-          config: FleetConfig, scenario: MixedScenario) -> Timeline:
-    """Run one placement policy over the trace (open loop on the observed arrival rate)."""
+          config: FleetConfig, scenario: MixedScenario, utilization_percent: float | None = None) -> Timeline:
+    """Run one placement policy over the trace (open loop on the observed arrival rate; the oracle on the true
+    rate one start-up ahead). `utilization_percent`: the even splits' autoscaler target (None: the planner's
+    default)."""
     if placement not in PLACEMENTS:
         raise ValueError(f"unknown placement {placement!r}; use one of {', '.join(PLACEMENTS)}")
     dt, window = config.control_interval_s, config.observation_window_s
     times = np.arange(0.0, trace.duration_s, dt)
-    routing = Routing.SERVICE if placement in ("even-split", "specpilot-service") else Routing.GATEWAY
+    even = placement in ("even-split", "even-split-hpa")
+    routing = Routing.SERVICE if even or placement == "specpilot-service" else Routing.GATEWAY
     settings = FleetSettings(routing=routing, tpot_slo_ms=scenario.slo_tpot_ms)
+    if utilization_percent is not None:
+        settings = dataclasses.replace(settings, target_utilization_percent=utilization_percent)
+    # the oracle sees at t what the window will show once a replica asked for at t serves
+    lead = config.startup_s if placement == "oracle" else 0.0
     plain = placement == "cost-optimal-no-sd"
     views = [p.plain_pool if plain else p.sd_pool for p in prepared]
     names = [v.name for v in views]
@@ -297,8 +388,7 @@ def place(placement: str, prepared: Sequence[PreparedPool], trace: LoadTrace, ou
     current = {n: 0 for n in names}
     asked: dict[str, list[tuple[float, int]]] = {n: [] for n in names}
     for i, t in enumerate(times):
-        grid = np.linspace(max(t - window, 0.0), t, 16) if t > 0 else np.array([0.0])
-        demand = FleetDemand(float(trace.rate_rps(grid).mean()) * output_tokens)
+        demand = FleetDemand(arrival_rate_rps(trace, t + lead - window, t + lead) * output_tokens)
         ready = {n: _ready(asked[n], t, config.startup_s, current[n]) for n in names}
         pools = [dataclasses.replace(v, current_replicas=current[v.name], ready_replicas=ready[v.name] if i else None)
                  for v in views]
@@ -307,7 +397,7 @@ def place(placement: str, prepared: Sequence[PreparedPool], trace: LoadTrace, ou
                                                                         gpus_available=0)
                  for p, pool in zip(pools, prepared, strict=True)]
         now = EPOCH + timedelta(seconds=float(t))
-        if placement == "even-split":
+        if even:
             wanted = even_split_replicas(pools, demand, settings)
             for v in pools:
                 step = plan_replicas(windows[v.name], float(wanted[v.name]), current[v.name] if i else wanted[v.name],
@@ -332,7 +422,7 @@ def place(placement: str, prepared: Sequence[PreparedPool], trace: LoadTrace, ou
             replicas[n][i] = current[n]
             if not asked[n] or asked[n][-1][1] != current[n]:
                 asked[n].append((float(t), current[n]))
-    return Timeline(times, replicas, shares, cost, reasons)
+    return Timeline(times, replicas, shares, cost, reasons, float(trace.duration_s))
 
 
 def _ready(asked: list[tuple[float, int]], t: float, startup_s: float, current: int) -> int:
@@ -394,6 +484,8 @@ class PlacementResult:
     profiling_cost_usd: float = 0.0
     """Joining pools' profiling and refinement Jobs (their GPUs bill while they measure)."""
     profiling_gpu_hours: float = 0.0
+    tuning: HpaTuning | None = None
+    """For `even-split-hpa`: the target utilisation found and whether it reached the attainment asked for."""
 
     @property
     def _runs(self) -> list[SimResult]:
@@ -408,8 +500,18 @@ class PlacementResult:
         return sum(r.output_tokens for r in self._runs)
 
     @property
+    def slo_output_tokens(self) -> float:
+        """Output tokens of the requests within both SLOs."""
+        return sum(r.slo_output_tokens for r in self._runs)
+
+    @property
     def cost_per_mtok(self) -> float:
         return self.cost_usd / self.output_tokens * 1e6 if self.output_tokens > 0 else math.inf
+
+    @property
+    def cost_per_mtok_within_slo(self) -> float:
+        """The fleet's dollars over only the tokens of requests within both SLOs: what a useful token costs."""
+        return self.cost_usd / self.slo_output_tokens * 1e6 if self.slo_output_tokens > 0 else math.inf
 
     @property
     def gpu_hours(self) -> float:
@@ -419,10 +521,22 @@ class PlacementResult:
     def requests_arrived(self) -> int:
         return sum(r.requests_arrived for r in self._runs)
 
+    def _share(self, met: Callable[[SimResult], int]) -> float:
+        arrived = self.requests_arrived
+        return sum(met(r) for r in self._runs) / arrived if arrived else 1.0
+
     @property
     def slo_attainment(self) -> float:
-        arrived = self.requests_arrived
-        return sum(r.tpot_met for r in self._runs) / arrived if arrived else 1.0
+        """Share of arrived requests that completed within both the TTFT and the TPOT SLO."""
+        return self._share(lambda r: r.slo_met)
+
+    @property
+    def tpot_attainment(self) -> float:
+        return self._share(lambda r: r.tpot_met)
+
+    @property
+    def ttft_attainment(self) -> float:
+        return self._share(lambda r: r.ttft_met)
 
     @property
     def tpot_p95_ms(self) -> float:
@@ -433,11 +547,95 @@ class PlacementResult:
         return {n: float(s.mean()) for n, s in self.timeline.shares.items()}
 
     def summary(self) -> dict[str, object]:
-        return {"placement": self.placement, "cost_per_mtok": self.cost_per_mtok, "cost_usd": self.cost_usd,
+        return {"placement": self.placement, "cost_per_mtok": self.cost_per_mtok,
+                "cost_per_mtok_within_slo": self.cost_per_mtok_within_slo, "cost_usd": self.cost_usd,
                 "gpu_hours": self.gpu_hours, "slo_attainment": self.slo_attainment,
+                "ttft_attainment": self.ttft_attainment, "tpot_attainment": self.tpot_attainment,
                 "tpot_p95_ms_worst_pool": self.tpot_p95_ms, "requests_arrived": self.requests_arrived,
-                "output_tokens": self.output_tokens, "mean_shares": self.mean_shares(),
+                "output_tokens": self.output_tokens, "slo_output_tokens": self.slo_output_tokens,
+                "mean_shares": self.mean_shares(),
+                "replica_changes_per_hour": self.timeline.replica_changes_per_hour(),
+                **({"tuning": dataclasses.asdict(self.tuning)} if self.tuning else {}),
                 "pools": {n: (r.summary() if r is not None else None) for n, r in self.pools.items()}}
+
+
+@dataclasses.dataclass(frozen=True)
+class HpaTuning:
+    """How `tune_even_split` set the even split's autoscaler target."""
+
+    target_attainment: float
+    """The SLO attainment (both SLOs) asked for: specpilot's."""
+    utilization_percent: float
+    """The highest target utilisation found that reaches it (or the lowest tried, when none does)."""
+    attainment: float
+    reached: bool
+    evaluations: int
+    """Placements simulated in the search."""
+
+    def words(self) -> str:
+        if self.reached:
+            return (f"target utilisation {self.utilization_percent:.0f}% reaches {self.attainment:.1%} "
+                    f"(specpilot's {self.target_attainment:.1%})")
+        return (f"no target utilisation reaches specpilot's {self.target_attainment:.1%}: at "
+                f"{self.utilization_percent:.0f}% it serves {self.attainment:.1%}")
+
+
+HPA_UTILIZATION_RANGE_PERCENT = (10.0, 100.0)
+HPA_BISECTION_STEPS = 5
+
+
+def tune_even_split(target_attainment: float, evaluate: Callable[[float], PlacementResult],
+                    low_percent: float = HPA_UTILIZATION_RANGE_PERCENT[0],
+                    high_percent: float = HPA_UTILIZATION_RANGE_PERCENT[1],
+                    steps: int = HPA_BISECTION_STEPS) -> PlacementResult:
+    """The even split at the highest autoscaler target utilisation whose SLO attainment reaches
+    `target_attainment` (within ATTAINMENT_TOLERANCE_POINTS): bisection over the target between the bounds,
+    `evaluate(percent)` simulating the placement at one target. A lower target runs more replicas, so
+    attainment falls as the target rises; the highest target that still reaches it is the cheapest. When even
+    the lowest target falls short, that run is returned with `reached` false."""
+    evaluations = 0
+
+    def run(percent: float) -> tuple[PlacementResult, bool]:
+        nonlocal evaluations
+        evaluations += 1
+        result = evaluate(percent)
+        return result, result.slo_attainment * 100 >= target_attainment * 100 - ATTAINMENT_TOLERANCE_POINTS
+
+    def done(result: PlacementResult, percent: float, reached: bool) -> PlacementResult:
+        result.tuning = HpaTuning(target_attainment, percent, result.slo_attainment, reached, evaluations)
+        return result
+
+    best, ok = run(high_percent)
+    if ok:
+        return done(best, high_percent, True)
+    best, ok = run(low_percent)
+    if not ok:
+        return done(best, low_percent, False)
+    lo, hi = low_percent, high_percent  # lo reaches the target, hi does not
+    for _ in range(steps):
+        mid = (lo + hi) / 2
+        result, ok = run(mid)
+        if ok:
+            lo, best = mid, result
+        else:
+            hi = mid
+    return done(best, lo, True)
+
+
+def route_log(log: RequestLog, shares: dict[str, np.ndarray], tick_s: float, seed: int) -> dict[str, RequestLog]:
+    """Each logged request to one pool, drawn by the shares at its arrival's control tick (the draw depends on
+    the seed only, so every placement splits the same requests by its own shares)."""
+    names = list(shares)
+    u = np.random.default_rng(seed).random(log.requests)
+    ticks = len(next(iter(shares.values())))
+    tick = np.clip((log.arrival_s // tick_s).astype(np.int64), 0, ticks - 1)
+    table = np.stack([np.asarray(shares[n], dtype=float) for n in names], axis=1)
+    total = table.sum(axis=1, keepdims=True)
+    table = np.where(total > 0, table / np.where(total > 0, total, 1.0), 0.0)
+    table[total[:, 0] <= 0, 0] = 1.0  # no share anywhere: the first pool takes it
+    cumulative = np.cumsum(table, axis=1)[tick]
+    pool = np.minimum((u[:, None] >= cumulative).sum(axis=1), len(names) - 1)
+    return {n: log.subset(pool == j) for j, n in enumerate(names)}
 
 
 @dataclasses.dataclass
@@ -450,6 +648,9 @@ class MixedComparison:
     def result(self, placement: str) -> PlacementResult:
         return next(r for r in self.results if r.placement == placement)
 
+    def has(self, placement: str) -> bool:
+        return any(r.placement == placement for r in self.results)
+
     def savings(self, placement: str, against: str) -> float:
         """Fractional saving in $/Mtok of `placement` against `against` (0.2: 20% cheaper)."""
         return 1.0 - self.result(placement).cost_per_mtok / self.result(against).cost_per_mtok
@@ -460,36 +661,55 @@ class MixedComparison:
         return max(shares, key=shares.get)
 
 
+def serve(placement: str, timeline: Timeline, prepared: Sequence[PreparedPool], trace: LoadTrace,
+          config: FleetConfig, scenario: MixedScenario, seed: int = 0,
+          progress: Callable[[str], None] | None = None) -> PlacementResult:
+    """Serve the trace request by request on the replicas and shares `timeline` planned, pool by pool."""
+    runs: dict[str, SimResult | None] = {}
+    logs = (route_log(trace, timeline.shares, config.control_interval_s, seed + 99)
+            if isinstance(trace, RequestLog) else None)
+    for j, pool in enumerate(prepared):
+        name = pool.spec.name
+        planned = timeline.replicas[name]
+        if not planned.any():
+            runs[name] = None
+            continue
+        plain = placement == "cost-optimal-no-sd"
+        mode = Mode("no-sd", False, (0,) * config.max_num_seqs) if plain else pool.sd_mode
+        policy = _ScheduledPolicy(f"{placement}/{name}", None if plain else pool.sd_method, mode,
+                                  config.control_interval_s, tuple(int(n) for n in planned))
+        routed = logs[name] if logs is not None else RoutedTrace(
+            trace.duration_s, base=trace, tick_s=config.control_interval_s,
+            shares=tuple(float(s) for s in timeline.shares[name]))
+        if progress:
+            progress(f"{placement}: {name}")
+        # Every placement sees the same arrivals per pool stream seed (the routed rates differ).
+        runs[name] = simulate(policy, routed, pool.setup, config, scenario.slo_tpot_ms,
+                              max_replicas=pool.max_replicas, seed=seed + 1000 * j, slo_ttft_ms=scenario.slo_ttft_ms)
+    joinings = [p.joining for p in prepared if p.joining is not None]
+    return PlacementResult(placement, timeline, runs, sum(j.cost_usd for j in joinings),
+                           sum(j.gpu_hours for j in joinings))
+
+
 def compare(scenario: MixedScenario, config: FleetConfig | None = None, seed: int = 0,
             placements: Sequence[str] = PLACEMENTS,
             progress: Callable[[str], None] | None = None) -> MixedComparison:
-    """Every placement over the scenario's trace, each pool served by the request-level simulator."""
+    """Every placement over the scenario's trace, each pool served by the request-level simulator
+    (`even-split-hpa` tuned to the attainment of `specpilot`, which then runs as well)."""
     config = config or FleetConfig()
-    trace = parse_trace(scenario.trace)
+    trace = scenario.load_trace()
     prepared = prepare(scenario, trace, config, seed)
-    output_tokens = float(prepared[0].setup.lengths.mean_output_tokens)
-    results = []
+    output_tokens = _mean_output_tokens(trace, prepared)
+
+    def run(placement: str, utilization_percent: float | None = None) -> PlacementResult:
+        timeline = place(placement, prepared, trace, output_tokens, config, scenario, utilization_percent)
+        return serve(placement, timeline, prepared, trace, config, scenario, seed, progress)
+
+    done: dict[str, PlacementResult] = {}
     for placement in placements:
-        timeline = place(placement, prepared, trace, output_tokens, config, scenario)
-        runs: dict[str, SimResult | None] = {}
-        for j, pool in enumerate(prepared):
-            name = pool.spec.name
-            planned = timeline.replicas[name]
-            if not planned.any():
-                runs[name] = None
-                continue
-            plain = placement == "cost-optimal-no-sd"
-            mode = Mode("no-sd", False, (0,) * config.max_num_seqs) if plain else pool.sd_mode
-            policy = _ScheduledPolicy(f"{placement}/{name}", None if plain else pool.sd_method, mode,
-                                      config.control_interval_s, tuple(int(n) for n in planned))
-            routed = RoutedTrace(trace.duration_s, base=trace, tick_s=config.control_interval_s,
-                                 shares=tuple(float(s) for s in timeline.shares[name]))
-            if progress:
-                progress(f"{placement}: {name}")
-            # Every placement sees the same arrivals per pool stream seed (the routed rates differ).
-            runs[name] = simulate(policy, routed, pool.setup, config, scenario.slo_tpot_ms,
-                                  max_replicas=pool.max_replicas, seed=seed + 1000 * j)
-        joinings = [p.joining for p in prepared if p.joining is not None]
-        results.append(PlacementResult(placement, timeline, runs, sum(j.cost_usd for j in joinings),
-                                       sum(j.gpu_hours for j in joinings)))
-    return MixedComparison(scenario, trace, prepared, results)
+        if placement != "even-split-hpa":
+            done[placement] = run(placement)
+    if "even-split-hpa" in placements:
+        target = (done.get("specpilot") or run("specpilot")).slo_attainment
+        done["even-split-hpa"] = tune_even_split(target, lambda percent: run("even-split-hpa", percent))
+    return MixedComparison(scenario, trace, prepared, [done[p] for p in placements])

@@ -12,23 +12,39 @@ import json
 import math
 from pathlib import Path
 
-from .mixed import PLACEMENT_WORDS, MixedComparison
+from .mixed import ATTAINMENT_TOLERANCE_POINTS, PLACEMENT_WORDS, MixedComparison
 
-__all__ = ["FleetVerdict", "fleet_verdict", "table_rows", "write_fleet_reports"]
+__all__ = ["ATTAINMENT_TOLERANCE_POINTS", "FleetVerdict", "fleet_verdict", "slo_words", "table_rows",
+           "write_fleet_reports"]
 
-ATTAINMENT_TOLERANCE_POINTS = 0.1
-"""SLO attainments within this many percentage points count as equal."""
+
+def slo_words(comparison: MixedComparison) -> str:
+    """How attainment is counted, with the scenario's SLOs."""
+    s = comparison.scenario
+    return (f"within SLO: per request, TTFT <= {s.slo_ttft_ms:g} ms and TPOT <= {s.slo_tpot_ms:g} ms; a request "
+            "unfinished at the end is a miss")
+
+
+def _cost(value: float) -> str:
+    return f"{value:.4f}" if math.isfinite(value) else "-"
 
 
 def table_rows(comparison: MixedComparison) -> list[list[str]]:
+    """Per placement: $/Mtok over every token and over the tokens of requests within both SLOs, attainment per
+    SLO, GPU-hours, replica changes per pool per hour and the mean traffic shares."""
     names = [p.spec.name for p in comparison.prepared]
-    rows = [["placement", "$/Mtok", "within SLO", "GPU-hours", "worst pool TPOT p95 ms",
-             "mean share " + " / ".join(names)]]
+    pools = "/".join(names)
+    # two-line headers (a newline; the markdown report joins them) keep the table within 132 columns
+    rows = [["placement", "$/Mtok", "$/Mtok\nin SLO", "in\nTTFT", "in\nTPOT", "in\nboth", "GPU-\nhours",
+             f"replica changes/h\n{pools}", f"mean share\n{pools}"]]
     for result in comparison.results:
         shares = result.mean_shares()
-        rows.append([result.placement, f"{result.cost_per_mtok:.4f}", f"{result.slo_attainment:.1%}",
-                     f"{result.gpu_hours:.1f}", f"{result.tpot_p95_ms:.1f}",
-                     " / ".join(f"{shares[n]:.0%}" for n in names)])
+        changes = result.timeline.replica_changes_per_hour()
+        rows.append([result.placement, _cost(result.cost_per_mtok), _cost(result.cost_per_mtok_within_slo),
+                     f"{result.ttft_attainment:.1%}", f"{result.tpot_attainment:.1%}",
+                     f"{result.slo_attainment:.1%}", f"{result.gpu_hours:.1f}",
+                     "/".join(f"{changes[n]:.0f}" for n in names),
+                     "/".join(f"{shares[n]:.0%}" for n in names)])
     return rows
 
 
@@ -42,13 +58,25 @@ class FleetVerdict:
     """specpilot's SLO attainment is at least both others' (within ATTAINMENT_TOLERANCE_POINTS)."""
     carriers: tuple[str, str]
     """The pool carrying the most traffic under specpilot and under the SD-unaware placement."""
+    vs_even_split_hpa: float | None = None
+    """specpilot's $/Mtok saving over the even split tuned to its attainment (None: not run)."""
+    hpa_reached: bool = True
+    """Whether the tuned even split reached specpilot's attainment."""
+    over_oracle: float | None = None
+    """How much more specpilot's $/Mtok within SLO is than the clairvoyant oracle's (0.05: 5% more)."""
 
     def words(self) -> str:
         carried = (f"speculation moves the most traffic from {self.carriers[1]} to {self.carriers[0]}"
                    if self.carriers[0] != self.carriers[1] else f"{self.carriers[0]} carries the most traffic")
-        return (f"specpilot: {_relative(self.vs_even_split)} than even-split, {_relative(self.vs_no_sd)} than "
+        text = (f"specpilot: {_relative(self.vs_even_split)} than even-split, {_relative(self.vs_no_sd)} than "
                 f"cost-optimal-no-sd, SLO attainment {'equal or better' if self.attainment_ok else 'LOWER'}; "
                 f"{carried}")
+        if self.vs_even_split_hpa is not None:
+            text += (f"; {_relative(self.vs_even_split_hpa)} than even-split-hpa "
+                     + ("at the same attainment" if self.hpa_reached else "(which never reaches it)"))
+        if self.over_oracle is not None:
+            text += (f"; $/Mtok in SLO {self.over_oracle:+.1%} against the oracle's")
+        return text
 
 
 def _relative(saving: float) -> str:
@@ -59,9 +87,16 @@ def fleet_verdict(comparison: MixedComparison) -> FleetVerdict:
     spec = comparison.result("specpilot")
     others = [comparison.result(p) for p in ("even-split", "cost-optimal-no-sd")]
     ok = all(spec.slo_attainment * 100 >= o.slo_attainment * 100 - ATTAINMENT_TOLERANCE_POINTS for o in others)
+    hpa = comparison.result("even-split-hpa") if comparison.has("even-split-hpa") else None
+    oracle = comparison.result("oracle") if comparison.has("oracle") else None
+    over_oracle = (spec.cost_per_mtok_within_slo / oracle.cost_per_mtok_within_slo - 1.0
+                   if oracle is not None and math.isfinite(oracle.cost_per_mtok_within_slo) else None)
     return FleetVerdict(comparison.savings("specpilot", "even-split"),
                         comparison.savings("specpilot", "cost-optimal-no-sd"), ok,
-                        (comparison.carrier("specpilot"), comparison.carrier("cost-optimal-no-sd")))
+                        (comparison.carrier("specpilot"), comparison.carrier("cost-optimal-no-sd")),
+                        comparison.savings("specpilot", "even-split-hpa") if hpa is not None else None,
+                        hpa.tuning.reached if hpa is not None and hpa.tuning is not None else True,
+                        over_oracle)
 
 
 def plot_fleet(comparison: MixedComparison, path: Path) -> None:
@@ -78,7 +113,7 @@ def plot_fleet(comparison: MixedComparison, path: Path) -> None:
         top, bottom = axes[0][j], axes[1][j]
         for name, replicas in timeline.replicas.items():
             top.step(hours, replicas, where="post", label=name)
-        top.set_title(f"{result.placement}\n${result.cost_per_mtok:.4f}/Mtok, {result.slo_attainment:.1%} in SLO",
+        top.set_title(f"{result.placement}\n${result.cost_per_mtok:.4f}/Mtok, {result.slo_attainment:.1%} in both SLOs",
                       fontsize=9)
         top.set_ylabel("replicas")
         bottom.stackplot(hours, *[timeline.shares[n] for n in timeline.shares], labels=list(timeline.shares),
@@ -124,13 +159,15 @@ def write_fleet_reports(comparisons: list[MixedComparison], out_dir: Path) -> li
         rows = table_rows(comparison)
         verdict = fleet_verdict(comparison)
         lines += [f"## {scenario.name}", "", scenario.description, "",
-                  "| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
+                  "| " + " | ".join(c.replace("\n", " ") for c in rows[0]) + " |", "|" + "---|" * len(rows[0])]
         lines += ["| " + " | ".join(row) + " |" for row in rows[1:]]
-        lines += ["", verdict.words(), ""]
+        lines += ["", slo_words(comparison) + ".", "", verdict.words(), ""]
+        lines += [f"even-split-hpa: {r.tuning.words()}." for r in comparison.results if r.tuning is not None]
         joined = [f"Joined: {p.joining.words()}." for p in comparison.prepared if p.joining is not None]
         lines += [*joined, *([""] if joined else []), f"![shares and replicas]({plot.name})", ""]
         report.append({"scenario": scenario.name, "description": scenario.description, "trace": scenario.trace,
-                       "slo_tpot_ms": scenario.slo_tpot_ms,
+                       "trace_described": comparison.trace.describe(),
+                       "slo_tpot_ms": scenario.slo_tpot_ms, "slo_ttft_ms": scenario.slo_ttft_ms,
                        "pools": [{"name": p.spec.name, "sku": p.spec.sku, "gpus": p.spec.gpus,
                                   "min_replicas": p.spec.min_replicas,
                                   "price_per_gpu_hour": p.setup.gpu_price_per_hour, "method": p.sd_method,

@@ -166,7 +166,7 @@ def plot_timeline(comparison: Comparison, path: Path) -> None:
     axes[1].set_ylabel("replicas (billed)")
     axes[2].set_ylabel("cost, $/hour")
     slo = comparison.inputs.slo_tpot_ms
-    axes[3].set_ylabel(f"requests within\nTPOT {slo:g} ms, %" if slo else "completed, %")
+    axes[3].set_ylabel(f"requests within\nTPOT {slo:g} ms (and TTFT), %" if slo else "completed, %")
     axes[3].set_xlabel("hours into the trace")
     axes[1].legend(fontsize=7, ncol=2)
     for ax in axes:
@@ -186,8 +186,11 @@ def _num(value: float, spec: str) -> str:
 def table_rows(comparison: Comparison) -> list[list[str]]:
     """Rows of the comparison table (header first), shared by the terminal and the markdown report."""
     slo = comparison.inputs.slo_tpot_ms
-    header = ["policy", "output tok/s", "TPOT p50 / p95 ms", "TTFT p50 / p95 ms",
-              f"within {slo:g} ms SLO" if slo else "completed", "GPU-hours", "$/Mtok"]
+    ttft = next((r.slo_ttft_ms for r in comparison.results if r.slo_ttft_ms), None)
+    within = f"within {slo:g} ms SLO" if slo else "completed"
+    if ttft:
+        within = f"TPOT {slo:g} & TTFT {ttft:g} ms" if slo else f"within TTFT {ttft:g} ms"
+    header = ["policy", "output tok/s", "TPOT p50 / p95 ms", "TTFT p50 / p95 ms", within, "GPU-hours", "$/Mtok"]
     rows = [header]
     for r in comparison.results:
         rows.append([r.policy, _num(r.output_tok_s, ",.0f"),

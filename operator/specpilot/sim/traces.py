@@ -9,7 +9,9 @@ arrivals from it. Four kinds, each also written as a `--trace` string:
 - `bursts:BASE:PEAK[:EVERY_S[:LENGTH_S]]`  BASE with a burst at PEAK lasting LENGTH_S every EVERY_S
                                            (defaults 600 and 60 s), the first burst one period in;
 - `FILE.csv`                               rows of `time_s,arrival_rate_rps` (a header line is allowed),
-                                           linear between rows, starting at the first row's time.
+                                           linear between rows, starting at the first row's time; or a
+                                           request log (`sim.requestlog`: one row per request, its header
+                                           naming arrival, input and output tokens), replayed as logged.
 """
 
 from __future__ import annotations
@@ -174,10 +176,20 @@ _FORMS = ("constant:RPS[:SECONDS]", "diurnal:PEAK:TROUGH[:HOURS]", "bursts:BASE:
           "FILE.csv")
 
 
-def parse_trace(text: str, default_duration_s: float = 3600.0) -> LoadTrace:
-    """A trace from its `--trace` form (see the module docstring)."""
+def parse_trace(text: str, default_duration_s: float = 3600.0, scale: float = 1.0) -> LoadTrace:
+    """A trace from its `--trace` form (see the module docstring); `scale` compresses a request log's time."""
     if text.lower().endswith(".csv"):
+        from .requestlog import is_request_log, read_request_log
+
+        if is_request_log(text):
+            return read_request_log(text, scale)
+        if scale != 1:
+            raise TraceError(f"--trace-scale applies to a request log; {text} has no header naming arrival, "
+                             "input and output tokens (it is read as time_s,arrival_rate_rps)")
         return read_csv_trace(text)
+    if scale != 1:
+        raise TraceError(f"--trace-scale applies to a request log (FILE.csv), not to {text!r}; raise the rates "
+                         "in the trace instead")
     kind, _, rest = text.partition(":")
     fields = [f for f in rest.split(":")] if rest else []
     try:
