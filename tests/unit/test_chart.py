@@ -275,6 +275,30 @@ def test_clusterwide_rbac_grants_what_the_operator_needs(default_objects: list[d
     ]
 
 
+WRITE_VERBS = {"create", "update", "patch", "delete", "deletecollection"}
+
+
+@pytest.mark.parametrize("values_files", [(), (NON_DEFAULT_VALUES,)], ids=["default", "namespaced-ha"])
+def test_only_the_operators_identity_may_write_a_profiles_annotations(
+    helm_tools: HelmTools, values_files: tuple[Path, ...]
+) -> None:
+    """The operator's verdict on a profile is an annotation (metadata, on the main resource): under the chart's
+    RBAC only the operator's own roles may write SpeculationProfiles themselves. The benchmark role patches their
+    status alone, and the roles aggregated into view/edit/admin only read them."""
+    objects = helm_tools.render(namespace=RELEASE_NAMESPACE, values_files=values_files)
+    roles = [obj for obj in objects if obj["kind"] in ("Role", "ClusterRole")]
+    writers = {(role["kind"], role["metadata"]["name"]) for role in roles
+               if granted(role["rules"], "specpilot.io", "speculationprofiles") & WRITE_VERBS}
+    assert writers and {name for _, name in writers} == {FULLNAME}, writers
+    bound = {(b["roleRef"]["kind"], b["roleRef"]["name"]): b["subjects"]
+             for b in objects if b["kind"] in ("RoleBinding", "ClusterRoleBinding")}
+    for writer in writers:
+        assert bound[writer] == [{"kind": "ServiceAccount", "name": FULLNAME, "namespace": RELEASE_NAMESPACE}]
+    bench = next(role for role in roles if role["metadata"]["name"] == BENCH_CLUSTER_ROLE)
+    assert granted(bench["rules"], "specpilot.io", "speculationprofiles") == {"get"}
+    assert granted(bench["rules"], "specpilot.io", "speculationprofiles/status") == {"get", "patch"}
+
+
 def test_namespaced_rbac_is_a_role_per_watched_namespace(non_default_objects: list[dict]) -> None:
     cluster_rules = operator_cluster_role(non_default_objects)["rules"]
     # Cluster scope keeps only what has no namespace: nodes, namespaces, CRDs.

@@ -27,6 +27,9 @@ import secrets
 from typing import Any
 
 NONCE_ANNOTATION = "specpilot.io/result-nonce"
+EPOCH_ANNOTATION = "specpilot.io/measurement"
+"""On a SpeculationProfile: the current measurement (set when the operator creates or restarts it). Every nonce of
+its Jobs starts with it, so a Job is adopted only into the measurement it was created for."""
 """On a SpeculationProfile: the nonce the current benchmark Job's token was derived from."""
 TOKEN_ENV = "SPECPILOT_RESULT_TOKEN"
 """The bench container's environment variable that carries the Job's token."""
@@ -39,12 +42,42 @@ SEALED_FIELDS = ("runs", "kvCapacityTokens", "maxConcurrencyMeasured", "hardware
 """The status fields a seal covers: everything a decision or a check reads from a result, and the benchmark's
 own account of a failure (which the operator quotes)."""
 
-__all__ = ["KEY_ENV", "NONCE_ANNOTATION", "SEALED_FIELDS", "TOKEN_ENV", "canonical", "job_token", "new_nonce",
+__all__ = ["EPOCH_ANNOTATION", "KEY_ENV", "NONCE_ANNOTATION", "SEALED_FIELDS", "TOKEN_ENV", "adoption_problem",
+           "canonical", "job_token", "new_epoch", "new_nonce",
            "seal", "seal_problem"]
 
 
-def new_nonce() -> str:
-    return secrets.token_hex(16)
+def new_epoch() -> str:
+    """A new measurement of a profile (its creation, each restart): the nonces of its Jobs carry it."""
+    return secrets.token_hex(8)
+
+
+def new_nonce(epoch: str = "") -> str:
+    """A fresh result nonce for one benchmark Job of the measurement `epoch`."""
+    random = secrets.token_hex(16)
+    return f"{epoch}.{random}" if epoch else random
+
+
+def adoption_problem(key: bytes, namespace: str, profile: dict[str, Any], job: dict[str, Any]) -> str | None:
+    """Why a benchmark Job whose nonce the profile does not record may not become its current Job (None: the
+    operator created it for this measurement, and stopped before recording it). A Job carried over from an
+    earlier measurement (its nonce's epoch is not the profile's: a replayed nonce, whose token may have been read
+    off the old Job) or made by anyone else (its token is not the one the operator derives for its nonce) is
+    refused: its result would otherwise be sealed with a token someone else holds."""
+    annotations = (profile.get("metadata") or {}).get("annotations") or {}
+    epoch = annotations.get(EPOCH_ANNOTATION)
+    nonce = ((job.get("metadata") or {}).get("annotations") or {}).get(NONCE_ANNOTATION)
+    name = (profile.get("metadata") or {}).get("name", "")
+    if not isinstance(nonce, str) or not nonce:
+        return "it carries no result nonce"
+    if not epoch:
+        return "the profile records no measurement to adopt it into (a profile from before nonces carried one)"
+    if not nonce.startswith(f"{epoch}."):
+        return "its result nonce belongs to an earlier measurement of the profile (a replayed nonce)"
+    token = token_of(job)
+    if token is None or not hmac.compare_digest(token, job_token(key, namespace, name, nonce)):
+        return "its result token is not the one the operator gives that nonce (the operator did not create it)"
+    return None
 
 
 def job_token(key: bytes, namespace: str, profile: str, nonce: str) -> str:

@@ -193,10 +193,19 @@ def verdict_of(profile: dict) -> dict | None:
     return {"phase": verdict["phase"], "reason": verdict.get("reason"), "message": verdict.get("message")}
 
 
+def verdict_message(message: str | None) -> str | None:
+    """A verdict's message as the annotation keeps it, and as the status carries it beside the verdict."""
+    return (message or "")[:VERDICT_MESSAGE_CHARS] or None
+
+
 def verdict_annotation(phase: str, reason: str | None, message: str | None) -> str:
     """The annotation value recording the operator's verdict."""
-    return json.dumps({"phase": phase, "reason": reason, "message": (message or "")[:VERDICT_MESSAGE_CHARS] or None},
-                      sort_keys=True)
+    return json.dumps({"phase": phase, "reason": reason, "message": verdict_message(message)}, sort_keys=True)
+
+
+OPERATOR_NOTE_REASONS = frozenset({"Measuring", "PodNotStarting"})
+"""Reasons the operator writes beside a verdict while a later Job (a refinement round) measures the profile: text
+of these is its own, not a rewrite of the verdict's."""
 
 
 def result_complete(profile: dict) -> bool:
@@ -226,6 +235,9 @@ class OwnedView:
     """status.phase as stored, when it differs from `phase` (None: they agree)."""
     forged: bool
     """The stored phase is a decision (Succeeded or Failed) the operator did not make: reported, then restored."""
+    text_forged: bool = False
+    """status.reason or status.message differ from the operator's verdict while status.phase agrees: someone
+    rewrote the text alone (reported, then restored)."""
 
 
 def owned_view(profile: dict) -> OwnedView:
@@ -239,6 +251,10 @@ def owned_view(profile: dict) -> OwnedView:
         phase, reason, message = verdict["phase"], verdict["reason"], verdict["message"]
         view_status = {**status, "phase": phase, "reason": reason, "message": message}
         forged = stored in TERMINAL_PHASES and stored != phase
+        text_forged = stored == phase and status.get("reason") not in OPERATOR_NOTE_REASONS and (
+            status.get("reason"), status.get("message")) != (reason, message)
+        return OwnedView({**profile, "status": view_status}, phase, stored if stored != phase else None, forged,
+                         text_forged)
     else:
         phase = "Succeeded" if result_complete(profile) else ("Pending" if stored == "Pending" else "Running")
         view_status = {**status, "phase": phase}

@@ -133,6 +133,8 @@ async def reconcile_profiles(ctx: Context, spec: SpeculativeDeploymentSpec, name
         profile = await _renew(ctx, namespace, need, stored, renew, events) if renew is not None else stored
         current[need.name] = profile
         job = _current_job(jobs.get(f"{namespace}/{names.bench_job_name(need.name)}"), profile)
+        if job is not None and _job_nonce(profile, job) is not None:
+            job = await _adopted(ctx, namespace, need, profile, job, events)
         view = _view(ctx, namespace, profile, job)
         pods_said = await _failed_pods_account(ctx, namespace, need, job, view)
         step = profiling.follow(plan_need, view, _job_view(job, profile, pods_said), now, RESULT_GRACE_S)
@@ -197,8 +199,8 @@ async def _renew(ctx: Context, namespace: str, need: desired.NeededProfile, prof
     events.append(Event(*action.event(_need(need))))
     if isinstance(action, profiling.CreateProfile):
         return await _create_profile(ctx, namespace, need, action.reprofile)
-    await restart_profile(ctx, namespace, need.name, profile, action.reprofile)
-    return _restarted(profile)
+    epoch = await restart_profile(ctx, namespace, need.name, profile, action.reprofile)
+    return _restarted(profile, epoch)
 
 
 async def _execute(ctx: Context, namespace: str, need: desired.NeededProfile, profile: dict, job: dict | None,
@@ -228,9 +230,14 @@ async def _owned(ctx: Context, namespace: str, need: desired.NeededProfile, prof
     """The profile as the operator reads it (desired.owned_view). A decision in status.phase that the operator
     did not make is reported and restored; a status behind the operator's verdict is brought up to it."""
     view = desired.owned_view(profile)
-    if view.written is None:
+    if view.written is None and not view.text_forged:
         return view.profile
     verdict = desired.verdict_of(profile)
+    if view.text_forged:
+        events.append(Event("Warning", "UnsealedStatusChange",
+                            f"{need.name}: status.reason and status.message were rewritten by someone other than the "
+                            f"operator (its verdict: {verdict['phase']}, {verdict['reason']}); restored. Only the "
+                            f"operator writes a profile's reason and message"))
     if view.forged:
         said = f"the operator's verdict is {verdict['phase']}" if verdict else "the operator has decided nothing yet"
         events.append(Event("Warning", "UnsealedStatusChange",
@@ -353,6 +360,26 @@ def _job_nonce(profile: dict, job: dict) -> str | None:
     return job_nonce if job_nonce and job_nonce not in recorded else None
 
 
+async def _adopted(ctx: Context, namespace: str, need: desired.NeededProfile, profile: dict, job: dict,
+                   events: list[Event]) -> dict | None:
+    """A Job of the profile's name whose nonce the profile does not record: the operator's own, created before it
+    stopped (recorded next, by RecordJob), or not (api.seal.adoption_problem: a replayed nonce, a Job someone
+    else made), which is refused, reported and deleted so the operator's own can be created. A Job already
+    going away is neither."""
+    meta = job.get("metadata") or {}
+    if meta.get("deletionTimestamp"):
+        return job
+    full = await ctx.kube.get("jobs", namespace, meta.get("name", ""))  # the index keeps no pod template
+    problem = seal.adoption_problem(ctx.result_key, namespace, profile, full)
+    if problem is None:
+        return job
+    events.append(Event("Warning", "ForeignBenchmarkJob",
+                        f"Job {meta.get('name')} is not {need.key} on {need.sku}'s benchmark Job: {problem}; it is "
+                        f"deleted and the operator's own is created (only the operator creates benchmark Jobs)"))
+    await ctx.kube.delete("jobs", namespace, meta.get("name", ""))
+    return None
+
+
 def _with_nonce(profile: dict, job: dict) -> dict:
     """The profile with its current Job's result nonce recorded (as `_record_job` leaves it)."""
     job_nonce = _job_nonce(profile, job)
@@ -429,6 +456,8 @@ async def _fail_profile(ctx: Context, namespace: str, need: desired.NeededProfil
     the new phase. Remembers the versions it wrote over (_as_left_here)."""
     between = await ctx.kube.patch("speculationprofiles", namespace, need.name, {"metadata": {"annotations": {
         desired.VERDICT_ANNOTATION: desired.verdict_annotation("Failed", status.get("reason"), status.get("message"))}}})
+    # The status carries the verdict's text exactly (the annotation bounds the message): a rewrite shows.
+    status = {**status, "message": desired.verdict_message(status.get("message"))}
     await ctx.kube.patch("speculationprofiles", namespace, need.name, {"status": {"phase": "Failed", **status}},
                          subresource="status")
     versions = tuple(v for v in ((profile.get("metadata") or {}).get("resourceVersion"),
@@ -442,7 +471,7 @@ async def _fail_profile(ctx: Context, namespace: str, need: desired.NeededProfil
 
 async def _create_profile(ctx: Context, namespace: str, need: desired.NeededProfile,
                           reprofile: str | None) -> dict:
-    annotations = {REPROFILE_ANNOTATION: reprofile} if reprofile else {}
+    annotations = {seal.EPOCH_ANNOTATION: seal.new_epoch(), **({REPROFILE_ANNOTATION: reprofile} if reprofile else {})}
     obj = SpeculationProfile(metadata={
         "name": need.name, "namespace": namespace,
         "labels": {"app.kubernetes.io/managed-by": "specpilot", "specpilot.io/sku": names.label_value(need.sku),
@@ -457,22 +486,27 @@ async def _create_profile(ctx: Context, namespace: str, need: desired.NeededProf
     return created
 
 
-def _restarted(profile: dict) -> dict:
-    """How a profile looks right after `_restart_profile`: Pending, with no current Job and no verdict."""
+def _restarted(profile: dict, epoch: str | None = None) -> dict:
+    """How a profile looks right after `_restart_profile` (which began measurement `epoch`): Pending, with no
+    current Job and no verdict."""
     meta = dict(profile.get("metadata") or {})
-    meta["annotations"] = {k: v for k, v in {**(meta.get("annotations") or {}), JOB_UID_ANNOTATION: ""}.items()
-                           if k != desired.VERDICT_ANNOTATION}
+    annotations = {**(meta.get("annotations") or {}), JOB_UID_ANNOTATION: ""}
+    if epoch:
+        annotations[seal.EPOCH_ANNOTATION] = epoch
+    meta["annotations"] = {k: v for k, v in annotations.items() if k != desired.VERDICT_ANNOTATION}
     return {**profile, "metadata": meta, "status": {"phase": "Pending"}}
 
 
-async def restart_profile(ctx: Context, namespace: str, name: str, profile: dict, reprofile: str | None) -> None:
-    """Measure again: drop the old Job and reset the status (the identity, hence the name, is unchanged).
+async def restart_profile(ctx: Context, namespace: str, name: str, profile: dict, reprofile: str | None) -> str:
+    """Measure again: drop the old Job and reset the status (the identity, hence the name, is unchanged); a new
+    measurement epoch, so no Job of the old one (nor its nonce) is adopted again. Returns the epoch.
     Remembers the versions it wrote over (_as_left_here): a reconciliation that still sees the profile as it
     was, or as the first patch left it, does not restart it again (deleting the Job just created)."""
     await ctx.kube.delete("jobs", namespace, names.bench_job_name(name))
+    epoch = seal.new_epoch()
     annotations: dict[str, str | None] = {JOB_UID_ANNOTATION: None, seal.NONCE_ANNOTATION: None,
                                           REFINE_LEVELS_ANNOTATION: None,
-                                          desired.VERDICT_ANNOTATION: None}
+                                          desired.VERDICT_ANNOTATION: None, seal.EPOCH_ANNOTATION: epoch}
     if reprofile:
         annotations[REPROFILE_ANNOTATION] = reprofile
     between = await ctx.kube.patch("speculationprofiles", namespace, name, {"metadata": {"annotations": annotations}})
@@ -483,6 +517,7 @@ async def restart_profile(ctx: Context, namespace: str, name: str, profile: dict
     await ctx.kube.patch("speculationprofiles", namespace, name, {"status": {
         "phase": "Pending", "reason": "Reprofiling", "message": None, "attempts": 0, "runs": None,
         "completedAt": None, "seal": None, "benchFailure": None}}, subresource="status")
+    return epoch
 
 
 
@@ -537,7 +572,12 @@ async def _create_sealed_job(ctx: Context, spec: SpeculativeDeploymentSpec, name
     if not owner["uid"]:
         fetched = await ctx.kube.get("speculationprofiles", namespace, need.name)
         owner["uid"] = fetched["metadata"].get("uid", "")
-    nonce = seal.new_nonce()
+    epoch = ((profile.get("metadata") or {}).get("annotations") or {}).get(seal.EPOCH_ANNOTATION)
+    if not epoch:  # a profile from before measurements had one: give it one before its Job exists
+        epoch = seal.new_epoch()
+        await ctx.kube.patch("speculationprofiles", namespace, need.name,
+                             {"metadata": {"annotations": {seal.EPOCH_ANNOTATION: epoch}}})
+    nonce = seal.new_nonce(epoch)
     job = benchmark_job(profile_name=need.name, namespace=namespace, profile_spec=need.spec, spec=spec, pool=pool,
                         bench_image=ctx.config.benchmark_image, owner=owner, sdep_name=sdep_name,
                         tenancy=ctx.config.tenancy,
