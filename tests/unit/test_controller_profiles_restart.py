@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 
 from specpilot.api.deployment import SpeculativeDeploymentSpec
+from specpilot.api import seal
 from specpilot.config import OperatorConfig
 from specpilot.controller import desired
 from specpilot.controller.context import Context
@@ -71,7 +72,7 @@ def _aged_view() -> tuple[desired.NeededProfile, dict]:
     need = desired.NeededProfile(pool="h100", sku="H100-SXM", candidate=profile.spec.method, spec=profile.spec)
     body = profile.dump()
     body["metadata"] = {"name": need.name, "namespace": "team", "resourceVersion": "7", "uid": "p-1",
-                        "annotations": {"specpilot.io/result-nonce": "n1"}}
+                        "annotations": {"specpilot.io/result-nonce": "n1", "specpilot.io/refine-levels": "3 6"}}
     body["status"]["completedAt"] = (NOW - timedelta(days=8)).isoformat()
     return need, body
 
@@ -94,6 +95,13 @@ def test_a_stale_view_of_a_profile_restarted_here_is_not_restarted_again():
     assert kube.deleted == [job_name] and list(kube.jobs) == [job_name]
     new_job = kube.jobs[job_name]
     assert kube.profile["status"]["phase"] == "Pending"
+    # A new measurement: a new epoch, the old nonce and a refinement round's levels dropped, and the new Job's
+    # nonce of the new epoch (so no Job of the old measurement is adopted again).
+    annotations = kube.profile["metadata"]["annotations"]
+    epoch = annotations[seal.EPOCH_ANNOTATION]
+    assert "specpilot.io/refine-levels" not in annotations
+    assert annotations[seal.NONCE_ANNOTATION] == new_job["metadata"]["annotations"][seal.NONCE_ANNOTATION]
+    assert annotations[seal.NONCE_ANNOTATION].startswith(epoch + ".") and "n1" not in annotations.values()
     between = copy.deepcopy(view)  # as restart_profile's metadata patch left it, before its status patch
     between["metadata"]["resourceVersion"] = "8"
     between["metadata"]["annotations"] = {}
