@@ -132,9 +132,8 @@ def cluster_unreachable_message(kubeconfig: str | None, err: Exception) -> str:
 
 MALLOC_ARENAS = 2
 """glibc malloc arenas the operator may use. glibc gives threads arenas of their own (up to 8 per core), each
-keeping the memory it freed; when the API client ran a thread per request its 32 threads held about 25 MiB
-more at N=200 deployments (195 against 165 MiB peak RSS in benchmarks/operator_scale.py) for no speed. Threads
-remain (the metrics server, asyncio's executor), so the cap stays. MALLOC_ARENA_MAX, when set, wins."""
+keeping the memory it freed, for no speed in an operator whose work is on one event loop. Threads remain (the
+metrics server, asyncio's executor), so the cap stays. MALLOC_ARENA_MAX, when set, wins."""
 
 
 def limit_malloc_arenas(arenas: int = MALLOC_ARENAS) -> bool:
@@ -151,8 +150,8 @@ def limit_malloc_arenas(arenas: int = MALLOC_ARENAS) -> bool:
 
 MALLOC_TRIM_S = 30
 """How often the operator hands glibc's free heap pages back to the system (malloc_trim). glibc keeps what a
-burst of reconciliations freed in its heap for reuse; at 200 deployments that was 7-10 MiB of the RSS, idle
-for good once the burst was over. A trim of a heap that size takes about a millisecond."""
+burst of reconciliations freed in its heap for reuse, idle for good once the burst is over; a trim is cheap
+next to the interval (docs/operator.md has the figures)."""
 
 
 def start_malloc_trim(every_s: float = MALLOC_TRIM_S) -> threading.Event | None:
@@ -176,12 +175,11 @@ def start_malloc_trim(every_s: float = MALLOC_TRIM_S) -> threading.Event | None:
 
 GC_THRESHOLDS = (10_000, 20, 10)
 """The garbage collector's thresholds for the operator (CPython's are 700, 10, 10). With CPython's, a
-reconciliation's short-lived objects (models, plans, JSON), alive across its awaits, were promoted into the old
-generation and then collected by full collections that walk every object the operator holds: at N=1,000
-deployments, 342 full collections took 101 s of the operator's 393 CPU seconds (issue 27). A young generation
-of 10,000 lets them die young. 50,000 did too, but the garbage of a longer period, freed in bulk, left the
-allocator's arenas fragmented: 10,000 ended N=200 at 152.5 MiB against 162-163 and N=1,000 at 331 MiB against
-349-387, with no more CPU (benchmarks/operator_scale.py). SPECPILOT_GC_THRESHOLDS="700,10,10" sets others."""
+reconciliation's short-lived objects (models, plans, JSON), alive across its awaits, are promoted into the old
+generation and then collected by full collections that walk every object the operator holds, a large share of
+its CPU at a thousand deployments. A young generation of 10,000 lets them die young; a much larger one frees the
+garbage of a longer period in bulk and leaves the allocator's arenas fragmented (docs/operator.md has the
+measurements, benchmarks/operator_scale.py makes them). SPECPILOT_GC_THRESHOLDS="700,10,10" sets others."""
 GC_THRESHOLDS_ENV = "SPECPILOT_GC_THRESHOLDS"
 
 
@@ -394,7 +392,7 @@ official Kubernetes client's model objects (`kubernetes`, about 20 MiB of genera
 imports kubernetes_validate (with jsonschema and its format checkers). The operator speaks JSON dicts over
 aiohttp (kube.py); they are installed beside it for the sandbox, the e2e tests and `specpilot validate`.
 Skipped while the operator's modules load; a kubeconfig user with an exec plugin still loads the client later
-(connection.py). About 22 MiB of RSS (issue 27)."""
+(connection.py)."""
 
 
 @contextlib.contextmanager

@@ -145,13 +145,13 @@ class Context:
     def __copy__(self) -> Context:
         """The context itself: kopf gives every object it watches (deployments, profiles, Jobs, nodes) a shallow
         copy of the memo, kept for the object's life, and the handlers keep nothing per object in it (see the
-        class docstring): about 0.3 KB per object for nothing (issue 27)."""
+        class docstring): a copy per object would be memory for nothing."""
         return self
 
     def remember_written(self, uid: str, status: dict, seen: object) -> None:
         """Record `status` as `uid`'s last computed status. When the body's status (`seen`) already is the same
-        JSON, that object is kept instead: kopf holds it anyway, so each deployment's status is not held twice
-        (about 6 KB each; issue 27). Same JSON types and values, so `latest` answers exactly as before."""
+        JSON, that object is kept instead: kopf holds it anyway, so each deployment's status is not held twice.
+        Same JSON types and values, so `latest` answers exactly as before."""
         self.written[uid] = seen if same_json(status, seen) else status  # type: ignore[assignment]
 
     def latest(self, body: dict) -> dict:
@@ -224,6 +224,6 @@ class ProfileUsers(Mapping):
 
     def __len__(self) -> int:
         # counted, not copied: `users or {}` and the like call this on the hot path, and copying every entry
-        # made each reconciliation cost grow with the namespace (issue 27)
+        # made each reconciliation cost grow with the namespace
         with self._ctx._users_lock:
             return len(self._ctx.profile_users.get(self._namespace, {}))

@@ -54,11 +54,10 @@ MAX_CONCURRENT_RECONCILES = 16
 """Reconciliations that run at once (the others wait their turn). kopf starts every object's handlers and timers
 together, so a burst (many deployments created, many profiles finishing) had a hundred and more reconciliations
 in flight, each holding its deployment's spec, profiles (unpacked and validated) and plans while it waited on
-the API server: the operator's live objects nearly doubled for the burst, and its RSS kept that peak (CPython
+the API server: the operator's live objects nearly double for the burst, and its RSS keeps that peak (CPython
 hands an arena back only when every object in it is freed). 16 keep the API client's 32 connections and the
-event loop busy; at 200 deployments on 2 cores the RSS fell from about 175 to about 140 MiB and the burst
-went no slower (benchmarks/operator_scale.py; 8 cost the create burst 6 s per deployment, 32 kept most of
-the memory; issue 27)."""
+event loop busy without that peak; fewer slow a burst of creations (docs/operator.md has the measurements of
+benchmarks/operator_scale.py)."""
 
 
 class Slots:
@@ -66,8 +65,8 @@ class Slots:
     changed (a deployment created or edited, a profile result or Job that moved: `urgent`), then to the
     periodic ones, each in the order they asked. Under a backlog (many profiles finishing at once, hundreds of
     deployments created together) the periodic reconciliations of deployments where nothing changed no longer
-    queue ahead of the ones that have news: at 1,000 deployments the periodic timers alone ask for 67
-    reconciliations a second, most of the operator's core (issue 27)."""
+    queue ahead of the ones that have news: with a thousand deployments the periodic timers alone ask for
+    dozens of reconciliations a second."""
 
     def __init__(self, slots: int) -> None:
         self._free = slots
@@ -206,7 +205,7 @@ def register(registry: kopf.OperatorRegistry, ctx: Context, *, peering: bool) ->
                 registry=registry)
     def deployments_index(body: kopf.Body, namespace: str, name: str, **_: Any) -> dict[str, Any]:
         # The serving Deployments as the watch shows them (an informer's cache): a reconciliation reads its
-        # pools' Deployments here instead of a get each (issue 27: with nothing changing, no request at all).
+        # pools' Deployments here instead of a get each: with nothing changing, no request at all.
         return deployment_entry(body, namespace, name)
 
     @kopf.index("batch", "v1", "jobs", labels={"app.kubernetes.io/managed-by": "specpilot"},
@@ -435,8 +434,8 @@ def profiles_in_flight(body: Any, **_: Any) -> bool:
     A Serving deployment whose profiles are all in (or failed for good) and whose refinement is not measuring
     gets nothing sooner from a profile event than from its periodic reconciliation, which sees a profile
     restarted under it (by a drift re-measure or a shared profile's other user) within reconcileIntervalSeconds
-    and then lists it as pending, which starts the watch again. At 1,000 deployments the watch was some 500
-    kopf timer runs a second and a task held per deployment (issue 27)."""
+    and then lists it as pending, which starts the watch again. Kept on for every deployment, the watch would be
+    a kopf timer run per deployment every profileWatchSeconds and a task held for each."""
     status = body.get("status")
     if not isinstance(status, Mapping) or status.get("phase") != "Serving":
         return True

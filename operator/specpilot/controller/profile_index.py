@@ -1,4 +1,4 @@
-"""The SpeculationProfiles index, kept compact (issue 27).
+"""The SpeculationProfiles index, kept compact.
 
 kopf's index keeps, for every profile of the watched namespaces, what the index handler returned, for as long
 as the profile exists. A Succeeded profile's status holds every measured point of every run (per level:

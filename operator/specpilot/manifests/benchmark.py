@@ -173,7 +173,7 @@ def benchmark_job(*, profile_name: str, namespace: str, profile_spec: Speculatio
     config's policy; its defaults when None) allows, with the ServiceAccount token mounted into the bench
     container only; a spec it refuses raises TenancyViolation.
 
-    A refinement round (issue 14; `refine_round` from 1) re-measures some levels of a profile that is already
+    A refinement round (`refine_round` from 1) re-measures some levels of a profile that is already
     measured: `levels` (default: the profile's), only at `ks` (default: every run the profile has),
     `repeat` times each, and with `append` adds the points to the profile's stored runs (`specpilot-bench
     --levels --ks --repeat --append`). Its Job is named `names.refine_job_name(profile_name, refine_round,

@@ -119,7 +119,7 @@ def bench_job_name(profile_name: str, run_k: int | None = None) -> str:
 
 
 def refine_job_name(profile_name: str, round_index: int, part: int | None = None) -> str:
-    """Refinement Job of a profile (issue 14): `refine-<profile>-r<round>`, one name per round, distinct from
+    """Refinement Job of a profile: `refine-<profile>-r<round>`, one name per round, distinct from
     the profile's benchmark Job (`bench-<profile>`), so a round never collides with the Job that measured
     the profile or with an earlier round (finished Jobs stay a day). `part` (from 1) tells apart several
     Jobs of one profile in one round: `refine-<profile>-r<round>-<part>`."""

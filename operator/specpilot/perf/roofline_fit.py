@@ -230,8 +230,8 @@ def solve_roofline(levels: Sequence[Sequence[float]], decode_s: Sequence[Sequenc
     excess = np.maximum(0.0, q[None, :] / knees[:, None] - 1.0)  # (knees, n)
     # Candidate (knee, theta)'s design is `base` with theta * excess[knee] added to a_0's column: a rank-one
     # change. Each candidate's normal equations are then the base's plus terms in theta and theta^2, built from
-    # per-knee products instead of from a (knees, thetas, n, params) design (issue 27: the fit was most of a
-    # decision's cost, and the design array most of its memory traffic).
+    # per-knee products instead of from a (knees, thetas, n, params) design, which was most of a fit's memory
+    # traffic.
     weight = row_weight / z  # residuals relative to each value: the target z / z = 1, weighted by row_weight
     knee_column = excess * weight[None, :]  # (knees, n): the knee term's column, weighted
     theta = thetas[None, :, None, None]

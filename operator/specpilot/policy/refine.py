@@ -1,5 +1,5 @@
 """What the planner is unsure of: which measurements to take so that the schedule's k and its on/off are
-right near the crossovers (issue 14). Pure, like the rest of `policy`.
+right near the crossovers. Pure, like the rest of `policy`.
 
 A schedule changes k at a few batch sizes (its boundaries: 4 -> 3, ..., 1 -> 0, the crossover). At a boundary
 the two k are tied by construction, and how far the tie may lie from where the profile puts it is the
@@ -34,7 +34,7 @@ again for what the first round left of the budget (a budget of twice the first s
 to four rounds costs +67% profiling time for 96.2% of draws within 3% of the best k, against +48% for 95.4%
 in one round; 1.5 times over rounds until done, +54% for 93.6%; docs/decisions.md).
 
-For the controller (the operator's side of issue 14):
+For the controller (the operator's side of refinement):
 
     plan = plan_refinement(policy, candidates, baseline, profiles, price_per_gpu_hour=...,
                            gpus_per_replica=..., concurrency_histogram=..., budget_levels=None)
@@ -87,10 +87,8 @@ __all__ = [
 
 DEFAULT_BUDGET_SHARE = Profiling.model_fields["refine_budget_percent"].default / 100
 """Refinement budget, in measured levels, as a share of the levels the group's first sweep measured: the API's
-default (spec.profiling.refineBudgetPercent), its one home. On the twin (benchmarks/decision_quality.py, 5%
-noise per level) its one round at 2.0 costs about +45% profiling time on average, engine starts included (the
-levels it measures are the cheaper, higher ones): within the +50% that issue 14 allows. 1.5 costs about +38%
-and settles fewer draws (docs/decisions.md)."""
+default (spec.profiling.refineBudgetPercent), its one home. What one round costs in profiling time at each
+budget, and what it settles, is measured on the twin by benchmarks/decision_quality.py (docs/decisions.md)."""
 MAX_REPEAT = 8
 """Most measurements asked of one level of one run in one round at the default budget (`max_repeat`)."""
 MAX_REPEAT_CEILING = 12
