@@ -153,9 +153,9 @@ def _run_fleet(args: argparse.Namespace) -> int:
     from .mixed import PLACEMENT_WORDS, SCENARIOS, compare
     from .mixed_report import fleet_verdict, slo_words, table_rows, write_fleet_reports
 
-    console = Console()
+    console = Console(emoji=False)  # a trace such as bursts:100:300 is not an emoji code
     if not console.is_terminal:
-        console = Console(width=max(console.width, 132))
+        console = Console(width=max(console.width, 132), emoji=False)
     names = FLEET_SCENARIOS if args.fleet == "all" else (args.fleet,)
     config = FleetConfig(max_num_seqs=args.max_num_seqs,
                          startup_s=FLEET_FAST_STARTUP_S if args.fast else args.startup_s)

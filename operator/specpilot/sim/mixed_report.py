@@ -73,7 +73,7 @@ class FleetVerdict:
                 f"{carried}")
         if self.vs_even_split_hpa is not None:
             text += (f"; {_relative(self.vs_even_split_hpa)} than even-split-hpa "
-                     + ("at the same attainment" if self.hpa_reached else "(which never reaches it)"))
+                     + ("tuned to reach its attainment" if self.hpa_reached else "(which never reaches it)"))
         if self.over_oracle is not None:
             text += (f"; $/Mtok in SLO {self.over_oracle:+.1%} against the oracle's")
         return text
