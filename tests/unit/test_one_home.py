@@ -72,3 +72,13 @@ def test_the_arithmetic_as_vllm_defines_it():
     # positions past the measured ones accept nothing
     assert specdec.tokens_per_step_curve(per_position, 1.0, 4) == tuple(1.0 + sum(per_position[:k]) for k in range(5))
     assert specdec.verified_tokens_per_step(0.5, 3) == 2.5
+
+
+def test_history_lives_in_git_and_docs_not_in_the_product_code():
+    """The operator's, the bench's and the sandbox's sources say why, not which issue or which past run: no
+    "issue N" reference (vLLM's own issue numbers, cited as `#N`, are sources, not history)."""
+    found = [f"{path.relative_to(ROOT)}:{n}: {line.strip()}"
+             for path in _sources() if path.parts[len(ROOT.parts)] in ("operator", "sandbox", "benchmark-job")
+             for n, line in enumerate(path.read_text().splitlines(), 1)
+             if re.search(r"\bissue \d+", line, re.IGNORECASE)]
+    assert not found, "\n".join(found)
