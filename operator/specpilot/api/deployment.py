@@ -422,9 +422,13 @@ class Autoscaling(str, Enum):
     NONE = "none"
 
 
-class RoutingMode(str, Enum):
+class Routing(str, Enum):
+    """How a deployment's traffic reaches its pools (spec.serving.routing; the fleet planner plans under it)."""
+
     SERVICE = "service"
+    """One Service over every pool's pods: an even split per pod."""
     GATEWAY = "gateway"
+    """One Service per pool behind a Gateway API HTTPRoute whose backendRefs weights are the shares."""
 
 
 GATEWAY_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
@@ -479,7 +483,7 @@ class Serving(ApiModel):
     """Port of the OpenAI-compatible API."""
     service_monitor: bool = False
     """Create a Prometheus-operator PodMonitor for the serving pods."""
-    routing: RoutingMode = RoutingMode.SERVICE
+    routing: Routing = Routing.SERVICE
     """service: one Service over every pool's pods (an even split per pod; the fleet planner plans under it);
     gateway: also one Service per pool and a Gateway API HTTPRoute (gateway.networking.k8s.io/v1) whose
     backendRefs weights follow the fleet's planned shares (needs the Gateway API CRDs; without them it falls
@@ -500,7 +504,7 @@ class Serving(ApiModel):
     def _bounds(self) -> Serving:
         if self.min_replicas > self.max_replicas:
             raise ValueError(f"minReplicas must be <= maxReplicas (got {self.min_replicas} > {self.max_replicas})")
-        if self.routing == RoutingMode.GATEWAY.value and not self.gateway.parent_refs:
+        if self.routing == Routing.GATEWAY.value and not self.gateway.parent_refs:
             raise ValueError("routing: gateway needs gateway.parentRefs: name the Gateway the HTTPRoute attaches to")
         return self
 

@@ -25,7 +25,7 @@ from ..api.deployment import (
     HistoryEntry,
     Phase,
     PoolStatus,
-    RoutingMode,
+    Routing,
     RoutingStatus,
     SpeculativeDeploymentSpec,
     SpeculativeDeploymentStatus,
@@ -35,7 +35,7 @@ from ..manifests import names
 from ..manifests.serving import http_route, pod_monitor, pool_service, service, serving_deployment
 from ..observe.model import MetricsUnavailable
 from ..perf.catalog import GpuCatalog
-from ..policy.fleet import Routing, route_weights
+from ..policy.fleet import route_weights
 from ..policy.placement import FleetMember, FleetOutcome, clear_plan, place_fleet, write_plan
 from ..policy.profiling import Rollup, rollup
 from ..policy.planner import PoolInputs, PoolOutcome, PoolProfiles, plan_pool, profiled_acceptance
@@ -470,7 +470,7 @@ class RouteReading:
 async def _read_route(ctx: Context, spec: SpeculativeDeploymentSpec, namespace: str, name: str) -> RouteReading:
     """With routing: gateway, list the namespace's HTTPRoutes of the deployment: the live route (for a no-op apply)
     and whether the cluster serves the resource at all (404 on the list: the Gateway API CRDs are missing)."""
-    if spec.serving.routing != RoutingMode.GATEWAY.value:
+    if spec.serving.routing != Routing.GATEWAY.value:
         return RouteReading(wanted=False)
     try:
         routes = await ctx.kube.list("httproutes", namespace,
@@ -527,7 +527,7 @@ async def _reconcile_routing(ctx: Context, body: dict, spec: SpeculativeDeployme
     namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
     was_route = old.routing.http_route if old.routing is not None else None
     if not route.wanted:
-        status.routing = RoutingStatus(mode=RoutingMode.SERVICE.value)
+        status.routing = RoutingStatus(mode=Routing.SERVICE.value)
         status.conditions = [c for c in status.conditions if c.type != "RoutingReady"]
         if was_route:
             try:
@@ -550,7 +550,7 @@ async def _reconcile_routing(ctx: Context, body: dict, spec: SpeculativeDeployme
         except Refused as exc:
             route = _route_refused(exc)
     if not route.available or route.problem:
-        status.routing = RoutingStatus(mode=RoutingMode.SERVICE.value)
+        status.routing = RoutingStatus(mode=Routing.SERVICE.value)
         if status.fleet is not None:
             status.fleet.http_route = None
         already = any(c.type == "RoutingReady" and c.status == "False" and c.reason == route.reason
@@ -561,13 +561,13 @@ async def _reconcile_routing(ctx: Context, body: dict, spec: SpeculativeDeployme
             events.append(Event("Warning", route.reason, route.problem))
         return
     if not weights:
-        status.routing = RoutingStatus(mode=RoutingMode.SERVICE.value)
+        status.routing = RoutingStatus(mode=Routing.SERVICE.value)
         status.conditions = desired.set_condition(
             status.conditions, "RoutingReady", False, "NoPoolServing",
             "no pool serves yet: the HTTPRoute is created once a pool has a decision", generation, now)
         return
     route_name = names.http_route_name(name)
-    status.routing = RoutingStatus(mode=RoutingMode.GATEWAY.value, http_route=route_name, weights=weights)
+    status.routing = RoutingStatus(mode=Routing.GATEWAY.value, http_route=route_name, weights=weights)
     if status.fleet is not None:
         status.fleet.http_route = route_name
     split = ", ".join(f"{pool} {weight / 10:g}%" for pool, weight in weights.items())

@@ -40,8 +40,8 @@ import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from enum import Enum
 
+from ..api.deployment import Routing
 from ..perf.cost import cost_per_million_tokens, tokens_per_second
 from .replicas import ReplicaState, plan_replicas
 
@@ -65,13 +65,6 @@ SHARE_MOVE = 0.02
 _SEARCH_NODES = 200_000
 """Bound on the branch-and-bound's nodes: beyond it the best plan found so far stands (never hit by 16 pools
 of the usual sizes; it keeps the planner's time bounded for any input)."""
-
-
-class Routing(str, Enum):
-    SERVICE = "service"
-    """One Service over every pool's pods: an even split per pod."""
-    GATEWAY = "gateway"
-    """One Service per pool behind a Gateway API HTTPRoute whose backendRefs weights are the shares."""
 
 
 @dataclasses.dataclass(frozen=True)
