@@ -104,7 +104,7 @@ def test_shares_move_with_demand_and_announce_it():
     remembered = [dataclasses.replace(m, previous=old) for m, old in zip(members(high), low, strict=True)]
     later = place_fleet(spec(), remembered, first.fleet, T0 + timedelta(seconds=30))
     assert sum(later.replicas.values()) > sum(first.replicas.values())
-    assert [e for e in later.events if e[1] == "FleetSharesMoved"]
+    assert [e for e in later.events if e.reason == "FleetSharesMoved"]
     assert later.fleet.shares_moved_at == T0 + timedelta(seconds=30)
 
 

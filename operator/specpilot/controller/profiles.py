@@ -14,7 +14,6 @@ carries a ProfilingFailed Event, and the deployment's conditions count it.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from datetime import datetime
 
 from ..api import seal
@@ -26,6 +25,7 @@ from ..manifests.rbac import bench_rbac
 from ..manifests.serving import serving_service_account
 from ..perf.plausibility import REFINE_LEVELS_ANNOTATION, checked_result_problems, refine_levels_annotation
 from ..policy import job_failure, profiling
+from ..policy.events import Event
 from . import desired
 from .context import Context
 from .kube import Conflict
@@ -34,13 +34,6 @@ REPROFILE_ANNOTATION = profiling.REPROFILE_ANNOTATION
 """Set to any new value (e.g. a timestamp) to re-measure every profile of the deployment."""
 JOB_UID_ANNOTATION = "specpilot.io/job-uid"
 """On a SpeculationProfile: the uid of the Job measuring it now."""
-
-
-@dataclass
-class Event:
-    type: str
-    reason: str
-    message: str
 
 
 BENCH_IDENTITY_RECHECK_S = 300
@@ -196,7 +189,7 @@ def _job_view(job: dict | None, profile: dict, pods_said: str = "") -> profiling
 async def _renew(ctx: Context, namespace: str, need: desired.NeededProfile, profile: dict | None,
                  action: profiling.CreateProfile | profiling.Restart, events: list[Event]) -> dict:
     """Create the profile, or measure it again; the profile as it looks right after."""
-    events.append(Event(*action.event(_need(need))))
+    events.append(action.event(_need(need)))
     if isinstance(action, profiling.CreateProfile):
         return await _create_profile(ctx, namespace, need, action.reprofile)
     epoch = await restart_profile(ctx, namespace, need.name, profile, action.reprofile)

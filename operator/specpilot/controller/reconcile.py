@@ -37,6 +37,7 @@ from ..observe.model import MetricsUnavailable
 from ..perf.catalog import GpuCatalog
 from ..policy.fleet import route_weights
 from ..policy.placement import FleetMember, FleetOutcome, clear_plan, place_fleet, write_plan
+from ..policy.events import Event
 from ..policy.profiling import Rollup, rollup
 from ..policy.planner import PoolInputs, PoolOutcome, PoolProfiles, plan_pool, profiled_acceptance
 from . import desired
@@ -47,7 +48,6 @@ from .profile_index import NOT_INDEXED
 from .profiles import (
     JOB_UID_ANNOTATION,
     REPROFILE_ANNOTATION,
-    Event,
     ensure_bench_identity,
     job_state,
     reconcile_profiles,
@@ -310,7 +310,7 @@ async def plan_pool_step(ctx: Context, body: dict, spec: SpeculativeDeploymentSp
         if need is not None and job.profile in profiles:
             await start_refinement(ctx, spec, namespace, name, view.pool, need, profiles[job.profile], job,
                                    pool.refinement.round, jobs)
-    events.extend(Event(e.type, e.reason, e.message) for e in outcome.events)
+    events.extend(outcome.events)
     if outcome.toggled:
         ctx.metrics.toggles.labels(namespace, name, view.pool.name, outcome.toggled).inc()
     return PoolStep(pool, outcome, current, pool_profiles)
@@ -384,7 +384,7 @@ def _place_fleet(ctx: Context, spec: SpeculativeDeploymentSpec,
         replicas = write_plan(step.pool, outcome.plan, external)
         step.outcome.serve = dataclasses.replace(step.outcome.serve, replicas=None if external else replicas)
     if outcome is not None:
-        events.extend(Event(*event) for event in outcome.events)
+        events.extend(outcome.events)
     return outcome
 
 

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from datetime import datetime
 
 from ..api.deployment import Autoscaling, FleetStatus, GpuPool, PoolStatus, ReplicaTarget, SpeculativeDeploymentSpec
+from .events import Event
 from .replicas import ReplicaState
 from .fleet import (
     SHARE_MOVE,
@@ -58,7 +59,7 @@ class FleetOutcome:
     fleet: FleetStatus
     replicas: dict[str, int]
     """Replicas per placed pool (empty: nothing placed, every pool keeps its own planner's)."""
-    events: list[tuple[str, str, str]] = dataclasses.field(default_factory=list)
+    events: list[Event] = dataclasses.field(default_factory=list)
     """(type, reason, message) to announce."""
     plan: FleetPlan | None = None
 
@@ -147,7 +148,7 @@ def place_fleet(spec: SpeculativeDeploymentSpec, members: Sequence[FleetMember],
         moved_at = now
         words = ", ".join(f"{p.name} {shares.get(p.name, 0.0):.0%} -> {p.share:.0%}" for p in plan.pools
                           if abs(p.share - shares.get(p.name, 0.0)) >= SHARE_MOVE)
-        events.append(("Normal", "FleetSharesMoved", f"{words}: {plan.reason}"))
+        events.append(Event("Normal", "FleetSharesMoved", f"{words}: {plan.reason}"))
     fleet = FleetStatus(routing=plan.routing.value, demand_tokens_per_second=round(plan.demand_tokens_per_second, 3),
                         cost_per_mtok=round(plan.cost_per_mtok, 4) if plan.cost_per_mtok is not None else None,
                         slo_feasible=plan.slo_feasible, reason=plan.reason, shares_moved_at=moved_at)

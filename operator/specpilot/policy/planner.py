@@ -54,6 +54,7 @@ from ..api.profile import SpeculationProfile
 from ..observe.model import PoolObservation
 from ..manifests.names import refine_job_name
 from .choose import BASELINE_KEY, PoolPlan, decide_pool, revisit_for_load
+from .events import Event
 from .refine import initial_levels, refine_pool_plan
 from .replicas import ReplicaState, demand_at_capacity, plan_replicas
 from .restart import Observation as RestartObservation
@@ -62,7 +63,6 @@ from .restart import step as restart_step
 
 __all__ = [
     "LIVE_RESCHEDULE_DRIFT",
-    "PlannedEvent",
     "PoolInputs",
     "PoolOutcome",
     "PoolProfiles",
@@ -173,13 +173,6 @@ class Reprofile:
     drift: float
 
 
-@dataclasses.dataclass(frozen=True)
-class PlannedEvent:
-    type: str
-    reason: str
-    message: str
-
-
 @dataclasses.dataclass
 class PoolOutcome:
     status: PoolStatus
@@ -187,7 +180,7 @@ class PoolOutcome:
     serve: Serve | None
     """None: nothing to serve yet (no GPU type)."""
     reprofile: Reprofile | None = None
-    events: list[PlannedEvent] = dataclasses.field(default_factory=list)
+    events: list[Event] = dataclasses.field(default_factory=list)
     toggled: str | None = None
     """"on"/"off" when the restart toggle switched speculation in this call."""
     refine: list[RefinementJob] = dataclasses.field(default_factory=list)
@@ -333,11 +326,11 @@ def plan_pool(inputs: PoolInputs) -> PoolOutcome:
                      f"profile is shared with other deployments, so only this deployment follows its live "
                      f"acceptance (annotate specpilot.io/reprofile to re-measure it for everyone)")
             if not (old.decision and old.decision.live_method == served):
-                outcome.events.append(PlannedEvent("Warning", "AcceptanceDrift", words))
+                outcome.events.append(Event("Warning", "AcceptanceDrift", words))
         else:
             outcome.reprofile = Reprofile(served, drift)
             methods.pop(served, None)  # measured again: the decision does without it meanwhile
-            outcome.events.append(PlannedEvent(
+            outcome.events.append(Event(
                 "Warning", "AcceptanceDrift", f"pool {status.name}: live acceptance of {served} is {drift:.0%} "
                 f"off its profile: re-profiling {_name(profiles.unvalidated()[1][served], served)}"))
 
@@ -420,7 +413,7 @@ def _refine(inputs: PoolInputs, status: PoolStatus, plan: PoolPlan | None, metho
                 "message": f"refinement Job(s) {', '.join(failed)} failed (see `kubectl logs job/{failed[0]}`); "
                            f"the decision stands on what was measured; annotate specpilot.io/reprofile to "
                            f"measure again"})
-            outcome.events.append(PlannedEvent("Warning", "RefinementFailed",
+            outcome.events.append(Event("Warning", "RefinementFailed",
                                                f"pool {status.name}: {status.refinement.message}"))
             return
         if plan is None or not all(state == "Complete" for state in states):
@@ -441,7 +434,7 @@ def _refine(inputs: PoolInputs, status: PoolStatus, plan: PoolPlan | None, metho
             status.decision = status.decision.model_copy(update={
                 "reason": f"{status.decision.reason}; still uncertain after the refinement budget: {found.reason}"})
         if old is not None and old.state != state:
-            outcome.events.append(PlannedEvent("Normal", "RefinementDone",
+            outcome.events.append(Event("Normal", "RefinementDone",
                                                f"pool {status.name}: after {rounds} round(s): {found.reason}"))
         return
     rounds += 1
@@ -451,7 +444,7 @@ def _refine(inputs: PoolInputs, status: PoolStatus, plan: PoolPlan | None, metho
     status.refinement = Refinement(round=rounds, state=RefinementState.MEASURING, message=found.reason,
                                    budget_levels=budget, spent_levels=found.spent_levels, jobs=jobs)
     outcome.refine = list(jobs)
-    outcome.events.append(PlannedEvent(
+    outcome.events.append(Event(
         "Normal", "Refining", f"pool {status.name}: round {rounds}: measuring "
         + "; ".join(f"{j.profile} k={','.join(map(str, j.ks))} at {','.join(map(str, j.levels))} x{j.repeat}"
                     for j in jobs) + f" ({found.reason})"))
@@ -501,7 +494,7 @@ def _speculation_state(inputs: PoolInputs, pool: PoolStatus, outcome: PoolOutcom
     pool.below_threshold_since = step.state.below_since
     if step.state.speculation_enabled != state.speculation_enabled:
         outcome.toggled = "on" if step.state.speculation_enabled else "off"
-        outcome.events.append(PlannedEvent("Normal", "SpeculationToggled",
+        outcome.events.append(Event("Normal", "SpeculationToggled",
                                            f"pool {pool.name}: speculation {outcome.toggled}: {step.reason}"))
     return step.state.speculation_enabled
 

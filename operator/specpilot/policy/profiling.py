@@ -31,6 +31,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 
 from ..api.deployment import Phase
+from .events import Event
 
 __all__ = [
     "RESULT_GRACE_S",
@@ -157,8 +158,8 @@ class CreateProfile:
     name: str
     reprofile: str | None
 
-    def event(self, need: Need) -> tuple[str, str, str]:
-        return "Normal", "Profiling", f"measuring {need.key} on {need.sku} ({need.name})"
+    def event(self, need: Need) -> Event:
+        return Event("Normal", "Profiling", f"measuring {need.key} on {need.sku} ({need.name})")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -169,8 +170,8 @@ class Restart:
     reprofile: str | None
     why: str
 
-    def event(self, need: Need) -> tuple[str, str, str]:
-        return "Normal", "Reprofiling", f"re-measuring {need.name}: {self.why}"
+    def event(self, need: Need) -> Event:
+        return Event("Normal", "Reprofiling", f"re-measuring {need.name}: {self.why}")
 
 
 @dataclasses.dataclass(frozen=True)
