@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from specpilot.api.deployment import Phase
 from specpilot.controller import desired
+from specpilot.policy import profiling
 
 NOW = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
 
@@ -35,35 +35,17 @@ def test_job_completion_time_comes_from_the_status_or_the_complete_condition():
 
 
 def test_a_result_is_overdue_only_past_the_grace_after_completion():
-    assert not desired.result_overdue(complete_job(completed=NOW - timedelta(seconds=30)), NOW, grace_s=60)
-    assert not desired.result_overdue(complete_job(completed=NOW - timedelta(seconds=60)), NOW, grace_s=60)
-    assert desired.result_overdue(complete_job(completed=NOW - timedelta(seconds=61)), NOW, grace_s=60)
-    assert desired.result_overdue(complete_job(condition_at=NOW - timedelta(hours=1)), NOW, grace_s=60)
+    """The Job's completion as the controller reads it (desired.job_completed_at), judged by the profiling
+    planner (policy.profiling.result_overdue)."""
+    def overdue(job: dict, grace_s: float) -> bool:
+        return profiling.result_overdue(desired.job_completed_at(job), NOW, grace_s)
+
+    assert not overdue(complete_job(completed=NOW - timedelta(seconds=30)), 60)
+    assert not overdue(complete_job(completed=NOW - timedelta(seconds=60)), 60)
+    assert overdue(complete_job(completed=NOW - timedelta(seconds=61)), 60)
+    assert overdue(complete_job(condition_at=NOW - timedelta(hours=1)), 60)
     # Still running, or no completion time recorded: never overdue.
-    assert not desired.result_overdue({"status": {"active": 1}}, NOW, grace_s=0)
-
-
-def test_profile_freshness_counts_from_completion():
-    def profile(phase: str, completed: datetime | None) -> dict:
-        status: dict = {"phase": phase}
-        if completed is not None:
-            status["completedAt"] = stamp(completed)
-        return {"status": status}
-
-    assert desired.profile_is_fresh(profile("Succeeded", NOW - timedelta(hours=23)), 24, NOW)
-    assert not desired.profile_is_fresh(profile("Succeeded", NOW - timedelta(hours=25)), 24, NOW)
-    assert not desired.profile_is_fresh(profile("Running", NOW), 24, NOW)
-    assert not desired.profile_is_fresh(profile("Failed", NOW), 24, NOW)
-    assert desired.profile_is_fresh(profile("Succeeded", None), 24, NOW)
-    # maxAgeHours 0: never measured again by age (what the chart documents)
-    assert desired.profile_is_fresh(profile("Succeeded", NOW - timedelta(days=400)), 0, NOW)
-    assert not desired.profile_is_fresh(profile("Failed", NOW), 0, NOW)
-
-
-def test_jobs_are_started_oldest_first_up_to_the_parallel_limit():
-    assert desired.jobs_allowed(["a", "b", "c"], running=0, max_parallel=2) == ["a", "b"]
-    assert desired.jobs_allowed(["a", "b", "c"], running=1, max_parallel=2) == ["a"]
-    assert desired.jobs_allowed(["a", "b"], running=3, max_parallel=2) == []
+    assert not overdue({"status": {"active": 1}}, 0)
 
 
 def test_a_condition_moves_its_transition_time_only_when_its_status_changes():
@@ -75,13 +57,6 @@ def test_a_condition_moves_its_transition_time_only_when_its_status_changes():
     assert flipped[0].status == "True" and flipped[0].last_transition_time == later
     other = desired.set_condition(flipped, "Valid", None, "Checking", "", 1, later)
     assert [c.type for c in other] == ["Profiled", "Valid"] and other[1].status == "Unknown"
-
-
-def test_the_overall_phase():
-    assert desired.overall_phase(0, 0, 0) == Phase.PENDING
-    assert desired.overall_phase(1, 3, 0) == Phase.PROFILING
-    assert desired.overall_phase(2, 3, 1) == Phase.DEGRADED
-    assert desired.overall_phase(3, 3, 0) == Phase.SERVING
 
 
 def deployment(replicas: int = 2, generation: int = 3, status: dict | None = None) -> dict:

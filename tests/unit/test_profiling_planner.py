@@ -205,3 +205,27 @@ def test_a_failed_attempt_never_fails_the_profile_before_the_job_gives_up(failur
     job = pp.JobView("bench-a", state, active=1 if state == "Active" else 0, failed=failures)
     result = plan([need("a")], {"a": pp.ProfileView("Running")}, {"a": job})
     assert (result.states["a"] == "Failed") == (state == "Failed")
+
+
+def test_profile_freshness_counts_from_completion():
+    assert pp.is_fresh("Succeeded", NOW - timedelta(hours=23), 24, NOW)
+    assert not pp.is_fresh("Succeeded", NOW - timedelta(hours=25), 24, NOW)
+    assert not pp.is_fresh("Running", NOW, 24, NOW)
+    assert not pp.is_fresh("Failed", NOW, 24, NOW)
+    assert pp.is_fresh("Succeeded", None, 24, NOW)
+    # maxAgeHours 0: never measured again by age (what the chart documents)
+    assert pp.is_fresh("Succeeded", NOW - timedelta(days=400), 0, NOW)
+    assert not pp.is_fresh("Failed", NOW, 0, NOW)
+
+
+def test_jobs_are_started_oldest_first_up_to_the_parallel_limit():
+    assert pp.jobs_allowed(["a", "b", "c"], running=0, max_parallel=2) == ["a", "b"]
+    assert pp.jobs_allowed(["a", "b", "c"], running=1, max_parallel=2) == ["a"]
+    assert pp.jobs_allowed(["a", "b"], running=3, max_parallel=2) == []
+
+
+def test_the_overall_phase():
+    assert pp.overall_phase(0, 0, 0) == Phase.PENDING
+    assert pp.overall_phase(1, 3, 0) == Phase.PROFILING
+    assert pp.overall_phase(2, 3, 1) == Phase.DEGRADED
+    assert pp.overall_phase(3, 3, 0) == Phase.SERVING

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from functools import cached_property
 
 from ..api.deployment import (
@@ -17,7 +17,6 @@ from ..api.deployment import (
     Condition,
     GpuPool,
     HistoryEntry,
-    Phase,
     PoolStatus,
     SpeculativeDeploymentSpec,
 )
@@ -27,7 +26,6 @@ from ..api.schedule import summary as schedule_summary
 from ..config import OperatorConfig
 from ..manifests import names
 from ..perf.catalog import DEFAULT_CATALOG, GpuCatalog, UnknownGpuError
-from ..policy import profiling
 
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 AMD_PRODUCT_LABEL = "amd.com/gpu.product-name"
@@ -262,15 +260,6 @@ def owned_view(profile: dict) -> OwnedView:
     return OwnedView({**profile, "status": view_status}, phase, stored if stored != phase else None, forged)
 
 
-def profile_is_fresh(profile: dict, max_age_hours: float, now: datetime) -> bool:
-    """A Succeeded profile younger than the max age (measured from completion); any age when it is 0
-    (`policy.profiling.is_fresh` on the profile's status)."""
-    status = profile.get("status") or {}
-    completed = status.get("completedAt")
-    when = datetime.fromisoformat(completed.replace("Z", "+00:00")) if completed else None
-    return profiling.is_fresh(status.get("phase"), when, max_age_hours, now)
-
-
 def job_completed_at(job: dict) -> datetime | None:
     """When a Job completed (status.completionTime, else its Complete condition's transition), or None."""
     status = job.get("status") or {}
@@ -278,12 +267,6 @@ def job_completed_at(job: dict) -> datetime | None:
         (c.get("lastTransitionTime") for c in status.get("conditions") or []
          if c.get("type") in ("Complete", "SuccessCriteriaMet") and c.get("status") == "True"), None)
     return datetime.fromisoformat(stamp.replace("Z", "+00:00")) if stamp else None
-
-
-def result_overdue(job: dict, now: datetime, grace_s: float) -> bool:
-    """A Job that completed more than `grace_s` ago without its profile holding a result
-    (`policy.profiling.result_overdue` on the Job's completion time; one with none is never overdue)."""
-    return profiling.result_overdue(job_completed_at(job), now, grace_s)
 
 
 ROLLOUT_DONE = "RolledOut"
@@ -372,10 +355,6 @@ def max_parallel_jobs(spec: SpeculativeDeploymentSpec, config: OperatorConfig) -
     return config.profiling_defaults.max_parallel_jobs_per_pool
 
 
-jobs_allowed = profiling.jobs_allowed
-"""Which waiting profiles may get a Job now, oldest-first order preserved (`policy.profiling`)."""
-
-
 def set_condition(conditions: list[Condition], type_: str, status: bool | None, reason: str, message: str,
                   generation: int | None, now: datetime) -> list[Condition]:
     """Upsert a condition; lastTransitionTime moves only when the status changes."""
@@ -410,10 +389,6 @@ def decision_text(pool: PoolStatus) -> str:
 
 def decision_summary(pools: list[PoolStatus]) -> str:
     return " ".join(f"{p.name}={decision_text(p)}" for p in pools)
-
-
-overall_phase = profiling.overall_phase
-"""The deployment's phase from its profiles' roll-up (`policy.profiling`)."""
 
 
 def append_history(history: list[HistoryEntry], entry: HistoryEntry) -> list[HistoryEntry]:
