@@ -96,6 +96,33 @@ def refine_example() -> None:
     cog.outl(block("", excerpt(text, "uncertain:", "concurrency ")))
 
 
+def fleet_table(*argv: str) -> None:
+    """A markdown table of every placement of each scenario `specpilot simulate --fleet ... ARGV` runs (read from
+    its fleet-report.json): cost, attainment per SLO, GPU-hours and replica changes (docs/simulate.md)."""
+    import json
+
+    import cog
+
+    with tempfile.TemporaryDirectory() as scratch:
+        result = subprocess.run([sys.executable, "-c", CLI, "simulate", *argv, "--quiet", "--out", scratch],
+                                cwd=REPO, env=_environment(), capture_output=True, text=True, encoding="utf-8",
+                                timeout=1200, check=False)
+        if result.returncode != 0:
+            raise RuntimeError(f"`specpilot simulate {' '.join(argv)}` exited {result.returncode}:\n"
+                               f"{result.stdout}{result.stderr}")
+        report = json.loads((Path(scratch) / "fleet-report.json").read_text())
+    cog.outl("| scenario | placement | $/Mtok | $/Mtok in SLO | in TTFT | in TPOT | in both | GPU-hours "
+             "| replica changes/h per pool |")
+    cog.outl("|---|---|---|---|---|---|---|---|---|")
+    for scenario in report:
+        for name, p in scenario["placements"].items():
+            changes = "/".join(f"{v:.0f}" for v in p["replica_changes_per_hour"].values())
+            in_slo = p["cost_per_mtok_within_slo"]
+            cog.outl(f"| `{scenario['scenario']}` | `{name}` | {p['cost_per_mtok']:.4f} | "
+                     f"{'-' if in_slo is None else f'{in_slo:.4f}'} | {p['ttft_attainment']:.1%} | "
+                     f"{p['tpot_attainment']:.1%} | {p['slo_attainment']:.1%} | {p['gpu_hours']:.2f} | {changes} |")
+
+
 def main(argv: list[str]) -> int:
     """Regenerates every block (or, with --check, says which would change)."""
     from cogapp import Cog

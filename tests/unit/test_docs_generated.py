@@ -43,7 +43,8 @@ def test_the_known_blocks_are_where_the_docs_say():
         "README.md": ['shown("specpilot plan --profile examples/speculationprofile-h100-baseline.yaml'],
         "docs/demo.md": ['shown("specpilot demo --help")'],
         "docs/simulate.md": ['shown("specpilot simulate", in_repo=False)',
-                             'shown("specpilot simulate --fleet default", in_repo=False)'],
+                             'shown("specpilot simulate --fleet default", in_repo=False)',
+                             'fleet_table("--fleet", "all", "--fast")'],
         "docs/profiles.md": ["refine_example()"],
     }
     for name, calls in expected.items():
