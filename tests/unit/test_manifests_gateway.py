@@ -20,7 +20,8 @@ from specpilot.api.gateway import MAX_BACKENDS, gateway_allowed, gateway_problem
 from specpilot.api.validate import validate_custom_resource
 from specpilot.config import OperatorConfig
 from specpilot.controller.kube import Refused
-from specpilot.controller.reconcile import RouteReading, _reconcile_routing, route_backends
+from specpilot.controller.routing import RouteReading, reconcile_routing
+from specpilot.policy.routing import route_backends
 from specpilot.manifests import names
 from specpilot.manifests.serving import http_route, pool_service, service
 from tests.conftest import load_example
@@ -205,7 +206,7 @@ def run_routing(spec, old: SpeculativeDeploymentStatus, route: RouteReading):
     status = SpeculativeDeploymentStatus(pools=[pool("a100", 0.25, 1), pool("h100", 0.75, 1)])
     events: list = []
     body = {"metadata": {"namespace": NAMESPACE, "name": "llama", "uid": UID}}
-    asyncio.run(_reconcile_routing(SimpleNamespace(kube=kube), body, spec, status, old, route, {"a100", "h100"}, 1,
+    asyncio.run(reconcile_routing(SimpleNamespace(kube=kube), body, spec, status, old, route, {"a100", "h100"}, 1,
                                    NOW, events))
     return status, events, kube
 

@@ -10,7 +10,6 @@ returns, and assembles the deployment's conditions.
 from __future__ import annotations
 
 import dataclasses
-import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -26,25 +25,24 @@ from ..api.deployment import (
     Phase,
     PoolStatus,
     Routing,
-    RoutingStatus,
     SpeculativeDeploymentSpec,
     SpeculativeDeploymentStatus,
 )
 from ..api.tenancy import TenancyViolation, refuse, spec_problems
 from ..manifests import names
-from ..manifests.serving import http_route, pod_monitor, pool_service, service, serving_deployment
+from ..manifests.serving import serving_deployment
 from ..observe.model import MetricsUnavailable
 from ..perf.catalog import GpuCatalog
-from ..policy.fleet import route_weights
 from ..policy.placement import FleetMember, FleetOutcome, clear_plan, place_fleet, write_plan
 from ..policy.events import Event
 from ..policy.profiling import Rollup, rollup
 from ..policy.planner import PoolInputs, PoolOutcome, PoolProfiles, plan_pool, profiled_acceptance
 from . import desired
 from .context import Context
-from .kube import NotFound, Refused
+from .kube import NotFound
 from .observation import observe_pool, prometheus_url_refusal
 from .profile_index import NOT_INDEXED
+from .routing import read_route, reconcile_routing, reconcile_service
 from .profiles import (
     JOB_UID_ANNOTATION,
     REPROFILE_ANNOTATION,
@@ -57,8 +55,6 @@ from .profiles import (
 
 __all__ = ["JOB_UID_ANNOTATION", "REPROFILE_ANNOTATION", "Context", "Event", "PoolReadings", "PoolStep", "Result",
            "apply_pool_step", "plan_pool_step", "reconcile", "reconcile_pool"]
-
-log = logging.getLogger("specpilot.reconcile")
 
 
 @dataclass
@@ -129,7 +125,7 @@ async def reconcile(ctx: Context, body: dict, nodes: list[dict], profiles: dict[
         steps.append((view, pool_old, await plan_pool_step(
             ctx, body, spec, view, needed, states, profiles, jobs, {} if profile_users is None else profile_users,
             pool_old, now, events, observe and not url_refused, metrics, deployments)))
-    route = await _read_route(ctx, spec, namespace, name)
+    route = await read_route(ctx, spec, namespace, name)
     fleet = _place_fleet(ctx, spec, steps, nodes, old, now, events,
                          Routing.GATEWAY if route.available else Routing.SERVICE) if len(views) >= 2 else None
     status.fleet = fleet.fleet if fleet is not None else None
@@ -138,9 +134,9 @@ async def reconcile(ctx: Context, body: dict, nodes: list[dict], profiles: dict[
         status.pools.append(pool)
         _record_decision_change(ctx, status, pool_old, pool, namespace, name, now, events)
     ctx.metrics.record_fleet(namespace, name, status.pools, status.fleet.cost_per_mtok if status.fleet else None)
-    await _reconcile_service(ctx, body, spec)
+    await reconcile_service(ctx, body, spec)
     served = {view.pool.name for view, _, step in steps if step.outcome.serve is not None}
-    await _reconcile_routing(ctx, body, spec, status, old, route, served, generation, now, events)
+    await reconcile_routing(ctx, body, spec, status, old, route, served, generation, now, events)
 
     counted = rollup(needed, states)
     ready, failed = counted.ready, counted.failed
@@ -438,140 +434,3 @@ def _catalog_price(catalog: GpuCatalog, sku: str) -> float:
         return catalog.resolve(sku).default_price_per_gpu_hour
     except KeyError:
         return 0.0
-
-
-async def _reconcile_service(ctx: Context, body: dict, spec: SpeculativeDeploymentSpec) -> None:
-    meta = body["metadata"]
-    ident = {"sdep_name": meta["name"], "namespace": meta["namespace"], "uid": meta["uid"]}
-    await ctx.kube.apply(service(**ident, spec=spec))
-    if spec.serving.service_monitor:
-        try:
-            await ctx.kube.apply(pod_monitor(**ident))
-        except NotFound:
-            log.warning("PodMonitor CRD not installed; set spec.serving.serviceMonitor: false or install "
-                        "the Prometheus operator")
-
-
-@dataclass
-class RouteReading:
-    """What the cluster holds for the deployment's HTTPRoute (serving.routing: gateway)."""
-
-    wanted: bool
-    """spec.serving.routing is gateway."""
-    available: bool = False
-    """The Gateway API's HTTPRoute resource answers: gateway routing can be made real (the planner plans under it)."""
-    current: dict | None = None
-    """The live HTTPRoute (None: none yet)."""
-    reason: str = ""
-    problem: str = ""
-    """Why gateway routing cannot run (with `reason`): the fix in words."""
-
-
-async def _read_route(ctx: Context, spec: SpeculativeDeploymentSpec, namespace: str, name: str) -> RouteReading:
-    """With routing: gateway, list the namespace's HTTPRoutes of the deployment: the live route (for a no-op apply)
-    and whether the cluster serves the resource at all (404 on the list: the Gateway API CRDs are missing)."""
-    if spec.serving.routing != Routing.GATEWAY.value:
-        return RouteReading(wanted=False)
-    try:
-        routes = await ctx.kube.list("httproutes", namespace,
-                                     label_selector=",".join(f"{k}={v}" for k, v in
-                                                             names.deployment_labels(name).items()))
-    except NotFound:
-        return _route_missing()
-    except Refused as exc:
-        return _route_refused(exc)
-    route_name = names.http_route_name(name)
-    current = next((r for r in routes if (r.get("metadata") or {}).get("name") == route_name), None)
-    return RouteReading(wanted=True, available=True, current=current)
-
-
-def _route_missing() -> RouteReading:
-    return RouteReading(wanted=True, reason="GatewayApiMissing", problem=(
-        "spec.serving.routing is gateway but the cluster has no Gateway API HTTPRoute resource "
-        "(gateway.networking.k8s.io/v1): install the Gateway API CRDs (and a Gateway controller), or set "
-        "spec.serving.routing: service; meanwhile the deployment's one Service serves every pool, an even split "
-        "per pod, and the fleet is planned under it"))
-
-
-def _route_refused(exc: Refused) -> RouteReading:
-    return RouteReading(wanted=True, reason="HttpRouteRefused", problem=(
-        f"the API server refused the deployment's HTTPRoute ({exc.detail}): check that the operator's ClusterRole "
-        f"grants httproutes in gateway.networking.k8s.io (the chart's does) and that the route is valid, or set "
-        f"spec.serving.routing: service; meanwhile the deployment's one Service serves every pool"))
-
-
-def route_backends(pools: list[PoolStatus], weighted: bool, served: set[str]) -> dict[str, int]:
-    """backendRefs weight per pool that has a serving Deployment (`served`): the planned shares (`weighted`: the
-    fleet was planned under gateway routing), else an even split per replica, as the one Service would give;
-    equal weights when no replica runs (an HTTPRoute whose weights are all 0 answers every request with an
-    error)."""
-    serving = [p for p in pools if p.name in served]
-    if not serving:
-        return {}
-    weights = route_weights({p.name: p.traffic_share or 0.0 for p in serving}) if weighted else {}
-    if not any(weights.values()):
-        weights = route_weights({p.name: float(p.replicas or p.desired_replicas or 0) for p in serving})
-    if not any(weights.values()):
-        weights = route_weights({p.name: 1.0 for p in serving})
-    return weights
-
-
-async def _reconcile_routing(ctx: Context, body: dict, spec: SpeculativeDeploymentSpec,
-                             status: SpeculativeDeploymentStatus, old: SpeculativeDeploymentStatus,
-                             route: RouteReading, served: set[str], generation: int | None, now: datetime,
-                             events: list[Event]) -> None:
-    """serving.routing made real: with gateway, one Service per serving pool and the HTTPRoute whose weights follow
-    the planned shares (or, without the Gateway API, the fallback to the one Service: condition RoutingReady=False
-    and one Event); with service, the HTTPRoute of an earlier gateway mode is deleted. status.routing says which."""
-    meta = body["metadata"]
-    namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
-    was_route = old.routing.http_route if old.routing is not None else None
-    if not route.wanted:
-        status.routing = RoutingStatus(mode=Routing.SERVICE.value)
-        status.conditions = [c for c in status.conditions if c.type != "RoutingReady"]
-        if was_route:
-            try:
-                await ctx.kube.delete("httproutes", namespace, was_route)
-            except Refused as exc:
-                # Kept in status, so the next reconciliation tries again; the rest of the deployment runs.
-                log.warning("%s/%s: cannot delete HTTPRoute %s: %s", namespace, name, was_route, exc.detail)
-                status.routing.http_route = was_route
-        return
-    weighted = status.fleet is not None and status.fleet.routing == Routing.GATEWAY.value
-    weights = route_backends(status.pools, weighted, served) if route.available else {}
-    if weights:
-        for pool in weights:
-            await ctx.kube.apply(pool_service(sdep_name=name, namespace=namespace, uid=uid, spec=spec, pool_name=pool))
-        try:
-            await ctx.kube.apply(http_route(sdep_name=name, namespace=namespace, uid=uid, spec=spec, weights=weights),
-                                 current=route.current)
-        except NotFound:
-            route = _route_missing()
-        except Refused as exc:
-            route = _route_refused(exc)
-    if not route.available or route.problem:
-        status.routing = RoutingStatus(mode=Routing.SERVICE.value)
-        if status.fleet is not None:
-            status.fleet.http_route = None
-        already = any(c.type == "RoutingReady" and c.status == "False" and c.reason == route.reason
-                      for c in old.conditions)
-        status.conditions = desired.set_condition(status.conditions, "RoutingReady", False, route.reason,
-                                                  route.problem, generation, now)
-        if not already:
-            events.append(Event("Warning", route.reason, route.problem))
-        return
-    if not weights:
-        status.routing = RoutingStatus(mode=Routing.SERVICE.value)
-        status.conditions = desired.set_condition(
-            status.conditions, "RoutingReady", False, "NoPoolServing",
-            "no pool serves yet: the HTTPRoute is created once a pool has a decision", generation, now)
-        return
-    route_name = names.http_route_name(name)
-    status.routing = RoutingStatus(mode=Routing.GATEWAY.value, http_route=route_name, weights=weights)
-    if status.fleet is not None:
-        status.fleet.http_route = route_name
-    split = ", ".join(f"{pool} {weight / 10:g}%" for pool, weight in weights.items())
-    status.conditions = desired.set_condition(
-        status.conditions, "RoutingReady", True, "HttpRouteApplied",
-        f"HTTPRoute {route_name} sends {split} of the requests to the pools' Services"
-        + ("" if weighted else " (an even split per replica: no fleet placement yet)"), generation, now)
