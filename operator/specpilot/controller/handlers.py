@@ -146,13 +146,86 @@ def phase_offset(uid: str, interval_s: float) -> float:
 
 
 def register(registry: kopf.OperatorRegistry, ctx: Context, *, peering: bool) -> None:
-    """Attach every handler to `registry`; intervals come from the operator config."""
+    """Attach every handler and index to `registry`; intervals come from the operator config."""
     kopf_objects = logging.getLogger("kopf.objects")
     if not any(isinstance(f, _QuietTimers) for f in kopf_objects.filters):  # once per process
         kopf_objects.addFilter(_QuietTimers())
+    handlers, indexes = Handlers(ctx, peering=peering), Indexes(ctx)
+    kopf.on.startup(registry=registry)(handlers.configure)
+    kopf.on.cleanup(registry=registry)(handlers.close)
+    kopf.on.login(registry=registry)(handlers.login)
+    kopf.index("", "v1", "nodes", id="nodes_index", registry=registry)(indexes.nodes_index)
+    kopf.index(*SDEP, id="sdep_profiles_index", registry=registry)(indexes.sdep_profiles_index)
+    kopf.index(*SPROF, id="profiles_index", registry=registry)(indexes.profiles_index)
+    kopf.index("apps", "v1", "deployments", labels={LABEL_MANAGED_BY: MANAGED_BY}, id="deployments_index",
+               registry=registry)(indexes.deployments_index)
+    kopf.index("batch", "v1", "jobs", labels={LABEL_MANAGED_BY: MANAGED_BY}, id="jobs_index",
+               registry=registry)(indexes.jobs_index)
+    for on in (kopf.on.update, kopf.on.create, kopf.on.resume):
+        on(*SDEP, id="reconcile", backoff=RETRY_S, registry=registry)(handlers.on_change)
+    kopf.on.delete(*SDEP, id="forget", optional=True, registry=registry)(handlers.on_delete)
+    interval, watch = ctx.config.reconcile_interval_seconds, ctx.config.profile_watch_seconds
+    kopf.timer(*SDEP, id=PERIODIC_ID, interval=interval, sharp=False, backoff=RETRY_S,
+               initial_delay=_spread(interval), registry=registry)(handlers.on_timer)
+    kopf.timer(*SDEP, id=PROFILE_WATCH_ID, interval=watch, sharp=False, backoff=RETRY_S,
+               initial_delay=_spread(watch), when=profiles_in_flight, registry=registry)(handlers.on_profiles)
 
-    @kopf.on.startup(registry=registry)
-    async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+
+def _spread(interval_s: float):
+    return lambda uid="", **_: phase_offset(uid, interval_s)
+
+
+class Indexes:
+    """The watch streams kept in memory (informers' caches): Nodes, which deployment uses which profiles,
+    SpeculationProfiles (packed), specpilot's serving Deployments and Jobs. A reconciliation reads these, not
+    lists from the API server."""
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+
+    def nodes_index(self, body: kopf.Body, name: str, **_: Any) -> dict[str, dict]:
+        return {name: {"metadata": {"name": name, "labels": dict(body.metadata.labels)},
+                       "status": {"conditions": list(body.get("status", {}).get("conditions") or [])}}}
+
+    def sdep_profiles_index(self, body: kopf.Body, uid: str, namespace: str, **_: Any) -> None:
+        # Which deployments use which profiles (their status lists them), before any handler runs: live
+        # evidence from one deployment never re-measures a profile another one shares.
+        self.ctx.use_profiles(namespace, uid, profile_names(body))
+
+    def profiles_index(self, body: kopf.Body, namespace: str, name: str, **_: Any) -> dict[str, Any]:
+        _profile_moved(self.ctx, namespace, label_value(name))
+        # packed (profile_index): a measured profile's status is ~45 KB as Python objects, ~3 KB packed
+        return {f"{namespace}/{name}": pack({"metadata": _kept_metadata(body), "spec": dict(body.spec),
+                                             "status": dict(body.get("status") or {})})}
+
+    def deployments_index(self, body: kopf.Body, namespace: str, name: str, **_: Any) -> dict[str, Any]:
+        # The serving Deployments as the watch shows them (an informer's cache): a reconciliation reads its
+        # pools' Deployments here instead of a get each: with nothing changing, no request at all.
+        return deployment_entry(body, namespace, name)
+
+    def jobs_index(self, body: kopf.Body, namespace: str, name: str, **_: Any) -> dict[str, dict]:
+        profile = body.metadata.labels.get(LABEL_PROFILE)
+        if profile:
+            _profile_moved(self.ctx, namespace, profile)
+        status = body.get("status") or {}
+        return {f"{namespace}/{name}": {"metadata": _kept_metadata(body),
+                                        "status": {k: status[k] for k in JOB_STATUS_KEPT if k in status}}}
+
+
+class Handlers:
+    """The operator's kopf handlers over one Context: each reads the object, calls `reconcile`, writes status
+    and posts Events; a failure is a condition, one Event per cause, and a retry with back-off."""
+
+    def __init__(self, ctx: Context, *, peering: bool) -> None:
+        self.ctx = ctx
+        self.peering = peering
+        self.reported: dict[str, str] = {}
+        """Per object: the failure message last posted as an Event (one Event per distinct failure, not per
+        retry; released when the object goes or reconciles)."""
+        self.slots = Slots(MAX_CONCURRENT_RECONCILES)
+        self.queue = {"waiting": 0, "running": 0}
+
+    async def configure(self, settings: kopf.OperatorSettings, **_: Any) -> None:
         # Our CRDs' status schema is structural: kopf's own bookkeeping must live in annotations.
         settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="specpilot.io")
         settings.persistence.diffbase_storage = BoundedDiffBaseStorage(
@@ -169,69 +242,26 @@ def register(registry: kopf.OperatorRegistry, ctx: Context, *, peering: bool) ->
         settings.networking.request_timeout = 60
         # A timer caught mid-run by SIGTERM finishes it (a new run starts no more: see `stopped` below).
         settings.background.instant_exit_timeout = STOP_GRACE_S
-        if peering:
+        if self.peering:
             # Equal priorities make every peer pause: give each replica its own.
             settings.peering.priority = random.randint(1, 10_000)
-        settings.peering.mandatory = peering
+        settings.peering.mandatory = self.peering
 
-    @kopf.on.cleanup(registry=registry)
-    async def close(**_: Any) -> None:
+    async def close(self, **_: Any) -> None:
         # Sessions left open when the process exits are reported as "Unclosed connector".
-        await ctx.close()
+        await self.ctx.close()
 
-    @kopf.on.login(registry=registry)
-    def login(**_: Any) -> kopf.ConnectionInfo:
-        return kopf_connection_info(ctx.connection)
+    def login(self, **_: Any) -> kopf.ConnectionInfo:
+        return kopf_connection_info(self.ctx.connection)
 
-    @kopf.index("", "v1", "nodes", id="nodes_index", registry=registry)
-    def nodes_index(body: kopf.Body, name: str, **_: Any) -> dict[str, dict]:
-        return {name: {"metadata": {"name": name, "labels": dict(body.metadata.labels)},
-                       "status": {"conditions": list(body.get("status", {}).get("conditions") or [])}}}
-
-    @kopf.index(*SDEP, id="sdep_profiles_index", registry=registry)
-    def sdep_profiles_index(body: kopf.Body, uid: str, namespace: str, **_: Any) -> None:
-        # Which deployments use which profiles (their status lists them), before any handler runs: live
-        # evidence from one deployment never re-measures a profile another one shares.
-        ctx.use_profiles(namespace, uid, profile_names(body))
-
-    @kopf.index(*SPROF, id="profiles_index", registry=registry)
-    def profiles_index(body: kopf.Body, namespace: str, name: str, **_: Any) -> dict[str, Any]:
-        _profile_moved(ctx, namespace, label_value(name))
-        # packed (profile_index): a measured profile's status is ~45 KB as Python objects, ~3 KB packed
-        return {f"{namespace}/{name}": pack({"metadata": _kept_metadata(body), "spec": dict(body.spec),
-                                             "status": dict(body.get("status") or {})})}
-
-    @kopf.index("apps", "v1", "deployments", labels={LABEL_MANAGED_BY: MANAGED_BY}, id="deployments_index",
-                registry=registry)
-    def deployments_index(body: kopf.Body, namespace: str, name: str, **_: Any) -> dict[str, Any]:
-        # The serving Deployments as the watch shows them (an informer's cache): a reconciliation reads its
-        # pools' Deployments here instead of a get each: with nothing changing, no request at all.
-        return deployment_entry(body, namespace, name)
-
-    @kopf.index("batch", "v1", "jobs", labels={"app.kubernetes.io/managed-by": "specpilot"},
-                id="jobs_index", registry=registry)
-    def jobs_index(body: kopf.Body, namespace: str, name: str, **_: Any) -> dict[str, dict]:
-        profile = body.metadata.labels.get(LABEL_PROFILE)
-        if profile:
-            _profile_moved(ctx, namespace, profile)
-        status = body.get("status") or {}
-        return {f"{namespace}/{name}": {"metadata": _kept_metadata(body),
-                                        "status": {k: status[k] for k in JOB_STATUS_KEPT if k in status}}}
-
-    reported: dict[str, str] = {}
-    """Per object: the failure message last posted as an Event (one Event per distinct failure, not per retry;
-    released when the object goes or reconciles)."""
-    slots = Slots(MAX_CONCURRENT_RECONCILES)
-    queue = {"waiting": 0, "running": 0}
-
-    async def run(body: kopf.Body, patch: kopf.Patch, logger: logging.Logger, nodes_index: kopf.Index,
-                  profiles_index: kopf.Index, jobs_index: kopf.Index, deployments_index: kopf.Index, observe: bool,
-                  memo: Context, retry: int = 0, stopped: kopf.DaemonStopped | None = None,
-                  periodic: bool = False) -> None:
-        """`periodic`: the reconcile interval's tick, which waits behind the reconciliations of a change."""
+    async def run(self, body: kopf.Body, logger: logging.Logger, indexes: dict[str, kopf.Index], observe: bool,
+                  retry: int = 0, stopped: kopf.DaemonStopped | None = None, periodic: bool = False) -> None:
+        """One reconciliation under the object's lock and a slot; `periodic`: the reconcile interval's tick,
+        which waits behind the reconciliations of a change."""
+        ctx = self.ctx
         namespace, uid = body.metadata.namespace, body.metadata.uid
         started = time.perf_counter()
-        async with _counted(ctx.metrics, queue, ctx.lock(uid), slots, urgent=not periodic):
+        async with _counted(ctx.metrics, self.queue, ctx.lock(uid), self.slots, urgent=not periodic):
             if stopped is not None and stopped.is_set():
                 return  # the operator is stopping: a timer that waited for the lock starts nothing new
             # Read under the lock, and as last computed here: a reconciliation that waited for the lock
@@ -241,49 +271,54 @@ def register(registry: kopf.OperatorRegistry, ctx: Context, *, peering: bool) ->
             ctx.cache(uid).profiles_seen = profiles_fingerprint(ctx, view)
             try:
                 result = await reconcile(
-                    ctx, view,
-                    nodes=[v for values in nodes_index.values() for v in values],
-                    profiles=IndexView(profiles_index, prefix=f"{namespace}/"),
-                    jobs=IndexView(jobs_index), deployments=IndexView(deployments_index),
+                    ctx, view, nodes=[v for values in indexes["nodes_index"].values() for v in values],
+                    profiles=IndexView(indexes["profiles_index"], prefix=f"{namespace}/"),
+                    jobs=IndexView(indexes["jobs_index"]), deployments=IndexView(indexes["deployments_index"]),
                     observe=observe, profile_users=ctx.users_of_profiles(namespace))
             except Exception as exc:
                 ctx.metrics.reconcile_errors.labels(namespace, type(exc).__name__).inc()
-                await fail(body, view, exc, logger, retry)
+                await self.fail(body, view, exc, logger, retry)
                 raise AssertionError("unreachable")  # fail() raises
             finally:
                 ctx.metrics.reconcile_seconds.labels(namespace).observe(time.perf_counter() - started)
-            status = with_condition(result.status, RECONCILED, True, "Reconciled",
-                                    "the last reconciliation ran to its end", body.metadata.get("generation"))
-            status, cut = bounded_status(status)
-            if cut:
-                logger.warning(f"status sanitised before writing: {cut}")
-            old = {**(raw.get("status") or {}), **(view.get("status") or {})}
-            try:
-                # Written here rather than through kopf's `patch`: kopf applies a timer's patch after the handler
-                # returns (daemons._timer -> application.patch_and_check), outside any handler error handling, so
-                # a refused patch (422 for NaN, 413 for size) escapes the timer task, whose runner then marks the
-                # timer `forever_stopped` for that object until the operator restarts. Here a refusal is a
-                # handler error: reported, and retried with back-off like any other.
-                # Only what changed: an unchanged status is not written (no request, no watch event that
-                # every watcher of the object then processes).
-                changes = {k: v for k, v in _nulls_for_removed(old, status).items() if old.get(k) != v}
-                if changes:
-                    await ctx.kube.patch(SDEP[2], namespace, body.metadata.name, {"status": changes},
-                                         subresource="status")
-            except Exception as exc:
-                ctx.written.pop(uid, None)
-                ctx.metrics.reconcile_errors.labels(namespace, type(exc).__name__).inc()
-                await fail(body, view, exc, logger, retry)
-            ctx.remember_written(uid, status, raw.get("status"))
-            reported.pop(uid, None)
+            await self._write_status(body, raw, view, result.status, logger, retry)
+            self.reported.pop(uid, None)
         for event in result.events:
             kopf.event(body, type=event.type, reason=event.reason, message=event.message)
             (logger.warning if event.type == "Warning" else logger.info)(f"{event.reason}: {event.message}")
 
-    async def fail(body: kopf.Body, view: dict, exc: Exception, logger: logging.Logger, retry: int) -> None:
+    async def _write_status(self, body: kopf.Body, raw: dict, view: dict, computed: dict, logger: logging.Logger,
+                            retry: int) -> None:
+        """Write what changed of the computed status (with Reconciled=True), bounded."""
+        ctx, uid = self.ctx, body.metadata.uid
+        status = with_condition(computed, RECONCILED, True, "Reconciled", "the last reconciliation ran to its end",
+                                body.metadata.get("generation"))
+        status, cut = bounded_status(status)
+        if cut:
+            logger.warning(f"status sanitised before writing: {cut}")
+        old = {**(raw.get("status") or {}), **(view.get("status") or {})}
+        try:
+            # Written here rather than through kopf's `patch`: kopf applies a timer's patch after the handler
+            # returns (daemons._timer -> application.patch_and_check), outside any handler error handling, so
+            # a refused patch (422 for NaN, 413 for size) escapes the timer task, whose runner then marks the
+            # timer `forever_stopped` for that object until the operator restarts. Here a refusal is a
+            # handler error: reported, and retried with back-off like any other.
+            # Only what changed: an unchanged status is not written (no request, no watch event that
+            # every watcher of the object then processes).
+            changes = {k: v for k, v in _nulls_for_removed(old, status).items() if old.get(k) != v}
+            if changes:
+                await ctx.kube.patch(SDEP[2], body.metadata.namespace, body.metadata.name, {"status": changes},
+                                     subresource="status")
+        except Exception as exc:
+            ctx.written.pop(uid, None)
+            ctx.metrics.reconcile_errors.labels(body.metadata.namespace, type(exc).__name__).inc()
+            await self.fail(body, view, exc, logger, retry)
+        ctx.remember_written(uid, status, raw.get("status"))
+
+    async def fail(self, body: kopf.Body, view: dict, exc: Exception, logger: logging.Logger, retry: int) -> None:
         """Report a failed reconciliation (condition Reconciled=False, one Warning Event per distinct cause),
         then raise kopf.TemporaryError so kopf retries it with back-off: the object is never dropped."""
-        uid = body.metadata.uid
+        ctx, uid = self.ctx, body.metadata.uid
         reason, message = explain_failure(exc)
         delay = retry_delay(retry)
         logger.error(f"{reason}: {message} (retrying in {delay} s)",
@@ -303,50 +338,44 @@ def register(registry: kopf.OperatorRegistry, ctx: Context, *, peering: bool) ->
                 ctx.written[uid] = {**ctx.written[uid], **status}
         except Exception as write_error:  # the status itself is refused: the Event and the log still say it
             logger.error(f"could not write the {RECONCILED} condition: {explain_failure(write_error)[1]}")
-        if reported.get(uid) != message and not already:
-            reported[uid] = message
+        if self.reported.get(uid) != message and not already:
+            self.reported[uid] = message
             kopf.event(body, type="Warning", reason=reason, message=message)
         raise kopf.TemporaryError(f"{reason}: {message}", delay=delay)
 
-    @kopf.on.resume(*SDEP, id="reconcile", backoff=RETRY_S, registry=registry)
-    @kopf.on.create(*SDEP, id="reconcile", backoff=RETRY_S, registry=registry)
-    @kopf.on.update(*SDEP, id="reconcile", backoff=RETRY_S, registry=registry)
-    async def on_change(body: kopf.Body, patch: kopf.Patch, logger: logging.Logger, nodes_index: kopf.Index,
+    async def on_change(self, body: kopf.Body, logger: logging.Logger, nodes_index: kopf.Index,
                         profiles_index: kopf.Index, jobs_index: kopf.Index, deployments_index: kopf.Index,
-                        memo: Context, retry: int, **_: Any) -> None:
-        await run(body, patch, logger, nodes_index, profiles_index, jobs_index, deployments_index,
-                  observe=False, memo=memo, retry=retry)
+                        retry: int, **_: Any) -> None:
+        await self.run(body, logger, _indexes(nodes_index, profiles_index, jobs_index, deployments_index),
+                       observe=False, retry=retry)
 
-    @kopf.on.delete(*SDEP, id="forget", optional=True, registry=registry)
-    async def on_delete(body: kopf.Body, **_: Any) -> None:
-        ctx.forget(body.metadata.uid)
-        ctx.metrics.forget_deployment(body.metadata.namespace, body.metadata.name)
-        reported.pop(body.metadata.uid, None)
+    async def on_delete(self, body: kopf.Body, **_: Any) -> None:
+        self.ctx.forget(body.metadata.uid)
+        self.ctx.metrics.forget_deployment(body.metadata.namespace, body.metadata.name)
+        self.reported.pop(body.metadata.uid, None)
 
-    def spread(interval_s: float):
-        return lambda uid="", **_: phase_offset(uid, interval_s)
-
-    @kopf.timer(*SDEP, id=PERIODIC_ID, interval=ctx.config.reconcile_interval_seconds, sharp=False, backoff=RETRY_S,
-                initial_delay=spread(ctx.config.reconcile_interval_seconds), registry=registry)
-    async def on_timer(body: kopf.Body, patch: kopf.Patch, logger: logging.Logger, nodes_index: kopf.Index,
+    async def on_timer(self, body: kopf.Body, logger: logging.Logger, nodes_index: kopf.Index,
                        profiles_index: kopf.Index, jobs_index: kopf.Index, deployments_index: kopf.Index,
-                       memo: Context, stopped: kopf.DaemonStopped, retry: int, **_: Any) -> None:
+                       stopped: kopf.DaemonStopped, retry: int, **_: Any) -> None:
         if stopped.is_set():
             return
-        await run(body, patch, logger, nodes_index, profiles_index, jobs_index, deployments_index,
-                  observe=True, memo=memo, retry=retry, stopped=stopped, periodic=True)
+        await self.run(body, logger, _indexes(nodes_index, profiles_index, jobs_index, deployments_index),
+                       observe=True, retry=retry, stopped=stopped, periodic=True)
 
-    @kopf.timer(*SDEP, id=PROFILE_WATCH_ID, interval=ctx.config.profile_watch_seconds, sharp=False,
-                backoff=RETRY_S, initial_delay=spread(ctx.config.profile_watch_seconds), when=profiles_in_flight,
-                registry=registry)
-    async def on_profiles(body: kopf.Body, patch: kopf.Patch, logger: logging.Logger, nodes_index: kopf.Index,
+    async def on_profiles(self, body: kopf.Body, logger: logging.Logger, nodes_index: kopf.Index,
                           profiles_index: kopf.Index, jobs_index: kopf.Index, deployments_index: kopf.Index,
-                          memo: Context, stopped: kopf.DaemonStopped, **_: Any) -> None:
+                          stopped: kopf.DaemonStopped, **_: Any) -> None:
         # in memory only: reconcile at once when a profile or its Job moved since the last reconciliation
-        seen = ctx.cache(body.metadata.uid).profiles_seen
-        if not stopped.is_set() and seen is not None and seen != profiles_fingerprint(ctx, ctx.latest(dict(body))):
-            await run(body, patch, logger, nodes_index, profiles_index, jobs_index, deployments_index,
-                      observe=False, memo=memo, stopped=stopped)
+        seen = self.ctx.cache(body.metadata.uid).profiles_seen
+        if not stopped.is_set() and seen is not None and \
+                seen != profiles_fingerprint(self.ctx, self.ctx.latest(dict(body))):
+            await self.run(body, logger, _indexes(nodes_index, profiles_index, jobs_index, deployments_index),
+                           observe=False, stopped=stopped)
+
+
+def _indexes(nodes: kopf.Index, profiles: kopf.Index, jobs: kopf.Index, deployments: kopf.Index
+             ) -> dict[str, kopf.Index]:
+    return {"nodes_index": nodes, "profiles_index": profiles, "jobs_index": jobs, "deployments_index": deployments}
 
 
 METADATA_KEPT = ("name", "namespace", "uid", "resourceVersion", "generation", "creationTimestamp", "labels",
