@@ -15,7 +15,12 @@ import sys
 import threading
 import time
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
+
+if TYPE_CHECKING:  # the operator's modules load only for `specpilot run` (skipping_imports)
+    from .connection import Connection
+    from .context import Context
 
 
 class JsonFormatter(logging.Formatter):
@@ -415,12 +420,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         import kopf
 
         from .handlers import register as register_handlers
-        from .kube import Connection, Kube
-    from ..config import load_config
-    from .metrics import OperatorMetrics
-    from ..api import seal
-    from .context import Context
-
+        from .kube import Connection
     limit_malloc_arenas()  # before any thread starts
     start_malloc_trim()
     tune_collector()  # after the imports: what they made is frozen out of every later collection
@@ -430,23 +430,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     if args.all_namespaces and args.namespace:
         raise SystemExit("give either --all-namespaces or --namespace, not both")
-    config = load_config(args.config)
     try:
         connection = Connection.load(args.kubeconfig, args.context)
     except Exception as err:  # ConfigError, the client's for an exec plugin, a bad file: one line, no traceback
         raise SystemExit(cluster_unreachable_message(args.kubeconfig, err)) from None
-    metrics = OperatorMetrics()
-    if args.metrics_port:
-        metrics.serve(args.metrics_port, addr=args.metrics_address)
-    ctx = Context(kube=Kube(connection, on_request=lambda verb, resource: metrics.api_requests.labels(
-        verb, resource).inc()), config=config, metrics=metrics, connection=connection)
-    key = os.environ.get(seal.KEY_ENV, "")
-    if len(key) >= 32:
-        ctx.result_key = key.encode()
-    else:
-        logging.getLogger("specpilot").warning(
-            "%s is not set (or shorter than 32 characters): using a key drawn at start, so profiles measured "
-            "before a restart are measured again; the Helm chart sets it from a Secret", seal.KEY_ENV)
+    ctx = _operator_context(args, connection)
     registry = kopf.OperatorRegistry()
     peering = args.peering is not None
     register_handlers(registry, ctx, peering=peering)
@@ -479,6 +467,32 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise SystemExit(f"specpilot run: {lines.unreachable(connection.server, cause)}; gave up after kopf's "
                          f"retries; {lines.fix}") from None
     return 0
+
+
+def _operator_context(args: argparse.Namespace, connection: Connection) -> Context:
+    """The operator's Context: its config, the API client counting its requests in the metrics (served on
+    --metrics-port), and the result key that seals the benchmark Jobs' results. Its modules are loaded with
+    the handlers' (before the collector freezes start-up)."""
+    from ..api import seal
+    from ..config import load_config
+    from .context import Context
+    from .kube import Kube
+    from .metrics import OperatorMetrics
+
+    config = load_config(args.config)
+    metrics = OperatorMetrics()
+    if args.metrics_port:
+        metrics.serve(args.metrics_port, addr=args.metrics_address)
+    ctx = Context(kube=Kube(connection, on_request=lambda verb, resource: metrics.api_requests.labels(
+        verb, resource).inc()), config=config, metrics=metrics, connection=connection)
+    key = os.environ.get(seal.KEY_ENV, "")
+    if len(key) >= 32:
+        ctx.result_key = key.encode()
+    else:
+        logging.getLogger("specpilot").warning(
+            "%s is not set (or shorter than 32 characters): using a key drawn at start, so profiles measured "
+            "before a restart are measured again; the Helm chart sets it from a Secret", seal.KEY_ENV)
+    return ctx
 
 
 def _host(address: str) -> str:

@@ -13,16 +13,13 @@ from datetime import datetime
 from functools import cached_property
 
 from ..api.deployment import (
-    HISTORY_LIMIT,
     Condition,
     GpuPool,
-    HistoryEntry,
     PoolStatus,
     SpeculativeDeploymentSpec,
 )
 from ..api.methods import CandidateMethod
 from ..api.profile import EngineSettings, ProfileTarget, SpeculationProfileSpec
-from ..api.schedule import summary as schedule_summary
 from ..config import OperatorConfig
 from ..manifests import names
 from ..perf.catalog import DEFAULT_CATALOG, GpuCatalog, UnknownGpuError
@@ -374,22 +371,3 @@ def set_condition(conditions: list[Condition], type_: str, status: bool | None, 
         out.append(Condition(type=type_, status=value, reason=reason, message=message,
                              last_transition_time=now, observed_generation=generation))
     return out
-
-
-def decision_text(pool: PoolStatus) -> str:
-    d = pool.decision
-    if d is None:
-        return "pending"
-    if not d.method:
-        return "off"
-    if d.schedule:
-        return f"{d.method}[{schedule_summary(d.schedule)}]"
-    return f"{d.method}[k={d.num_speculative_tokens},{'on' if pool.speculation_enabled else 'off'}]"
-
-
-def decision_summary(pools: list[PoolStatus]) -> str:
-    return " ".join(f"{p.name}={decision_text(p)}" for p in pools)
-
-
-def append_history(history: list[HistoryEntry], entry: HistoryEntry) -> list[HistoryEntry]:
-    return [*history, entry][-HISTORY_LIMIT:]

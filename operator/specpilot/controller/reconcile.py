@@ -21,7 +21,6 @@ from ..api.base import format_validation_error
 from ..api.gateway import gateway_problems
 from ..api.deployment import (
     Autoscaling,
-    HistoryEntry,
     Phase,
     PoolStatus,
     Routing,
@@ -35,6 +34,7 @@ from ..observe.model import MetricsUnavailable
 from ..perf.catalog import GpuCatalog
 from ..policy.placement import FleetMember, FleetOutcome, clear_plan, place_fleet, write_plan
 from ..policy.events import Event
+from ..policy.deployment import decision_changed, summarize
 from ..policy.profiling import Rollup, rollup
 from ..policy.planner import PoolInputs, PoolOutcome, PoolProfiles, plan_pool, profiled_acceptance
 from . import desired
@@ -99,9 +99,7 @@ async def reconcile(ctx: Context, body: dict, nodes: list[dict], profiles: dict[
     old = _status_model(body)
     events: list[Event] = []
     try:
-        spec = SpeculativeDeploymentSpec.model_validate(body.get("spec") or {})
-        refuse(spec_problems(spec, ctx.config.tenancy, benchmark_image=ctx.config.benchmark_image)
-               + gateway_problems(spec, namespace, ctx.config.allowed_gateway_parents))
+        spec = _valid_spec(ctx, body.get("spec") or {}, namespace)
     except (ValidationError, TenancyViolation) as exc:
         return _invalid(old, exc, generation, now)
 
@@ -132,28 +130,29 @@ async def reconcile(ctx: Context, body: dict, nodes: list[dict], profiles: dict[
     for view, pool_old, step in steps:
         pool = await apply_pool_step(ctx, body, spec, view, pool_old, step, events)
         status.pools.append(pool)
-        _record_decision_change(ctx, status, pool_old, pool, namespace, name, now, events)
+        changed = decision_changed(status, pool_old, pool, now)
+        if changed is not None:
+            events.append(changed)
+            ctx.metrics.decisions.labels(namespace, name, pool.name,
+                                         (pool.decision.method if pool.decision else None) or "none").inc()
     ctx.metrics.record_fleet(namespace, name, status.pools, status.fleet.cost_per_mtok if status.fleet else None)
     await reconcile_service(ctx, body, spec)
     served = {view.pool.name for view, _, step in steps if step.outcome.serve is not None}
     await reconcile_routing(ctx, body, spec, status, old, route, served, generation, now, events)
 
     counted = rollup(needed, states)
-    ready, failed = counted.ready, counted.failed
-    status.phase = counted.phase
-    status.progress = counted.progress
-    status.observed_generation = generation
-    status.decision_summary = desired.decision_summary(status.pools)
-    observed = [p.observed.concurrency for p in status.pools if p.observed and p.observed.concurrency is not None]
-    status.observed_concurrency = round(sum(observed) / len(observed), 2) if observed else None
-    costs = [p.decision.cost_per_mtok_with_sd for p in status.pools
-             if p.decision and p.decision.cost_per_mtok_with_sd]
-    status.cost_per_mtok = round(min(costs), 4) if costs else None
-    if status.fleet is not None and status.fleet.cost_per_mtok is not None:
-        status.cost_per_mtok = status.fleet.cost_per_mtok
-    _conditions(ctx, status, old, views, ready, len(needed), failed, metrics, namespace, name, generation, now,
-                events)
+    summarize(status, counted, generation)
+    _conditions(ctx, status, old, views, counted.ready, len(needed), counted.failed, metrics, namespace, name,
+                generation, now, events)
     return Result(status.dump(), events)
+
+
+def _valid_spec(ctx: Context, raw: dict, namespace: str) -> SpeculativeDeploymentSpec:
+    """The spec, typed and within the admin's tenancy bounds and Gateway allow-list (raises what it breaks)."""
+    spec = SpeculativeDeploymentSpec.model_validate(raw)
+    refuse(spec_problems(spec, ctx.config.tenancy, benchmark_image=ctx.config.benchmark_image)
+           + gateway_problems(spec, namespace, ctx.config.allowed_gateway_parents))
+    return spec
 
 
 def _invalid(old: SpeculativeDeploymentStatus, exc: Exception, generation: int | None, now: datetime) -> Result:
@@ -168,21 +167,6 @@ def _invalid(old: SpeculativeDeploymentStatus, exc: Exception, generation: int |
     status.phase = Phase.FAILED
     status.observed_generation = generation
     return Result(status.dump(), [] if already else [Event("Warning", "InvalidSpec", message)])
-
-
-def _record_decision_change(ctx: Context, status: SpeculativeDeploymentStatus, old: PoolStatus, pool: PoolStatus,
-                            namespace: str, name: str, now: datetime, events: list[Event]) -> None:
-    """A new method or schedule goes to the history, an Event and the decisions counter."""
-    new_method = pool.decision.method if pool.decision else None
-    if new_method == (old.decision.method if old.decision else None) and not (
-            pool.decision and old.decision and pool.decision.schedule_summary != old.decision.schedule_summary):
-        return
-    change = f"{desired.decision_text(old)} -> {desired.decision_text(pool)}"
-    reason = pool.decision.reason if pool.decision else ""
-    status.history = desired.append_history(status.history, HistoryEntry(time=now, pool=pool.name, change=change,
-                                                                         reason=reason))
-    events.append(Event("Normal", "DecisionChanged", f"pool {pool.name}: {change}: {reason}"))
-    ctx.metrics.decisions.labels(namespace, name, pool.name, new_method or "none").inc()
 
 
 def _conditions(ctx: Context, status: SpeculativeDeploymentStatus, old: SpeculativeDeploymentStatus,
