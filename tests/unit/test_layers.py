@@ -55,3 +55,22 @@ def test_a_wrong_import_breaks_its_contract(capsys):
     assert "Contracts: 0 kept, 5 broken." in report, report
     for importer, imported in wrong:
         assert f"{importer} -> {imported}" in report, report
+
+
+def test_controller_functions_stay_thin():
+    """The controller reads, calls pure code and writes: no function of controller/ has more than 60 lines of its
+    own (a nested function's lines count for the nested one). A longer one holds a decision that belongs in
+    policy/, or I/O that wants a name of its own."""
+    import ast
+
+    controller = Path(__file__).resolve().parents[2] / "operator" / "specpilot" / "controller"
+    long = []
+    for path in sorted(controller.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                nested = sum(n.end_lineno - n.lineno + 1 for n in ast.walk(node)
+                             if n is not node and isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef))
+                own = node.end_lineno - node.lineno + 1 - nested
+                if own > 60:
+                    long.append(f"{path.name}:{node.lineno} {node.name}: {own} lines")
+    assert not long, "\n".join(long)

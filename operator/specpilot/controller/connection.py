@@ -91,30 +91,7 @@ class Connection:
     def from_kubeconfig(cls, kubeconfig: str | None = None, context: str | None = None) -> Connection:
         paths = [os.path.expanduser(p) for p in (kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config")
                  .split(os.pathsep) if p.strip()]
-        # As kubectl merges a KUBECONFIG list: the first file to set a name (or the current-context) wins.
-        current: str | None = None
-        contexts: dict[str, dict] = {}
-        clusters: dict[str, tuple[dict, Path]] = {}
-        users: dict[str, tuple[dict, Path]] = {}
-        for path in paths:
-            try:
-                data = yaml.safe_load(Path(path).read_text()) or {}
-            except FileNotFoundError:
-                if len(paths) > 1:
-                    continue  # kubectl skips the absent files of a list
-                raise ConfigError(f"{path} does not exist") from None
-            except (OSError, yaml.YAMLError) as err:
-                raise ConfigError(f"{path} cannot be read as a kubeconfig: {err}") from None
-            if not isinstance(data, dict):
-                raise ConfigError(f"{path} is not a kubeconfig (a YAML mapping)")
-            base = Path(path).resolve().parent
-            current = current or data.get("current-context")
-            for item in data.get("contexts") or []:
-                contexts.setdefault(item.get("name"), item.get("context") or {})
-            for item in data.get("clusters") or []:
-                clusters.setdefault(item.get("name"), (item.get("cluster") or {}, base))
-            for item in data.get("users") or []:
-                users.setdefault(item.get("name"), (item.get("user") or {}, base))
+        current, contexts, clusters, users = _merged_kubeconfig(paths)
         name = context or current
         if not name:
             raise ConfigError(f"{os.pathsep.join(paths)} has no current-context: pass --context")
@@ -190,6 +167,36 @@ class Connection:
             with _as_files(self.cert_path, self.cert_data, self.key_path, self.key_data) as (cert, key):
                 context.load_cert_chain(cert, key)
         return context
+
+
+def _merged_kubeconfig(paths: list[str]) -> tuple[str | None, dict[str, dict], dict[str, tuple[dict, Path]],
+                                                  dict[str, tuple[dict, Path]]]:
+    """(current-context, contexts, clusters with their file's folder, users with theirs) of the files `paths`,
+    merged as kubectl merges a KUBECONFIG list: the first file to set a name (or the current-context) wins."""
+    current: str | None = None
+    contexts: dict[str, dict] = {}
+    clusters: dict[str, tuple[dict, Path]] = {}
+    users: dict[str, tuple[dict, Path]] = {}
+    for path in paths:
+        try:
+            data = yaml.safe_load(Path(path).read_text()) or {}
+        except FileNotFoundError:
+            if len(paths) > 1:
+                continue  # kubectl skips the absent files of a list
+            raise ConfigError(f"{path} does not exist") from None
+        except (OSError, yaml.YAMLError) as err:
+            raise ConfigError(f"{path} cannot be read as a kubeconfig: {err}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path} is not a kubeconfig (a YAML mapping)")
+        base = Path(path).resolve().parent
+        current = current or data.get("current-context")
+        for item in data.get("contexts") or []:
+            contexts.setdefault(item.get("name"), item.get("context") or {})
+        for item in data.get("clusters") or []:
+            clusters.setdefault(item.get("name"), (item.get("cluster") or {}, base))
+        for item in data.get("users") or []:
+            users.setdefault(item.get("name"), (item.get("user") or {}, base))
+    return current, contexts, clusters, users
 
 
 class _as_files:

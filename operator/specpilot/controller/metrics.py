@@ -113,6 +113,12 @@ class OperatorMetrics:
         self.profiling_jobs = Counter(
             "specpilot_profiling_jobs_total", "Benchmark Jobs by outcome (created, succeeded, failed).",
             ["namespace", "outcome"], registry=r)
+        self._declare_pool_gauges(r, g)
+        self._declare_dashboard_gauges(g)
+        self._decision_labels: dict[tuple[str, str, str], tuple[str, str, str]] = {}
+
+    def _declare_pool_gauges(self, r: CollectorRegistry, g: CollectorRegistry) -> None:
+        """The planner's outputs per pool and the operator's own request counts."""
         self.desired_replicas = Gauge(
             "specpilot_desired_replicas", "Replicas the SD-aware planner wants per pool (for HPA/KEDA).",
             ["namespace", "deployment", "pool"], registry=g)
@@ -132,7 +138,10 @@ class OperatorMetrics:
         self.metrics_available = Gauge(
             "specpilot_metrics_available", "1 when the load metrics for a deployment are fresh.",
             ["namespace", "deployment"], registry=g)
-        # What the dashboard and the alert rules read beside the above (charts/specpilot/dashboards, rules).
+
+    def _declare_dashboard_gauges(self, g: CollectorRegistry) -> None:
+        """What the dashboard and the alert rules read beside the planner's outputs (charts/specpilot/dashboards,
+        rules), and the operator's saturation."""
         self.decision_info = Gauge(
             "specpilot_decision_info", "1 for the pool's current decision: method (none = no SD), strategy "
             "and schedule (short form, empty for none or the restart strategy).",
@@ -181,7 +190,6 @@ class OperatorMetrics:
             [], registry=g)
         self.reconciles_waiting.labels().set(0)
         self.reconciles_running.labels().set(0)
-        self._decision_labels: dict[tuple[str, str, str], tuple[str, str, str]] = {}
 
     def record_fleet(self, namespace: str, deployment: str, pools: list[PoolStatus],
                      cost_per_mtok: float | None) -> None:
