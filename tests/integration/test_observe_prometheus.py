@@ -14,6 +14,7 @@ from collections.abc import Callable
 import pytest
 from prometheus_server import ScrapeTarget, prometheus_server  # noqa: F401  (prometheus_server is a fixture)
 
+from specpilot.observe import vllm_metrics as vm
 from specpilot.observe.model import MetricsUnavailable, PoolObservation
 from specpilot.observe.prometheus import PrometheusSource, pool_pod_regex
 from specpilot_sandbox.exporter import VllmMetricsState, start_exporter
@@ -112,6 +113,12 @@ async def test_load_up_then_down_and_live_acceptance(exporters, prometheus_serve
     assert high.drafts_per_step == pytest.approx(DRAFTS_PER_STEP, abs=0.01)
     assert high.mean_acceptance_length == pytest.approx(1 + sum(ACCEPTANCE), abs=0.02)
     assert 25 < high.tpot_p95_ms <= 50  # every request's TPOT is 30 ms: vLLM's (25 ms, 50 ms] bucket
+    # The histograms the SLO attainment is read from, over the pool's pods only: every TPOT within 50 ms and none
+    # within 25 ms; every TTFT (the exporter's 100 ms) within a 100 ms SLO, none within 80 ms.
+    assert vm.fraction_within(0.05, high.tpot_buckets).fraction == pytest.approx(1.0)
+    assert vm.fraction_within(0.025, high.tpot_buckets).fraction == pytest.approx(0.0)
+    assert vm.fraction_within(0.1, high.ttft_buckets).fraction == pytest.approx(1.0)
+    assert vm.fraction_within(0.08, high.ttft_buckets).fraction == pytest.approx(0.0)
 
     for pod in POOL_PODS:
         exporters.states[pod].set_load(running=1, waiting=0)

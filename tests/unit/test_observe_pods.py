@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 import pytest
 from aiohttp import web
 
+from specpilot.observe import vllm_metrics as vm
 from specpilot.observe.model import MetricsUnavailable
 from specpilot.observe.pods import PodScrapeSource
 from specpilot_sandbox.exporter import VllmMetricsState, start_exporter
@@ -98,6 +99,12 @@ async def test_rates_acceptance_and_tpot_from_two_scrapes(clock, pods):
     # Every TPOT is 30 ms, in vLLM's (25, 50] ms bucket: rank 95% interpolates to 48.75 ms.
     assert second.tpot_p95_ms == pytest.approx(48.75)
     assert second.concurrency_histogram == [(2.0, 0.5), (6.0, 0.5)]
+    # The window's histograms, for the SLO attainment: 20 requests finished (2 pods x 1/s x 10 s), each with a
+    # TPOT of 30 ms and the exporter's TTFT of 100 ms.
+    tpot_50ms, tpot_25ms = vm.fraction_within(0.05, second.tpot_buckets), vm.fraction_within(0.025, second.tpot_buckets)
+    assert tpot_50ms.count == pytest.approx(20) and tpot_50ms.fraction == 1.0 and tpot_25ms.fraction == 0.0
+    assert vm.fraction_within(0.1, second.ttft_buckets).fraction == 1.0
+    assert vm.fraction_within(0.08, second.ttft_buckets).fraction == 0.0
 
 
 async def test_gauges_average_over_the_rounds_in_the_window_and_old_rounds_leave_it(clock, pods):

@@ -400,6 +400,11 @@ class Policy(ApiModel):
     """Per-output-token latency SLO (p95 TPOT) in milliseconds; none when unset."""
     ttft_slo_ms: float | None = Field(default=None, gt=0)
     """Time-to-first-token SLO (p95) in milliseconds; none when unset."""
+    slo_attainment_percent: float = Field(default=99.0, ge=50, le=99.99)
+    """The share of requests, in percent, that must meet the TPOT and TTFT SLOs. The operator measures it per
+    request from the serving pods' vLLM histograms over the metrics window (status.sloAttainment, condition
+    SloAttained, alert SpecpilotSloAttainmentLow); the replica planner does not size for it yet (it sizes by
+    serving.targetUtilizationPercent)."""
     min_gain_percent: float = Field(default=2, ge=0, le=100)
     """Noise guard, in percent. Per batch size, the schedule speculates only where k > 0 beats k = 0 on the
     method's own engine (drafter still loaded) by this much; the method is deployed at all only when its gain
@@ -657,6 +662,30 @@ class Decision(StatusModel):
     another option beats the served one by policy.minGainPercent."""
 
 
+class SloAttainment(StatusModel):
+    """The share of requests that met the SLOs over the metrics window, from vLLM's per-request TPOT and TTFT
+    histograms. Each figure is exact when the SLO is a bucket bound of vLLM's histogram and interpolated within
+    the bucket that holds it otherwise (the `*Bucket` fields name that bucket). The histograms are separate, so
+    the share meeting both is known only within bounds: at least tpot + ttft - 100, at most the lower of the two."""
+
+    requests: float | None = None
+    """Requests finished in the window (the TPOT histogram's count)."""
+    tpot_percent: float | None = None
+    """Requests whose time per output token was within policy.tpotSloMs (None: no TPOT SLO)."""
+    tpot_bucket: ShortText = ""
+    """vLLM's TPOT bucket the figure rests on, e.g. `0.01-0.025 s`."""
+    ttft_percent: float | None = None
+    """Requests whose time to first token was within policy.ttftSloMs (None: no TTFT SLO)."""
+    ttft_bucket: ShortText = ""
+    """vLLM's TTFT bucket the figure rests on."""
+    both_at_least_percent: float | None = None
+    """Requests within both SLOs, at least (the lower bound)."""
+    both_at_most_percent: float | None = None
+    """Requests within both SLOs, at most (the upper bound)."""
+    target_percent: float | None = None
+    """policy.sloAttainmentPercent, for the deployment-level figure."""
+
+
 class ObservedLoad(StatusModel):
     """Load of a pool over the metrics window."""
 
@@ -676,6 +705,9 @@ class ObservedLoad(StatusModel):
     """1 + accepted tokens per draft."""
     drafts_per_step: float | None = None
     """Share of request-steps that carried a draft (below 1 for n-gram)."""
+    slo: SloAttainment | None = None
+    """The pool's share of requests within the SLOs over the window (None: no SLO stated, or no request
+    finished)."""
     observed_at: datetime | None = None
     """When the data was read."""
 
@@ -851,7 +883,8 @@ class SpeculativeDeploymentStatus(StatusModel):
     observed_generation: int | None = None
     """The .metadata.generation last acted on."""
     conditions: list[Condition] = Field(default_factory=list, max_length=32)
-    """Valid, Profiled, Serving, RolledOut, MetricsAvailable, MetricsTruncated, NodesAvailable, RoutingReady (with
+    """Valid, Profiled, Serving, RolledOut, MetricsAvailable, MetricsTruncated, NodesAvailable, SloAttained (the
+    share of requests within the SLOs against policy.sloAttainmentPercent), RoutingReady (with
     serving.routing: gateway: the HTTPRoute applied, or why not and the fix), and Reconciled (the
     last reconciliation ran to its end and its status was written; False names the cause and the fix while the
     operator retries with back-off)."""
@@ -868,6 +901,9 @@ class SpeculativeDeploymentStatus(StatusModel):
     decision, at its expected load."""
     fleet: FleetStatus | None = None
     """Fleet placement across the pools (two or more pools)."""
+    slo_attainment: SloAttainment | None = None
+    """The deployment's share of requests within the SLOs over the metrics window, its pools' requests together,
+    against policy.sloAttainmentPercent (condition SloAttained)."""
     routing: RoutingStatus | None = None
     """The routing in effect (spec.serving.routing), the HTTPRoute and its weights."""
     history: list[HistoryEntry] = Field(default_factory=list, max_length=64)

@@ -12,7 +12,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import generate_latest
 from prometheus_client.utils import floatToGoString
 
-from specpilot.api.deployment import PoolStatus, Strategy
+from specpilot.api.deployment import PoolStatus, SloAttainment, Strategy
 
 POOL_LABELS = ["namespace", "deployment", "pool"]
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -181,6 +181,13 @@ class OperatorMetrics:
         self.fleet_cost_per_mtok = Gauge(
             "specpilot_fleet_cost_per_million_tokens_dollars", "The fleet's $/Mtok under its placement at the "
             "observed demand (two or more pools).", ["namespace", "deployment"], registry=g)
+        self.slo_attainment = Gauge(
+            "specpilot_slo_attainment_ratio", "Share of the deployment's requests within its SLOs over the metrics "
+            "window, from vLLM's histograms: slo=tpot, ttft, both_at_least, both_at_most (the share within both is "
+            "known only within those bounds).", ["namespace", "deployment", "slo"], registry=g)
+        self.slo_attainment_target = Gauge(
+            "specpilot_slo_attainment_target_ratio", "policy.sloAttainmentPercent / 100.",
+            ["namespace", "deployment"], registry=g)
         self.reconciles_waiting = Gauge(
             "specpilot_reconciles_waiting", "Reconciliations due that wait for one of the operator's reconciliation "
             "slots: above zero for minutes, the operator cannot keep up with its deployments at this "
@@ -190,6 +197,20 @@ class OperatorMetrics:
             [], registry=g)
         self.reconciles_waiting.labels().set(0)
         self.reconciles_running.labels().set(0)
+
+    def record_slo(self, namespace: str, deployment: str, attainment: SloAttainment | None,
+                   target_percent: float) -> None:
+        """The deployment's SLO attainment gauges (a figure not measured removes its series: a gap, not a stale
+        value) and its target."""
+        self.slo_attainment_target.labels(namespace, deployment).set(target_percent / 100)
+        figures = {"tpot": "tpot_percent", "ttft": "ttft_percent", "both_at_least": "both_at_least_percent",
+                   "both_at_most": "both_at_most_percent"}
+        for slo, field in figures.items():
+            value = getattr(attainment, field) if attainment is not None else None
+            if value is not None:
+                self.slo_attainment.labels(namespace, deployment, slo).set(value / 100)
+            else:
+                _discard(self.slo_attainment, (namespace, deployment, slo))
 
     def record_fleet(self, namespace: str, deployment: str, pools: list[PoolStatus],
                      cost_per_mtok: float | None) -> None:
@@ -258,7 +279,9 @@ class OperatorMetrics:
                     (self.decisions, [*POOL_LABELS, "method"]), (self.toggles, [*POOL_LABELS, "state"]),
                     (self.metrics_available, ["namespace", "deployment"]),
                     (self.tpot_slo_seconds, ["namespace", "deployment"]),
-                    (self.fleet_cost_per_mtok, ["namespace", "deployment"])]
+                    (self.fleet_cost_per_mtok, ["namespace", "deployment"]),
+                    (self.slo_attainment, ["namespace", "deployment", "slo"]),
+                    (self.slo_attainment_target, ["namespace", "deployment"])]
         labelled += [(gauge, POOL_LABELS) for gauge in (
             self.desired_replicas, self.speculation_enabled, self.observed_concurrency, self.cost_per_mtok,
             self.cost_per_mtok_without_sd, self.num_speculative_tokens, self.crossover_concurrency, self.replicas,

@@ -36,6 +36,7 @@ from ..policy.placement import FleetMember, FleetOutcome, clear_plan, place_flee
 from ..policy.events import Event
 from ..policy.deployment import decision_changed, summarize
 from ..policy.profiling import Rollup, rollup
+from ..policy.slo import deployment_attainment, missed_event, slo_condition
 from ..policy.planner import PoolInputs, PoolOutcome, PoolProfiles, plan_pool, profiled_acceptance
 from . import desired
 from .context import Context
@@ -130,11 +131,7 @@ async def reconcile(ctx: Context, body: dict, nodes: list[dict], profiles: dict[
     for view, pool_old, step in steps:
         pool = await apply_pool_step(ctx, body, spec, view, pool_old, step, events)
         status.pools.append(pool)
-        changed = decision_changed(status, pool_old, pool, now)
-        if changed is not None:
-            events.append(changed)
-            ctx.metrics.decisions.labels(namespace, name, pool.name,
-                                         (pool.decision.method if pool.decision else None) or "none").inc()
+        _decision_changed(ctx, status, pool_old, pool, namespace, name, now, events)
     ctx.metrics.record_fleet(namespace, name, status.pools, status.fleet.cost_per_mtok if status.fleet else None)
     await reconcile_service(ctx, body, spec)
     served = {view.pool.name for view, _, step in steps if step.outcome.serve is not None}
@@ -144,7 +141,34 @@ async def reconcile(ctx: Context, body: dict, nodes: list[dict], profiles: dict[
     summarize(status, counted, generation)
     _conditions(ctx, status, old, views, counted.ready, len(needed), counted.failed, metrics, namespace, name,
                 generation, now, events)
+    _slo_attained(ctx, spec, status, old, namespace, name, generation, now, events)
     return Result(status.dump(), events)
+
+
+def _decision_changed(ctx: Context, status: SpeculativeDeploymentStatus, old: PoolStatus, pool: PoolStatus,
+                      namespace: str, name: str, now: datetime, events: list[Event]) -> None:
+    """A new method or schedule: the history and the Event (policy.deployment), and the decisions counter."""
+    changed = decision_changed(status, old, pool, now)
+    if changed is not None:
+        events.append(changed)
+        method = pool.decision.method if pool.decision else None
+        ctx.metrics.decisions.labels(namespace, name, pool.name, method or "none").inc()
+
+
+def _slo_attained(ctx: Context, spec: SpeculativeDeploymentSpec, status: SpeculativeDeploymentStatus,
+                  old: SpeculativeDeploymentStatus, namespace: str, name: str, generation: int | None,
+                  now: datetime, events: list[Event]) -> None:
+    """The deployment's measured SLO attainment (policy.slo): status, condition SloAttained, one Warning Event
+    when it starts missing its target, and the gauges the alert reads."""
+    status.slo_attainment = deployment_attainment(status.pools, spec.policy)
+    ok, reason, message = slo_condition(status.slo_attainment, spec.policy.slo_attainment_percent,
+                                        spec.metrics.window_seconds)
+    was_missed = any(c.type == "SloAttained" and c.status == "False" for c in old.conditions)
+    status.conditions = desired.set_condition(status.conditions, "SloAttained", ok, reason, message, generation, now)
+    event = missed_event(was_missed, ok is False, message)
+    if event is not None:
+        events.append(event)
+    ctx.metrics.record_slo(namespace, name, status.slo_attainment, spec.policy.slo_attainment_percent)
 
 
 def _valid_spec(ctx: Context, raw: dict, namespace: str) -> SpeculativeDeploymentSpec:

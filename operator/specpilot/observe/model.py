@@ -63,6 +63,11 @@ class PoolObservation:
     concurrency_histogram: list[tuple[float, float]]
     """Per-replica running requests seen over the window: (concurrency, weight) sorted by concurrency,
     weights summing to 1; one sample per pod per sampling step."""
+    tpot_buckets: tuple[tuple[float, float], ...] = ()
+    """The window's increase of the pool's TPOT histogram, cumulative buckets (le, requests); the SLO
+    attainment is read from it (policy.slo)."""
+    ttft_buckets: tuple[tuple[float, float], ...] = ()
+    """The same of the TTFT histogram."""
     cut: tuple[str, ...] = ()
     """What the read bounds left out of this observation (a pod whose page was over the size limit, draft
     positions beyond the method's K, ...); empty when everything was read."""

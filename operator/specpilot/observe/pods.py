@@ -183,6 +183,8 @@ def observation_from_samples(
         window_s=window_s,
         concurrency_histogram=vm.concurrency_histogram(
             sample.snapshot.running for samples in history.values() for sample in samples),
+        tpot_buckets=increase.tpot_buckets if increase is not None else (),
+        ttft_buckets=increase.ttft_buckets if increase is not None else (),
     )
 
 

@@ -128,6 +128,8 @@ class PrometheusSource:
             observed_at=datetime.fromtimestamp(now, UTC),
             window_s=window_s,
             concurrency_histogram=vm.concurrency_histogram(await self._running_samples(selector, now)),
+            tpot_buckets=await self._buckets(vllm_page.TPOT_SECONDS, selector, now, cut),
+            ttft_buckets=await self._buckets(vllm_page.TTFT_SECONDS, selector, now, cut),
             cut=tuple(cut),
         )
 
@@ -194,6 +196,24 @@ class PrometheusSource:
                 vllm_page.SPEC_DECODE_ACCEPTED_TOKENS_TOTAL, selector, self.window_s))) or 0.0,
             accepted_per_position=tuple(per_position.get(j, 0.0) for j in range(width)),
         )
+
+    async def _buckets(self, histogram: str, selector: str, now: float, cut: list[str]) -> vm.Buckets:
+        """The window's increase of a latency histogram over the pool, as cumulative buckets (bounded like a
+        pod's page: at most vm.MAX_BUCKETS, finite non-negative counts)."""
+        buckets: dict[float, float] = {}
+        for series in await self._instant(promql.pool_increase_by(f"{histogram}_bucket", "le", selector,
+                                                                                self.window_s), now):
+            try:
+                le = float(series["metric"]["le"])
+            except (KeyError, TypeError, ValueError):
+                continue
+            value = _value([series])
+            if value is not None:
+                buckets[le] = value
+        if len(buckets) > vm.MAX_BUCKETS:
+            cut.append(f"a {histogram} histogram of {len(buckets)} buckets (over {vm.MAX_BUCKETS}) ignored")
+            return ()
+        return tuple(sorted(buckets.items()))
 
     async def _running_samples(self, selector: str, now: float) -> list[float]:
         query = promql.running_per_pod(selector, self.pod_label)

@@ -31,6 +31,7 @@ from ..vllm_page import (
     SPEC_DECODE_DRAFT_TOKENS_TOTAL,
     SPEC_DECODE_DRAFTS_TOTAL,
     TPOT_SECONDS,
+    TTFT_SECONDS,
     TooManySamples,
     parse_samples,
 )
@@ -81,6 +82,7 @@ class VllmSnapshot:
     spec_decode: SpecDecodeCounts | None
     """None when the page has no spec-decode counters (SD off)."""
     tpot_buckets: Buckets
+    ttft_buckets: Buckets = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,6 +92,7 @@ class CounterIncrease:
     generation_tokens: float
     spec_decode: SpecDecodeCounts | None
     tpot_buckets: Buckets
+    ttft_buckets: Buckets = ()
 
     def __add__(self, other: CounterIncrease) -> CounterIncrease:
         if self.spec_decode is None or other.spec_decode is None:
@@ -100,6 +103,7 @@ class CounterIncrease:
             generation_tokens=self.generation_tokens + other.generation_tokens,
             spec_decode=spec_decode,
             tpot_buckets=_add_buckets(self.tpot_buckets, other.tpot_buckets),
+            ttft_buckets=_add_buckets(self.ttft_buckets, other.ttft_buckets),
         )
 
 
@@ -113,7 +117,8 @@ class SpecDecodeSummary:
 MAX_POSITIONS = 64
 """Most draft positions read from any page (the CRD bounds K at 16); callers pass the served method's K."""
 MAX_BUCKETS = 64
-"""Most TPOT histogram buckets kept (vLLM has 20); a page with more has its histogram ignored."""
+"""Most buckets kept of a latency histogram (vLLM's TPOT has 20, its TTFT 23); a page with more has that
+histogram ignored."""
 MAX_GAUGE = 1e6
 """Largest plausible running/waiting requests per engine; larger or non-finite values are ignored."""
 def parse_snapshot(text: str, *, max_positions: int = MAX_POSITIONS, max_samples: int = MAX_SAMPLES) -> VllmSnapshot:
@@ -135,7 +140,7 @@ def parse_page(text: str, *, max_positions: int = MAX_POSITIONS,
     gauges: dict[str, list[float]] = defaultdict(list)
     counters: dict[str, float] = defaultdict(float)
     per_position: dict[int, float] = defaultdict(float)
-    buckets: dict[float, float] = defaultdict(float)
+    histograms: dict[str, dict[float, float]] = {TPOT_SECONDS: defaultdict(float), TTFT_SECONDS: defaultdict(float)}
     ignored_positions = ignored_values = 0
     for name, series in parse_samples(text, max_samples=max_samples).items():
         for labels, value in series:
@@ -156,13 +161,13 @@ def parse_page(text: str, *, max_positions: int = MAX_POSITIONS,
             elif name in (GENERATION_TOKENS_TOTAL, SPEC_DECODE_DRAFTS_TOTAL,
                           SPEC_DECODE_DRAFT_TOKENS_TOTAL, SPEC_DECODE_ACCEPTED_TOKENS_TOTAL):
                 counters[name] += value
-            elif name == TPOT_SECONDS + "_bucket":
+            elif name in _BUCKETS:
                 try:
                     le = float(labels.get("le", ""))
                 except ValueError:
                     ignored_values += 1
                     continue
-                buckets[le] += value
+                histograms[_BUCKETS[name]][le] += value
     if NUM_REQUESTS_RUNNING not in gauges:
         raise ValueError(f"no {NUM_REQUESTS_RUNNING} on the page: not a vLLM /metrics endpoint, "
                          "or the engine is not up yet")
@@ -170,9 +175,10 @@ def parse_page(text: str, *, max_positions: int = MAX_POSITIONS,
     if ignored_positions:
         cut.append(f"{ignored_positions} {POSITION_LABEL} label(s) outside 0..{max_positions - 1} "
                    "(the method's K) ignored")
-    if len(buckets) > MAX_BUCKETS:
-        cut.append(f"a TPOT histogram of {len(buckets)} buckets (over {MAX_BUCKETS}) ignored")
-        buckets.clear()
+    for metric, what in ((TPOT_SECONDS, "TPOT"), (TTFT_SECONDS, "TTFT")):
+        if len(histograms[metric]) > MAX_BUCKETS:
+            cut.append(f"a {what} histogram of {len(histograms[metric])} buckets (over {MAX_BUCKETS}) ignored")
+            histograms[metric].clear()
     if ignored_values:
         cut.append(f"{ignored_values} non-finite, negative or implausible value(s) ignored")
     spec_decode = None
@@ -191,14 +197,17 @@ def parse_page(text: str, *, max_positions: int = MAX_POSITIONS,
         kv_cache_usage=sum(kv) / len(kv) if kv else None,
         generation_tokens=counters[GENERATION_TOKENS_TOTAL],
         spec_decode=spec_decode,
-        tpot_buckets=tuple(sorted(buckets.items())),
+        tpot_buckets=tuple(sorted(histograms[TPOT_SECONDS].items())),
+        ttft_buckets=tuple(sorted(histograms[TTFT_SECONDS].items())),
     )
     return snapshot, tuple(cut)
 
 
+_BUCKETS = {TPOT_SECONDS + "_bucket": TPOT_SECONDS, TTFT_SECONDS + "_bucket": TTFT_SECONDS}
+"""The latency histograms' bucket samples the snapshot reads, by the histogram they belong to."""
 _READ = frozenset({NUM_REQUESTS_RUNNING, NUM_REQUESTS_WAITING, KV_CACHE_USAGE_PERC, SPEC_DECODE_ACCEPTED_PER_POS_TOTAL,
                    GENERATION_TOKENS_TOTAL, SPEC_DECODE_DRAFTS_TOTAL, SPEC_DECODE_DRAFT_TOKENS_TOTAL,
-                   SPEC_DECODE_ACCEPTED_TOKENS_TOTAL, TPOT_SECONDS + "_bucket"})
+                   SPEC_DECODE_ACCEPTED_TOKENS_TOTAL, *_BUCKETS})
 """The sample names the snapshot reads; bad values of other samples are not worth mentioning."""
 
 
@@ -244,13 +253,19 @@ def window_increase(snapshots: Sequence[VllmSnapshot]) -> CounterIncrease:
                 counter_increase([_at(sd.accepted_per_position, j) for sd in present]) for j in range(width)
             ),
         )
-    bounds = sorted({le for s in snapshots for le, _ in s.tpot_buckets})
-    per_bound = [dict(s.tpot_buckets) for s in snapshots]
     return CounterIncrease(
         generation_tokens=counter_increase([s.generation_tokens for s in snapshots]),
         spec_decode=spec_decode,
-        tpot_buckets=tuple((le, counter_increase([b.get(le, 0.0) for b in per_bound])) for le in bounds),
+        tpot_buckets=_buckets_increase([s.tpot_buckets for s in snapshots]),
+        ttft_buckets=_buckets_increase([s.ttft_buckets for s in snapshots]),
     )
+
+
+def _buckets_increase(histograms: Sequence[Buckets]) -> Buckets:
+    """Each bucket's increase across one pod's snapshots (a restart handled per bucket, as per counter)."""
+    bounds = sorted({le for buckets in histograms for le, _ in buckets})
+    per_bound = [dict(buckets) for buckets in histograms]
+    return tuple((le, counter_increase([b.get(le, 0.0) for b in per_bound])) for le in bounds)
 
 
 MIN_DRAFTS_FOR_ACCEPTANCE = 100
@@ -303,6 +318,41 @@ def histogram_quantile(q: float, buckets: Buckets) -> float | None:
             return lower_bound + (le - lower_bound) * (rank - lower_count) / (count - lower_count)
         lower_bound, lower_count = le, count
     return lower_bound
+
+
+@dataclasses.dataclass(frozen=True)
+class Within:
+    """The share of a histogram's observations at or below a bound, and what it rests on."""
+
+    fraction: float
+    count: float
+    """Observations in the histogram (requests finished in the window)."""
+    lower_le: float
+    """The bucket bound at or below the bound (0 for the first bucket)."""
+    upper_le: float
+    """The bucket bound at or above it: the figure is exact when the bound is a bucket bound, and interpolated
+    linearly between the two otherwise (as histogram_quantile interpolates a quantile)."""
+
+
+def fraction_within(bound: float, buckets: Buckets) -> Within | None:
+    """The share of observations <= `bound` from cumulative buckets; None without observations. A bound past the
+    largest finite bucket counts what that bucket holds (the +Inf bucket's are never known to be within)."""
+    if len(buckets) < 2 or buckets[-1][0] != math.inf or not math.isfinite(bound) or bound < 0:
+        return None
+    monotonic: list[tuple[float, float]] = []
+    for le, count in buckets:
+        monotonic.append((le, max(count, monotonic[-1][1]) if monotonic else count))
+    total = monotonic[-1][1]
+    if total <= 0:
+        return None
+    lower_le, lower_count = 0.0, 0.0
+    for le, count in monotonic[:-1]:
+        if bound <= le:
+            within = lower_count + (count - lower_count) * ((bound - lower_le) / (le - lower_le) if le > lower_le
+                                                            else 1.0)
+            return Within(min(within / total, 1.0), total, lower_le, le)
+        lower_le, lower_count = le, count
+    return Within(min(lower_count / total, 1.0), total, lower_le, math.inf)
 
 
 def concurrency_histogram(running_samples: Iterable[float]) -> list[tuple[float, float]]:

@@ -39,6 +39,7 @@ from ..api.deployment import (
     Decision,
     GpuPool,
     ObservedLoad,
+    Policy,
     PoolStatus,
     ProfileProgress,
     Refinement,
@@ -60,6 +61,7 @@ from .replicas import ReplicaState, demand_at_capacity, plan_replicas
 from .restart import Observation as RestartObservation
 from .restart import RestartState
 from .restart import step as restart_step
+from .slo import pool_attainment
 
 __all__ = [
     "LIVE_RESCHEDULE_DRIFT",
@@ -284,8 +286,8 @@ def basis(generation: int | None, baseline: ProfileLike | None, methods: dict[st
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:12]
 
 
-def observed_load(observation: PoolObservation) -> ObservedLoad:
-    """What the status shows of an observation."""
+def observed_load(observation: PoolObservation, policy: Policy) -> ObservedLoad:
+    """What the status shows of an observation (with its SLO attainment against `policy`)."""
     return ObservedLoad(
         concurrency=round(max(observation.running_per_replica, 0.0), 3),
         waiting=round(max(observation.waiting_per_replica, 0.0), 3),
@@ -295,6 +297,7 @@ def observed_load(observation: PoolObservation) -> ObservedLoad:
         acceptance_per_position=[round(p, 4) for p in observation.acceptance_per_position],
         mean_acceptance_length=_round(observation.mean_acceptance_length),
         drafts_per_step=_round(observation.drafts_per_step),
+        slo=pool_attainment(observation, policy),
         observed_at=observation.observed_at)
 
 
@@ -315,7 +318,7 @@ def plan_pool(inputs: PoolInputs) -> PoolOutcome:
     if inputs.sku is None:
         return outcome
     if inputs.observation is not None:
-        status.observed = observed_load(inputs.observation)
+        status.observed = observed_load(inputs.observation, inputs.spec.policy)
 
     _, methods = profiles.unvalidated()
     drift = acceptance_drift(status, methods)
