@@ -371,7 +371,7 @@ def place(placement: str, prepared: Sequence[PreparedPool], trace: LoadTrace, ou
     times = np.arange(0.0, trace.duration_s, dt)
     even = placement in ("even-split", "even-split-hpa")
     routing = Routing.SERVICE if even or placement == "specpilot-service" else Routing.GATEWAY
-    settings = FleetSettings(routing=routing, tpot_slo_ms=scenario.slo_tpot_ms)
+    settings = FleetSettings(routing=routing, tpot_slo_ms=scenario.slo_tpot_ms, ttft_slo_ms=scenario.slo_ttft_ms)
     if utilization_percent is not None:
         settings = dataclasses.replace(settings, target_utilization_percent=utilization_percent)
     # the oracle sees at t what the window will show once a replica asked for at t serves
