@@ -104,6 +104,7 @@ def test_the_dashboard_shows_what_the_issue_asks_per_pool() -> None:
         "Goodput: output tokens/s": ["vllm:generation_tokens_total", "specpilot_observed_generation_tokens"],
         "TPOT p95": ["vllm:request_time_per_output_token_seconds_bucket", "specpilot_observed_tpot_p95_seconds",
                      "specpilot_tpot_slo_seconds"],
+        "SLO attainment": ["specpilot_slo_attainment_ratio", "specpilot_slo_attainment_target_ratio"],
         "Acceptance at the first draft position: live vs profiled": [
             "vllm:spec_decode_num_accepted_tokens_per_pos_total", "specpilot_live_acceptance_rate",
             "specpilot_profiled_acceptance_rate"],
