@@ -97,8 +97,8 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from specpilot.api.deployment import DEFAULT_CONCURRENCY_LEVELS
-from specpilot.api.deployment import Policy
+from specpilot.api.deployment_spec import DEFAULT_CONCURRENCY_LEVELS
+from specpilot.api.deployment_spec import Policy
 from specpilot.api.profile import Run
 from specpilot.policy.choose import decide_pool
 from specpilot.policy.refine import DEFAULT_BUDGET_SHARE, initial_levels, refine_schedule, spent_levels

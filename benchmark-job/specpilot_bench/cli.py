@@ -32,7 +32,7 @@ from typing import Any
 import yaml
 from specpilot.api import seal
 from specpilot.api.base import ConfigMapKeyRef
-from specpilot.api.deployment import MAX_CONCURRENCY_LEVEL, Workload
+from specpilot.api.deployment_spec import MAX_CONCURRENCY_LEVEL, Workload
 from specpilot.api.methods import CandidateMethod
 from specpilot.api.profile import (
     BenchFailure,

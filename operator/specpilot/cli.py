@@ -177,7 +177,7 @@ def _operator_refusals(doc: dict, config) -> tuple[list[str], list[str]]:
     accept: (what fails the resource: its tenancy bounds, Valid=False and nothing created; what it ignores: a
     Prometheus URL neither on the admin's allow-list nor the operator's own prometheusUrl, MetricsAvailable=False
     while the rest runs)."""
-    from .api.deployment import SpeculativeDeploymentSpec
+    from .api.deployment_spec import SpeculativeDeploymentSpec
     from .api.gateway import gateway_problems
     from .api.tenancy import spec_problems
     from .observe.allowlist import prometheus_url_refusal
@@ -205,7 +205,7 @@ def _validate_document(crds: dict, file: str, index: int, line: int, doc: object
     from pydantic import ValidationError
 
     from .api.base import API_VERSION, GROUP, format_validation_error
-    from .api.deployment import SpeculativeDeploymentSpec
+    from .api.deployment_spec import SpeculativeDeploymentSpec
     from .api.profile import SpeculationProfile
     from .api.validate import validate_custom_resource
 

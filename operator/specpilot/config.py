@@ -13,7 +13,7 @@ import yaml
 from pydantic import Field, ValidationError, model_validator
 
 from .api.base import ApiModel, format_validation_error
-from .api.deployment import DEFAULT_CONCURRENCY_LEVELS, DEFAULT_ENGINE_IMAGE, ConcurrencyLevel
+from .api.deployment_spec import DEFAULT_CONCURRENCY_LEVELS, DEFAULT_ENGINE_IMAGE, ConcurrencyLevel
 from .api.gateway import GATEWAY_PARENT_PATTERN
 from .api.tenancy import TenancyPolicy
 

@@ -66,7 +66,7 @@ async def test_a_benchmark_pod_runs_as_two_processes_and_only_the_bench_gets_the
     with its own environment: the result token reaches the bench's and never the engine's (a tenant's engine
     code reads its own process's environment and its parent's, nothing else)."""
     from specpilot.api import seal
-    from specpilot.api.deployment import SpeculativeDeploymentSpec
+    from specpilot.api.deployment_spec import SpeculativeDeploymentSpec
     from specpilot.manifests.benchmark import benchmark_job
     from tests.conftest import load_example
     from tests.unit.test_manifests_objects import profile_spec_for

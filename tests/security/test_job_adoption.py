@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 from specpilot.api import seal
-from specpilot.api.deployment import SpeculativeDeploymentSpec
+from specpilot.api.deployment_spec import SpeculativeDeploymentSpec
 from specpilot.config import OperatorConfig
 from specpilot.controller import desired
 from specpilot.controller.context import Context

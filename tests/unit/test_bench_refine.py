@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from specpilot.api.deployment import Workload
+from specpilot.api.deployment_spec import Workload
 from specpilot.api.methods import CandidateMethod
 from specpilot.api.profile import LevelPoint, ProfilePhase, ProfileTarget, Run, SpeculationProfileSpec, \
     SpeculationProfileStatus

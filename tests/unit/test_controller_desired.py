@@ -90,7 +90,7 @@ def test_a_stalled_rollout_names_the_likely_cause_and_the_fix():
 
 
 def test_the_rolled_out_condition_puts_a_stall_first():
-    from specpilot.api.deployment import PoolStatus
+    from specpilot.api.deployment_status import PoolStatus
 
     def pools(*states):
         return [PoolStatus(name=f"p{i}", rollout=s) for i, s in enumerate(states)]

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from specpilot.api.deployment import SpeculativeDeploymentSpec
+from specpilot.api.deployment_spec import SpeculativeDeploymentSpec
 from specpilot.config import OperatorConfig
 from specpilot.controller import desired
 from specpilot.controller.context import Context
@@ -130,7 +130,7 @@ def test_the_planner_reads_the_phase_the_operator_decided_not_the_stored_one():
     """The bench writes no phase and the operator's own Succeeded may not have reached the index when the same
     reconciliation plans the pool: the planner's profiles carry the operator's decision (a profile whose stored
     phase still read Running was "not ready", and the pool stayed undecided until some later reconciliation)."""
-    from specpilot.api.deployment import GpuPool
+    from specpilot.api.deployment_spec import GpuPool
     from specpilot.api.profile import SpeculationProfile
     from specpilot.controller.reconcile import _pool_profiles
     from specpilot.policy.choose import _ready

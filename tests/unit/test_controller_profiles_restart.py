@@ -9,7 +9,7 @@ import copy
 from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 
-from specpilot.api.deployment import SpeculativeDeploymentSpec
+from specpilot.api.deployment_spec import SpeculativeDeploymentSpec
 from specpilot.api import seal
 from specpilot.config import OperatorConfig
 from specpilot.controller import desired

@@ -9,7 +9,7 @@ import yaml
 
 from specpilot import cli
 from specpilot.api import crd as crd_module
-from specpilot.api.deployment import SpeculativeDeploymentSpec
+from specpilot.api.deployment_spec import SpeculativeDeploymentSpec
 
 
 def test_crds_check_passes_on_committed_files(repo_root, capsys):

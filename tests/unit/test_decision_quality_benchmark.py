@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 from benchmarks.decision_quality import in_expectation, score, score_ks
-from specpilot.api.deployment import DEFAULT_CONCURRENCY_LEVELS
+from specpilot.api.deployment_spec import DEFAULT_CONCURRENCY_LEVELS
 from specpilot.sim.synthetic import Scenario, true_curves
 
 SCENARIO = Scenario("H100-SXM", "Qwen/Qwen3-8B", "eagle3")

@@ -15,13 +15,14 @@ import pytest
 from pydantic import BaseModel
 
 from specpilot.api.base import to_camel
-from specpilot.api.deployment import SpeculativeDeploymentSpec
+from specpilot.api.deployment_spec import SpeculativeDeploymentSpec
 from specpilot.api.profile import SpeculationProfileSpec
 from specpilot.config import OperatorConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCES = [ROOT / "operator" / "specpilot", ROOT / "benchmark-job"]
-DEFINITIONS = {"operator/specpilot/api/deployment.py", "operator/specpilot/api/profile.py",
+DEFINITIONS = {"operator/specpilot/api/deployment.py", "operator/specpilot/api/deployment_spec.py",
+               "operator/specpilot/api/deployment_status.py", "operator/specpilot/api/profile.py",
                "operator/specpilot/api/base.py", "operator/specpilot/api/crd.py", "operator/specpilot/config.py"}
 """Where the models are defined (their own validators do not count as a reader)."""
 

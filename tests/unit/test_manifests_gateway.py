@@ -15,7 +15,7 @@ import pytest
 from pydantic import ValidationError
 
 from specpilot.api import SpeculativeDeploymentSpec
-from specpilot.api.deployment import PoolStatus, RoutingStatus, SpeculativeDeploymentStatus
+from specpilot.api.deployment_status import PoolStatus, RoutingStatus, SpeculativeDeploymentStatus
 from specpilot.api.gateway import MAX_BACKENDS, gateway_allowed, gateway_problems
 from specpilot.api.validate import validate_custom_resource
 from specpilot.config import OperatorConfig

@@ -13,7 +13,7 @@ import kubernetes_validate
 import pytest
 
 from specpilot.api import ScheduleRange, SpeculationProfileSpec, SpeculativeDeploymentSpec
-from specpilot.api.deployment import DEFAULT_CONCURRENCY_LEVELS
+from specpilot.api.deployment_spec import DEFAULT_CONCURRENCY_LEVELS
 from specpilot.api.profile import ProfileTarget
 from specpilot.manifests import names
 from specpilot.api import seal

@@ -188,7 +188,7 @@ OWN = "http://prometheus-operated.monitoring.svc:9090"
 def test_the_operators_own_url_is_allowed_exactly_and_operator_and_validate_agree(url, allowed, ok):
     from types import SimpleNamespace
 
-    from specpilot.api.deployment import SpeculativeDeploymentSpec
+    from specpilot.api.deployment_spec import SpeculativeDeploymentSpec
     from specpilot.cli import _operator_refusals
     from specpilot.config import OperatorConfig
     from specpilot.controller.observation import prometheus_url_refusal as operator_refusal

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from specpilot import specdec, vllm_page
-from specpilot.api.deployment import Policy, Profiling
+from specpilot.api.deployment_spec import Policy, Profiling
 from specpilot.policy import refine, schedule
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -6,7 +6,8 @@ from __future__ import annotations
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.exposition import generate_latest
 
-from specpilot.api.deployment import Decision, ObservedLoad, PoolStatus, ProfileProgress, Strategy
+from specpilot.api.deployment_spec import Strategy
+from specpilot.api.deployment_status import Decision, ObservedLoad, PoolStatus, ProfileProgress
 from specpilot.controller.metrics import OperatorMetrics
 
 LABELS = {"namespace": "llm", "deployment": "chat", "pool": "h100"}

@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from specpilot.api.deployment import Policy
+from specpilot.api.deployment_spec import Policy
 from specpilot.api.profile import ProfilePhase
 from specpilot.perf import cost_per_million_tokens
 from specpilot.policy.choose import BASELINE_KEY, CandidatePlan, _pick, decide_pool

@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 import pytest
 import yaml
 
-from specpilot.api.deployment import Policy
+from specpilot.api.deployment_spec import Policy
 from specpilot.cli import main
 from specpilot.policy.choose import (
     DeployCase,

@@ -14,7 +14,7 @@ from benchmarks.decision_quality import (
     unknown_load_report,
     unknown_load_scenarios,
 )
-from specpilot.api.deployment import DEFAULT_CONCURRENCY_LEVELS
+from specpilot.api.deployment_spec import DEFAULT_CONCURRENCY_LEVELS
 
 LLAMA = "meta-llama/Llama-3.1-8B-Instruct"
 LEVELS = tuple(DEFAULT_CONCURRENCY_LEVELS)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from specpilot.api.deployment import (
+from specpilot.api.deployment_status import (
     HISTORY_LIMIT,
     Decision,
     FleetStatus,

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specpilot.api.deployment import Autoscaling, GpuPool, Policy, Serving
+from specpilot.api.deployment_spec import Autoscaling, GpuPool, Policy, Serving
 from specpilot.policy.choose import CandidatePlan, decide_pool, fleet_capacity_check, slo_capacity_tok_s
 from specpilot.policy.planner import fleet_placed
 from specpilot.sim.synthetic import Scenario, synthetic_profiles
@@ -81,7 +81,7 @@ def test_a_row_without_a_curve_or_capacity_is_never_dropped():
     (1, Autoscaling.INTERNAL, False), (2, Autoscaling.INTERNAL, True), (3, Autoscaling.EXTERNAL, True),
     (2, Autoscaling.NONE, False)])
 def test_a_deployment_is_fleet_placed_with_two_pools_and_replicas_not_fixed(pools, autoscaling, placed):
-    from specpilot.api.deployment import ModelSpec, SpeculativeDeploymentSpec
+    from specpilot.api.deployment_spec import ModelSpec, SpeculativeDeploymentSpec
     from specpilot.api.methods import CandidateMethod
 
     spec = SpeculativeDeploymentSpec(

@@ -5,14 +5,8 @@ from __future__ import annotations
 import dataclasses
 from datetime import UTC, datetime, timedelta
 
-from specpilot.api.deployment import (
-    Decision,
-    GpuPool,
-    ObservedLoad,
-    PoolStatus,
-    SpeculativeDeploymentSpec,
-    TpotPoint,
-)
+from specpilot.api.deployment_spec import GpuPool, SpeculativeDeploymentSpec
+from specpilot.api.deployment_status import Decision, ObservedLoad, PoolStatus, TpotPoint
 from specpilot.controller.metrics import OperatorMetrics
 from specpilot.policy.placement import FleetMember, clear_plan, fleet_demand, place_fleet, write_plan
 

@@ -9,7 +9,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from specpilot.api.deployment import Decision, ObservedLoad, PoolStatus, SpeculativeDeploymentSpec
+from specpilot.api.deployment_spec import SpeculativeDeploymentSpec
+from specpilot.api.deployment_status import Decision, ObservedLoad, PoolStatus
 from specpilot.api.profile import SpeculationProfile
 from specpilot.manifests.names import refine_job_name
 from specpilot.observe.model import PoolObservation

@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-from specpilot.api.deployment import Policy
+from specpilot.api.deployment_spec import Policy
 from specpilot.policy.choose import decide_pool
 from specpilot.policy.schedule import plan_schedule
 from specpilot.perf.roofline_fit import _ALL_KNEES, ROOFLINE_GRID_SHAPE, pool_roofline_priors

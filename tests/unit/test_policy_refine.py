@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from specpilot.api.deployment import Policy
+from specpilot.api.deployment_spec import Policy
 from specpilot.api.profile import SpeculationProfile
 from specpilot.policy import refine
 from specpilot.policy.refine import (

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specpilot.api.deployment import Hysteresis
+from specpilot.api.deployment_spec import Hysteresis
 from specpilot.policy.restart import Action, Observation, RestartState, step
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)

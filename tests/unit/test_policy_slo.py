@@ -8,7 +8,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from specpilot.api.deployment import ObservedLoad, Policy, PoolStatus
+from specpilot.api.deployment_spec import Policy
+from specpilot.api.deployment_status import ObservedLoad, PoolStatus
 from specpilot.observe import vllm_metrics as vm
 from specpilot.observe.model import PoolObservation
 from specpilot.policy.slo import MIN_REQUESTS, deployment_attainment, missed_event, pool_attainment, slo_condition

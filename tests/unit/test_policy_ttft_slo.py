@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from specpilot.api.deployment import Policy
+from specpilot.api.deployment_spec import Policy
 from specpilot.policy.choose import _ttft_p95_at, decide_pool
 from specpilot.sim.synthetic import Scenario, synthetic_profiles
 

@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specpilot.api.deployment import Phase
+from specpilot.api.deployment_status import Phase
 from specpilot.policy import profiling as pp
 
 NOW = datetime(2026, 12, 1, 12, tzinfo=UTC)

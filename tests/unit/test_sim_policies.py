@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from specpilot.api.deployment import Hysteresis, PoolStatus
+from specpilot.api.deployment_spec import Hysteresis
+from specpilot.api.deployment_status import PoolStatus
 from specpilot.api.schedule import k_at
 from specpilot.sim.fleet import FleetConfig, FleetSetup, simulate
 from specpilot.sim.policies import (

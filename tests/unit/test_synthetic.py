@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from specpilot.api.deployment import DEFAULT_CONCURRENCY_LEVELS
+from specpilot.api.deployment_spec import DEFAULT_CONCURRENCY_LEVELS
 from specpilot.api.profile import SpeculationProfile
 from specpilot.policy.surface import build_surface
 from specpilot.sim.synthetic import Scenario, synthetic_profiles, true_curves

@@ -1,14 +1,9 @@
 """Typed models of specpilot's two custom resources; the single source of the CRD YAML."""
 
 from .base import API_VERSION, GROUP, VERSION, Condition, format_validation_error
-from .deployment import (
-    Decision,
-    GpuPool,
-    PoolStatus,
-    SpeculativeDeployment,
-    SpeculativeDeploymentSpec,
-    SpeculativeDeploymentStatus,
-)
+from .deployment import SpeculativeDeployment
+from .deployment_spec import GpuPool, SpeculativeDeploymentSpec
+from .deployment_status import Decision, PoolStatus, SpeculativeDeploymentStatus
 from .methods import CandidateMethod, SpeculativeMethod, method_family
 from .profile import (
     LevelPoint,

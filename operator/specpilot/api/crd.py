@@ -13,7 +13,8 @@ from typing import Any
 from pydantic import BaseModel
 
 from .base import GROUP, VERSION
-from .deployment import SpeculativeDeploymentSpec, SpeculativeDeploymentStatus
+from .deployment_spec import SpeculativeDeploymentSpec
+from .deployment_status import SpeculativeDeploymentStatus
 from .profile import SpeculationProfileSpec, SpeculationProfileStatus
 
 CATEGORY = "specpilot"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from .deployment import SpeculativeDeploymentSpec
+from .deployment_spec import SpeculativeDeploymentSpec
 
 GATEWAY_PARENT_PATTERN = r"^(\*|[a-z0-9]([-a-z0-9]*[a-z0-9])?)/(\*|[a-z0-9]([-a-z0-9.]*[a-z0-9])?)$"
 """An allowedGatewayParents entry: `namespace/name`, either part `*` (any)."""

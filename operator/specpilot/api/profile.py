@@ -28,7 +28,7 @@ from .args import (
     REVISION_PATTERN,
 )
 from .base import ApiModel, FreeFormObject, ImageRef, StatusModel
-from .deployment import ConcurrencyLevel, EnvVar, Workload
+from .deployment_spec import ConcurrencyLevel, EnvVar, Workload
 from .methods import CandidateMethod
 
 

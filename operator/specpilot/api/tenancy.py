@@ -44,7 +44,7 @@ from .args import code_loading_problems
 from .base import ApiModel, cap, echo, join_problems
 
 if TYPE_CHECKING:
-    from .deployment import SpeculativeDeploymentSpec
+    from .deployment_spec import SpeculativeDeploymentSpec
 
 BENCH_CONTAINER = "bench"
 """The benchmark pod's container that holds the result token and measures the engine."""

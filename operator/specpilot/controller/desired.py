@@ -12,12 +12,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from functools import cached_property
 
-from ..api.deployment import (
-    Condition,
-    GpuPool,
-    PoolStatus,
-    SpeculativeDeploymentSpec,
-)
+from ..api.base import Condition
+from ..api.deployment_spec import GpuPool, SpeculativeDeploymentSpec
+from ..api.deployment_status import PoolStatus
 from ..api.methods import CandidateMethod
 from ..api.profile import EngineSettings, ProfileTarget, SpeculationProfileSpec
 from ..config import OperatorConfig

@@ -12,7 +12,8 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import generate_latest
 from prometheus_client.utils import floatToGoString
 
-from specpilot.api.deployment import PoolStatus, SloAttainment, Strategy
+from specpilot.api.deployment_spec import Strategy
+from specpilot.api.deployment_status import PoolStatus, SloAttainment
 
 POOL_LABELS = ["namespace", "deployment", "pool"]
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 
-from ..api.deployment import SpeculativeDeploymentSpec
+from ..api.deployment_spec import SpeculativeDeploymentSpec
 from ..manifests import names
 from ..observe import allowlist
 from ..observe.bounded import ReadLimits

@@ -17,7 +17,8 @@ import time
 from datetime import datetime
 
 from ..api import seal
-from ..api.deployment import GpuPool, RefinementJob, SpeculativeDeploymentSpec
+from ..api.deployment_spec import GpuPool, SpeculativeDeploymentSpec
+from ..api.deployment_status import RefinementJob
 from ..api.profile import SpeculationProfile
 from ..manifests import names
 from ..manifests.benchmark import benchmark_job

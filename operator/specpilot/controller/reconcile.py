@@ -19,14 +19,8 @@ from pydantic import ValidationError
 
 from ..api.base import format_validation_error
 from ..api.gateway import gateway_problems
-from ..api.deployment import (
-    Autoscaling,
-    Phase,
-    PoolStatus,
-    Routing,
-    SpeculativeDeploymentSpec,
-    SpeculativeDeploymentStatus,
-)
+from ..api.deployment_spec import Autoscaling, Routing, SpeculativeDeploymentSpec
+from ..api.deployment_status import Phase, PoolStatus, SpeculativeDeploymentStatus
 from ..api.tenancy import TenancyViolation, refuse, spec_problems
 from ..manifests import names
 from ..manifests.serving import serving_deployment

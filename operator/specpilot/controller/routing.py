@@ -8,7 +8,8 @@ import logging
 from dataclasses import dataclass
 from datetime import datetime
 
-from ..api.deployment import Routing, RoutingStatus, SpeculativeDeploymentSpec, SpeculativeDeploymentStatus
+from ..api.deployment_spec import Routing, SpeculativeDeploymentSpec
+from ..api.deployment_status import RoutingStatus, SpeculativeDeploymentStatus
 from ..manifests import names
 from ..manifests.serving import http_route, pod_monitor, pool_service, service
 from ..policy.events import Event

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..api import seal
-from ..api.deployment import MAX_CONCURRENCY_LEVEL, GpuPool, ModelSpec, SpeculativeDeploymentSpec, WorkloadName
+from ..api.deployment_spec import MAX_CONCURRENCY_LEVEL, GpuPool, ModelSpec, SpeculativeDeploymentSpec, WorkloadName
 from ..api.profile import SpeculationProfileSpec
 from ..api import tenancy
 from ..api.tenancy import TenancyPolicy, profiling_problems, refuse, serving_problems

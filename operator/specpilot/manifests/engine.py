@@ -11,7 +11,7 @@ import hashlib
 import json
 from typing import Any
 
-from ..api.deployment import ModelSpec, SpeculativeDeploymentSpec
+from ..api.deployment_spec import ModelSpec, SpeculativeDeploymentSpec
 from ..api.methods import CandidateMethod
 from ..api.schedule import ScheduleRange
 from . import names

@@ -24,7 +24,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from ..api.deployment import GpuPool
+from ..api.deployment_spec import GpuPool
 from ..api.tenancy import SAFE_POD_SECURITY_FIELDS, PodSecurityDefaults, TenancyPolicy
 
 DSHM_VOLUME = "dshm"

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..api.base import API_VERSION
-from ..api.deployment import GpuPool, SpeculativeDeploymentSpec
+from ..api.deployment_spec import GpuPool, SpeculativeDeploymentSpec
 from ..api.methods import CandidateMethod
 from ..api.schedule import ScheduleRange
 from ..api.tenancy import TenancyPolicy, refuse, serving_problems

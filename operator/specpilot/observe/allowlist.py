@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 if TYPE_CHECKING:
-    from ..api.deployment import SpeculativeDeploymentSpec
+    from ..api.deployment_spec import SpeculativeDeploymentSpec
     from ..config import OperatorConfig
 
 _DEFAULT_PORTS = {"http": 80, "https": 443}

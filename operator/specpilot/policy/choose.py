@@ -28,7 +28,8 @@ import math
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 
-from ..api.deployment import Decision, Objective, Policy, Strategy
+from ..api.deployment_spec import Objective, Policy, Strategy
+from ..api.deployment_status import Decision
 from ..api.methods import MODEL_FREE_METHODS, CandidateMethod, SpeculativeMethod
 from ..api.profile import ProfilePhase, Run, SpeculationProfile
 from ..api.schedule import summary

@@ -136,7 +136,7 @@ def _group_key(profile) -> tuple[str, str, str]:
 
 
 def plan_groups(profiles, args: argparse.Namespace, histogram) -> list[dict[str, Any]]:
-    from ..api.deployment import Policy
+    from ..api.deployment_spec import Policy
     from ..perf import DEFAULT_CATALOG, UnknownGpuError
     from .choose import decide_pool
     from .refine import refine_pool_plan

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from ..api.deployment import HISTORY_LIMIT, HistoryEntry, PoolStatus, SpeculativeDeploymentStatus
+from ..api.deployment_status import HISTORY_LIMIT, HistoryEntry, PoolStatus, SpeculativeDeploymentStatus
 from ..api.schedule import summary as schedule_summary
 from .events import Event
 from .profiling import Rollup

@@ -41,7 +41,7 @@ import math
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 
-from ..api.deployment import Routing
+from ..api.deployment_spec import Routing
 from ..perf.cost import cost_per_million_tokens, tokens_per_second
 from .replicas import ReplicaState, plan_replicas
 

@@ -18,7 +18,8 @@ import dataclasses
 from collections.abc import Sequence
 from datetime import datetime
 
-from ..api.deployment import Autoscaling, FleetStatus, GpuPool, PoolStatus, ReplicaTarget, SpeculativeDeploymentSpec
+from ..api.deployment_spec import Autoscaling, GpuPool, SpeculativeDeploymentSpec
+from ..api.deployment_status import FleetStatus, PoolStatus, ReplicaTarget
 from .events import Event
 from .replicas import ReplicaState
 from .fleet import (

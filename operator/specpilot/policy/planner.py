@@ -33,21 +33,17 @@ from datetime import datetime
 from pydantic import ValidationError
 
 from .. import specdec
-from ..api.deployment import (
+from ..api.deployment_spec import Autoscaling, GpuPool, Policy, SpeculativeDeploymentSpec, Strategy
+from ..api.deployment_status import (
     MAX_TPOT_POINTS,
-    Autoscaling,
     Decision,
-    GpuPool,
     ObservedLoad,
-    Policy,
     PoolStatus,
     ProfileProgress,
     Refinement,
     RefinementJob,
     RefinementState,
     ReplicaTarget,
-    SpeculativeDeploymentSpec,
-    Strategy,
     TpotPoint,
 )
 from ..api.methods import CandidateMethod

@@ -30,7 +30,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 
-from ..api.deployment import Phase
+from ..api.deployment_status import Phase
 from .events import Event
 
 __all__ = [

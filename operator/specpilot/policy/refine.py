@@ -59,7 +59,7 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from ..api.deployment import Policy, Profiling, Strategy
+from ..api.deployment_spec import Policy, Profiling, Strategy
 from ..api.methods import CandidateMethod
 from ..api.profile import SpeculationProfile
 from .choose import BASELINE_KEY, PoolPlan, decide_pool

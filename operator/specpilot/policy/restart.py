@@ -13,7 +13,7 @@ import dataclasses
 import enum
 from datetime import datetime
 
-from ..api.deployment import Hysteresis
+from ..api.deployment_spec import Hysteresis
 
 __all__ = ["Action", "Observation", "RestartState", "RestartStep", "step"]
 

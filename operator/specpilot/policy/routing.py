@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..api.deployment import PoolStatus
+from ..api.deployment_status import PoolStatus
 from .fleet import route_weights
 
 __all__ = ["route_backends"]

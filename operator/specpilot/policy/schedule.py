@@ -28,7 +28,7 @@ import dataclasses
 import math
 from collections.abc import Sequence
 
-from ..api.deployment import Policy
+from ..api.deployment_spec import Policy
 from ..api.profile import Run
 from ..api.schedule import ScheduleRange, compress, schedule_problems
 from .surface import MethodSurface, NotEnoughDataError, build_surface

@@ -14,7 +14,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from ..api.deployment import Policy, PoolStatus, SloAttainment
+from ..api.deployment_spec import Policy
+from ..api.deployment_status import PoolStatus, SloAttainment
 from ..observe import vllm_metrics as vm
 from ..observe.model import PoolObservation
 from .events import Event

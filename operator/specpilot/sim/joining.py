@@ -33,7 +33,7 @@ import math
 from collections.abc import Sequence
 from datetime import timedelta
 
-from ..api.deployment import DEFAULT_CONCURRENCY_LEVELS, Policy, Strategy
+from ..api.deployment_spec import DEFAULT_CONCURRENCY_LEVELS, Policy, Strategy
 from ..perf.twin import Twin
 from ..policy import profiling
 from ..policy.refine import initial_levels, refine_pool_plan

@@ -33,19 +33,18 @@ from datetime import datetime, timedelta
 
 import numpy as np
 
-from ..api.deployment import (
+from ..api.deployment_spec import (
     Autoscaling,
     ConcurrencyWeight,
     GpuPool,
     Hysteresis,
     ModelSpec,
     Policy,
-    PoolStatus,
-    ReplicaTarget,
     Serving,
     SpeculativeDeploymentSpec,
     Strategy,
 )
+from ..api.deployment_status import PoolStatus, ReplicaTarget
 from ..api.methods import CandidateMethod
 from ..api.profile import SpeculationProfile
 from ..observe.model import PoolObservation

@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 import numpy as np
 
 from .. import specdec
-from ..api.deployment import DEFAULT_CONCURRENCY_LEVELS, DEFAULT_ENGINE_IMAGE, Workload
+from ..api.deployment_spec import DEFAULT_CONCURRENCY_LEVELS, DEFAULT_ENGINE_IMAGE, Workload
 from ..api.methods import CandidateMethod, method_family
 from ..api.profile import (
     Acceptance,
