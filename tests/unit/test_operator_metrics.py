@@ -238,3 +238,42 @@ def test_metrics_endpoint_serves_the_exposition_plain_and_gzipped():
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_slo_attainment_gauges_carry_only_a_judged_window():
+    """Below MIN_REQUESTS finished requests the condition does not judge, and the gauges (which the alert reads)
+    carry no figure: a few slow requests on a quiet deployment fire nothing. From MIN_REQUESTS on they do."""
+    from datetime import UTC, datetime
+    from types import SimpleNamespace
+
+    from specpilot.api.deployment_spec import SpeculativeDeploymentSpec
+    from specpilot.api.deployment_status import ObservedLoad, PoolStatus, SloAttainment, SpeculativeDeploymentStatus
+    from specpilot.controller.reconcile import _slo_attained
+    from specpilot.policy.slo import MIN_REQUESTS
+
+    metrics = OperatorMetrics()
+    ctx = SimpleNamespace(metrics=metrics)
+    spec = SpeculativeDeploymentSpec.model_validate({
+        "model": {"id": "meta-llama/Llama-3.1-8B-Instruct"}, "gpuPools": [{"name": "h100", "nodeSelector": {"a": "b"}}],
+        "methods": [{"method": "ngram"}], "policy": {"tpotSloMs": 25}})
+
+    def attained(requests: float) -> tuple[SpeculativeDeploymentStatus, list]:
+        slo = SloAttainment(requests=requests, tpot_percent=50.0, tpot_bucket="0.01-0.025 s",
+                            both_at_least_percent=50.0, both_at_most_percent=50.0)
+        status = SpeculativeDeploymentStatus(pools=[PoolStatus(name="h100", observed=ObservedLoad(slo=slo))])
+        events: list = []
+        _slo_attained(ctx, spec, status, SpeculativeDeploymentStatus(), "llm", "chat", 1, datetime.now(UTC), events)
+        return status, events
+
+    def sample(slo: str) -> float | None:
+        return metrics.registry.get_sample_value("specpilot_slo_attainment_ratio",
+                                                 {"namespace": "llm", "deployment": "chat", "slo": slo})
+
+    status, events = attained(MIN_REQUESTS - 1)
+    assert [c.reason for c in status.conditions if c.type == "SloAttained"] == ["TooFewRequests"]
+    assert sample("both_at_most") is None and events == []
+    status, events = attained(100)
+    assert [c.reason for c in status.conditions if c.type == "SloAttained"] == ["Missed"]
+    assert sample("both_at_most") == 0.5 and [e.reason for e in events] == ["SloAttainmentLow"]
+    assert metrics.registry.get_sample_value("specpilot_slo_attainment_target_ratio",
+                                             {"namespace": "llm", "deployment": "chat"}) == 0.99

@@ -162,7 +162,9 @@ def _slo_attained(ctx: Context, spec: SpeculativeDeploymentSpec, status: Specula
     event = missed_event(was_missed, ok is False, message)
     if event is not None:
         events.append(event)
-    ctx.metrics.record_slo(namespace, name, status.slo_attainment, spec.policy.slo_attainment_percent)
+    # The gauges carry only a judged figure: a window of a few requests would fire the alert on noise.
+    judged = status.slo_attainment if ok is not None or reason == "Uncertain" else None
+    ctx.metrics.record_slo(namespace, name, judged, spec.policy.slo_attainment_percent)
 
 
 def _valid_spec(ctx: Context, raw: dict, namespace: str) -> SpeculativeDeploymentSpec:
