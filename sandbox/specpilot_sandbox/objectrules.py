@@ -61,31 +61,25 @@ def _quoted(value: str) -> str:
     return f'"{escaped}"'
 
 
-def dns1123_label(value: str, field: str) -> list[Problem]:
+def _name(value: str, field: str, max_length: int, pattern: re.Pattern, message: str) -> list[Problem]:
     out = []
-    if len(value) > DNS1123_LABEL_MAX:
-        out.append(_invalid(field, value, f"must be no more than {DNS1123_LABEL_MAX} characters"))
-    if not _LABEL.fullmatch(value):
-        out.append(_invalid(field, value, LABEL_MESSAGE))
+    if len(value) > max_length:
+        out.append(_invalid(field, value, f"must be no more than {max_length} characters"))
+    if not pattern.fullmatch(value):
+        out.append(_invalid(field, value, message))
     return out
+
+
+def dns1123_label(value: str, field: str) -> list[Problem]:
+    return _name(value, field, DNS1123_LABEL_MAX, _LABEL, LABEL_MESSAGE)
 
 
 def dns1123_subdomain(value: str, field: str) -> list[Problem]:
-    out = []
-    if len(value) > DNS1123_SUBDOMAIN_MAX:
-        out.append(_invalid(field, value, f"must be no more than {DNS1123_SUBDOMAIN_MAX} characters"))
-    if not _SUBDOMAIN.fullmatch(value):
-        out.append(_invalid(field, value, SUBDOMAIN_MESSAGE))
-    return out
+    return _name(value, field, DNS1123_SUBDOMAIN_MAX, _SUBDOMAIN, SUBDOMAIN_MESSAGE)
 
 
 def dns1035_label(value: str, field: str) -> list[Problem]:
-    out = []
-    if len(value) > DNS1123_LABEL_MAX:
-        out.append(_invalid(field, value, f"must be no more than {DNS1123_LABEL_MAX} characters"))
-    if not _DNS1035.fullmatch(value):
-        out.append(_invalid(field, value, DNS1035_MESSAGE))
-    return out
+    return _name(value, field, DNS1123_LABEL_MAX, _DNS1035, DNS1035_MESSAGE)
 
 
 def path_segment_name(value: str, field: str) -> list[Problem]:

@@ -300,16 +300,10 @@ def histogram_quantile(q: float, buckets: Buckets) -> float | None:
     """
     if not 0.0 <= q <= 1.0:
         raise ValueError(f"quantile q must be within [0, 1] (got {q})")
-    if len(buckets) < 2 or buckets[-1][0] != math.inf:
+    monotonic = _monotonic(buckets)
+    if monotonic is None:
         return None
-    # Counts from separately scraped series can be off by one scrape; Prometheus forces them monotonic too.
-    monotonic: list[tuple[float, float]] = []
-    for le, count in buckets:
-        monotonic.append((le, max(count, monotonic[-1][1]) if monotonic else count))
-    total = monotonic[-1][1]
-    if total <= 0:
-        return None
-    rank = q * total
+    rank = q * monotonic[-1][1]
     lower_bound, lower_count = 0.0, 0.0
     for le, count in monotonic[:-1]:
         if count >= rank:
@@ -318,6 +312,17 @@ def histogram_quantile(q: float, buckets: Buckets) -> float | None:
             return lower_bound + (le - lower_bound) * (rank - lower_count) / (count - lower_count)
         lower_bound, lower_count = le, count
     return lower_bound
+
+
+def _monotonic(buckets: Buckets) -> list[tuple[float, float]] | None:
+    """The buckets with counts made non-decreasing, or None without a +Inf bucket or any observation. Counts from
+    separately scraped series can be off by one scrape; Prometheus forces them monotonic too."""
+    if len(buckets) < 2 or buckets[-1][0] != math.inf:
+        return None
+    monotonic: list[tuple[float, float]] = []
+    for le, count in buckets:
+        monotonic.append((le, max(count, monotonic[-1][1]) if monotonic else count))
+    return monotonic if monotonic[-1][1] > 0 else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -337,14 +342,10 @@ class Within:
 def fraction_within(bound: float, buckets: Buckets) -> Within | None:
     """The share of observations <= `bound` from cumulative buckets; None without observations. A bound past the
     largest finite bucket counts what that bucket holds (the +Inf bucket's are never known to be within)."""
-    if len(buckets) < 2 or buckets[-1][0] != math.inf or not math.isfinite(bound) or bound < 0:
+    monotonic = _monotonic(buckets)
+    if monotonic is None or not math.isfinite(bound) or bound < 0:
         return None
-    monotonic: list[tuple[float, float]] = []
-    for le, count in buckets:
-        monotonic.append((le, max(count, monotonic[-1][1]) if monotonic else count))
     total = monotonic[-1][1]
-    if total <= 0:
-        return None
     lower_le, lower_count = 0.0, 0.0
     for le, count in monotonic[:-1]:
         if bound <= le:
