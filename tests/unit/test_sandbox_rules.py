@@ -14,16 +14,8 @@ import pytest
 from specpilot.controller.kube import resource_path
 from specpilot_sandbox import objectrules
 from specpilot_sandbox.apiserver import SandboxApiServer
+from test_sandbox_schema import NAMESPACE, api  # noqa: F401  (api is a fixture: the sandbox with the namespace)
 from tests.conftest import load_example
-
-NAMESPACE = "team"
-
-
-@pytest.fixture
-async def api():
-    async with SandboxApiServer() as server:
-        await server.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
-        yield server
 
 
 async def _send(api: SandboxApiServer, method: str, path: str, body, raw: bytes | None = None):
