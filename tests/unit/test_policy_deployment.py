@@ -13,7 +13,7 @@ from specpilot.api.deployment_status import (
     PoolStatus,
     SpeculativeDeploymentStatus,
 )
-from specpilot.policy.deployment import decision_changed, decision_summary, summarize
+from specpilot.policy.deployment import decision_changed, decision_summary, fleet_capacity, summarize
 from specpilot.policy.profiling import Rollup
 
 NOW = datetime(2026, 12, 1, tzinfo=UTC)
@@ -52,3 +52,15 @@ def test_the_deployments_cost_is_the_fleets_else_the_cheapest_pools():
     status.fleet = FleetStatus(cost_per_mtok=0.27)
     summarize(status, Rollup(5, 6, 1), generation=4)
     assert status.cost_per_mtok == 0.27 and status.phase == Phase.DEGRADED
+
+
+def test_fleet_capacity_says_when_no_placement_holds_the_slo_once():
+    status = SpeculativeDeploymentStatus()
+    assert fleet_capacity(status, was_short=False) == (None, None)  # one pool, or no placement yet
+    status.fleet = FleetStatus(slo_feasible=True, reason="fleet $0.2/Mtok")
+    assert fleet_capacity(status, was_short=True)[0][:2] == (True, "WithinCapacity")
+    status.fleet = FleetStatus(slo_feasible=False, reason="the demand exceeds what every allowed replica holds")
+    (ok, reason, message), event = fleet_capacity(status, was_short=False)
+    assert (ok, reason) == (False, "DemandBeyondCapacity") and "Raise spec.serving.maxReplicas" in message
+    assert event.reason == "FleetCapacityShort" and event.type == "Warning"
+    assert fleet_capacity(status, was_short=True)[1] is None  # announced once

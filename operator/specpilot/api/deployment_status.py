@@ -320,7 +320,8 @@ class SpeculativeDeploymentStatus(StatusModel):
     """The .metadata.generation last acted on."""
     conditions: list[Condition] = Field(default_factory=list, max_length=32)
     """Valid, Profiled, Serving, RolledOut, MetricsAvailable, MetricsTruncated, NodesAvailable, SloAttained (the
-    share of requests within the SLOs against policy.sloAttainmentPercent), RoutingReady (with
+    share of requests within the SLOs against policy.sloAttainmentPercent), FleetCapacity (two or more pools: whether
+    every allowed replica together holds the observed demand within the SLO), RoutingReady (with
     serving.routing: gateway: the HTTPRoute applied, or why not and the fix), and Reconciled (the
     last reconciliation ran to its end and its status was written; False names the cause and the fix while the
     operator retries with back-off)."""

@@ -28,7 +28,7 @@ from ..observe.model import MetricsUnavailable
 from ..perf.catalog import GpuCatalog
 from ..policy.placement import FleetMember, FleetOutcome, clear_plan, place_fleet, write_plan
 from ..policy.events import Event
-from ..policy.deployment import decision_changed, summarize
+from ..policy.deployment import decision_changed, fleet_capacity, summarize
 from ..policy.profiling import Rollup, rollup
 from ..policy.slo import deployment_attainment, missed_event, slo_condition
 from ..policy.planner import PoolInputs, PoolOutcome, PoolProfiles, plan_pool, profiled_acceptance
@@ -136,6 +136,7 @@ async def reconcile(ctx: Context, body: dict, nodes: list[dict], profiles: dict[
     _conditions(ctx, status, old, views, counted.ready, len(needed), counted.failed, metrics, namespace, name,
                 generation, now, events)
     _slo_attained(ctx, spec, status, old, namespace, name, generation, now, events)
+    _fleet_capacity(status, old, generation, now, events)
     return Result(status.dump(), events)
 
 
@@ -147,6 +148,19 @@ def _decision_changed(ctx: Context, status: SpeculativeDeploymentStatus, old: Po
         events.append(changed)
         method = pool.decision.method if pool.decision else None
         ctx.metrics.decisions.labels(namespace, name, pool.name, method or "none").inc()
+
+
+def _fleet_capacity(status: SpeculativeDeploymentStatus, old: SpeculativeDeploymentStatus, generation: int | None,
+                    now: datetime, events: list[Event]) -> None:
+    """Condition FleetCapacity and its Event (policy.deployment.fleet_capacity); dropped without a placement."""
+    was_short = any(c.type == "FleetCapacity" and c.status == "False" for c in old.conditions)
+    condition, event = fleet_capacity(status, was_short)
+    if condition is None:
+        status.conditions = [c for c in status.conditions if c.type != "FleetCapacity"]
+        return
+    status.conditions = desired.set_condition(status.conditions, "FleetCapacity", *condition, generation, now)
+    if event is not None:
+        events.append(event)
 
 
 def _slo_attained(ctx: Context, spec: SpeculativeDeploymentSpec, status: SpeculativeDeploymentStatus,

@@ -11,7 +11,7 @@ from ..api.schedule import summary as schedule_summary
 from .events import Event
 from .profiling import Rollup
 
-__all__ = ["decision_changed", "decision_summary", "decision_text", "summarize"]
+__all__ = ["decision_changed", "decision_summary", "decision_text", "fleet_capacity", "summarize"]
 
 
 def summarize(status: SpeculativeDeploymentStatus, counted: Rollup, generation: int | None) -> None:
@@ -57,3 +57,19 @@ def decision_changed(status: SpeculativeDeploymentStatus, old: PoolStatus, pool:
     entry = HistoryEntry(time=now, pool=pool.name, change=change, reason=reason)
     status.history = [*status.history, entry][-HISTORY_LIMIT:]
     return Event("Normal", "DecisionChanged", f"pool {pool.name}: {change}: {reason}")
+
+
+def fleet_capacity(status: SpeculativeDeploymentStatus, was_short: bool) -> tuple[tuple[bool, str, str] | None,
+                                                                              Event | None]:
+    """Condition FleetCapacity from the fleet's placement: whether every allowed replica together holds the
+    observed demand within the SLO (None: no placement, fewer than two pools or no demand seen), and one
+    Warning Event when it starts falling short."""
+    fleet = status.fleet
+    if fleet is None or fleet.slo_feasible is None:
+        return None, None
+    if fleet.slo_feasible:
+        return (True, "WithinCapacity", "the fleet's placement holds the observed demand within the SLO"), None
+    message = (f"{fleet.reason}. Raise spec.serving.maxReplicas or a pool's maxReplicas, add GPU nodes to the pools, "
+               f"or loosen the SLO")
+    return (False, "DemandBeyondCapacity", message), \
+        (None if was_short else Event("Warning", "FleetCapacityShort", message))
