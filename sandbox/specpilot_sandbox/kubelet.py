@@ -351,9 +351,7 @@ class Kubelet:
             return
         run.oom_killed = True
         # The whole container: the supervisor's process group and the engine's, which it starts in its own.
-        for pid in [*_descendants(engine.pid), engine.pid]:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(os.getpgid(pid), signal.SIGKILL)
+        _kill_groups([*_descendants(engine.pid), engine.pid])
         print(f"[sandbox kubelet] engine container of {name}: OOMKilled (limit {limit} bytes, the simulated "
               f"engine takes {ENGINE_MEMORY_BYTES})", file=sys.stderr, flush=True)
 
@@ -669,12 +667,31 @@ def _stop(process: subprocess.Popen | None) -> None:
             os.killpg(process.pid, signal.SIGTERM)
 
 
-def _wait(process: subprocess.Popen | None, timeout_s: float = 10) -> None:
+def _wait(process: subprocess.Popen | None, timeout_s: float = 10, term_grace_s: float = 15) -> None:
+    """Wait for `process` to exit; past `timeout_s` end it as a container runtime ends a container: SIGTERM to its
+    process group (an engine supervisor stops the engine it started), then, past `term_grace_s`, SIGKILL to every
+    process group of its tree, taken before the signal (the engine runs in a session of its own, and once its
+    parent is gone nothing finds it)."""
     if process is None:
         return
     try:
         process.wait(timeout=timeout_s)
+        return
     except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
+        pass
+    tree = _descendants(process.pid)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout=term_grace_s)
+    except subprocess.TimeoutExpired:
+        pass
+    _kill_groups([*tree, process.pid])
+    process.wait()
+
+
+def _kill_groups(pids: list[int]) -> None:
+    """SIGKILL the process group of each of `pids` that still exists."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(os.getpgid(pid), signal.SIGKILL)

@@ -60,3 +60,39 @@ def test_old_pods_that_are_not_ready_stop_at_once():
     old = [Pod("a", ready=False), Pod("a", ready=True)]
     to_start, doomed = rollout_step(2, 1, 0, old, [])
     assert doomed == [old[0]] and to_start == 1
+
+
+def test_a_container_that_does_not_stop_goes_with_every_process_it_started(tmp_path):
+    """A supervisor that ignores SIGTERM, whose engine runs in a session of its own: ending the container kills
+    the engine too (it used to outlive a bench that failed, orphaned, once its supervisor was killed alone)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    from specpilot_sandbox.kubelet import _wait
+
+    pid_file = tmp_path / "engine.pid"
+    supervisor = subprocess.Popen([sys.executable, "-c", (
+        "import signal, subprocess, sys, time\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "engine = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'], start_new_session=True)\n"
+        f"open({str(pid_file)!r}, 'w').write(str(engine.pid))\n"
+        "time.sleep(600)\n")], start_new_session=True)
+    while not pid_file.exists() or not pid_file.read_text():
+        assert supervisor.poll() is None, "the supervisor stub exited early"
+    engine_pid = int(pid_file.read_text())
+    _wait(supervisor, timeout_s=0.1, term_grace_s=0.2)
+    assert supervisor.returncode == -signal.SIGKILL
+    def gone() -> bool:  # killed: no such process, or a zombie waiting for init to reap it
+        try:
+            return Path(f"/proc/{engine_pid}/stat").read_text().split()[2] == "Z"
+        except (FileNotFoundError, ProcessLookupError):
+            return True
+
+    for _ in range(1000):  # the kernel delivers SIGKILL at once; wait up to 10 s for it to land
+        if gone():
+            break
+        time.sleep(0.01)
+    assert gone(), f"the engine {engine_pid} outlived its container"
