@@ -130,7 +130,7 @@ async def reconcile_profiles(ctx: Context, spec: SpeculativeDeploymentSpec, name
         if job is not None and _job_nonce(profile, job) is not None:
             job = await _adopted(ctx, namespace, need, profile, job, events)
         view = _view(ctx, namespace, profile, job)
-        pods_said = await _failed_pods_account(ctx, namespace, need, job, view)
+        pods_said = await _failed_pods_account(ctx, namespace, profile, job, view)
         step = profiling.follow(plan_need, view, _job_view(job, profile, pods_said), now, RESULT_GRACE_S)
         for action in step.actions:
             await _execute(ctx, namespace, need, current[need.name], job, action, events)
@@ -272,10 +272,14 @@ def _bench_account(ctx: Context, namespace: str, profile: dict) -> str:
                                             _job_tokens(ctx, namespace, profile))
 
 
-def _job_tokens(ctx: Context, namespace: str, profile: dict) -> list[str]:
-    """The result tokens of the profile's recorded Jobs: scrubbed from any pod text quoted."""
+def _job_tokens(ctx: Context, namespace: str, profile: dict, job: dict | None = None) -> list[str]:
+    """The result tokens of the profile's recorded Jobs, and of `job` (whose nonce may not be recorded yet):
+    scrubbed from any pod text quoted."""
     meta = profile.get("metadata") or {}
     nonces = ((meta.get("annotations") or {}).get(seal.NONCE_ANNOTATION) or "").split()
+    job_nonce = (((job or {}).get("metadata") or {}).get("annotations") or {}).get(seal.NONCE_ANNOTATION)
+    if job_nonce and job_nonce not in nonces:
+        nonces.append(job_nonce)
     return [seal.job_token(ctx.result_key, namespace, meta.get("name", ""), nonce) for nonce in nonces]
 
 
@@ -283,7 +287,7 @@ async def _job_pods(ctx: Context, namespace: str, job: dict) -> list[dict]:
     return await ctx.kube.list("pods", namespace, label_selector=job_failure.job_pod_selector(job))
 
 
-async def _failed_pods_account(ctx: Context, namespace: str, need: desired.NeededProfile, job: dict | None,
+async def _failed_pods_account(ctx: Context, namespace: str, profile: dict, job: dict | None,
                                view: profiling.ProfileView) -> str:
     """What the pods of a Job that failed for good say about why (`job_failure.pod_account`), read once: when
     the profile is still measuring, so its failure is about to be recorded; "" otherwise."""
@@ -292,10 +296,8 @@ async def _failed_pods_account(ctx: Context, namespace: str, need: desired.Neede
     meta = job.get("metadata") or {}
     uid = meta.get("uid") or None
     earlier = (ctx.pod_checks.get(uid) or (0.0, "", ""))[2] if uid else ""
-    nonce = (meta.get("annotations") or {}).get(seal.NONCE_ANNOTATION)
-    tokens = [seal.job_token(ctx.result_key, namespace, need.name, nonce)] if nonce else []
     return job_failure.pod_account(await _job_pods(ctx, namespace, job), job_uid=uid, bench_said=bool(view.bench_said),
-                                   known_secrets=tokens, earlier=earlier)
+                                   known_secrets=_job_tokens(ctx, namespace, profile, job), earlier=earlier)
 
 
 async def _check_pod_start(ctx: Context, namespace: str, need: desired.NeededProfile, job: dict | None,

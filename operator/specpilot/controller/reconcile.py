@@ -30,7 +30,7 @@ from ..policy.placement import FleetMember, FleetOutcome, clear_plan, place_flee
 from ..policy.events import Event
 from ..policy.deployment import decision_changed, fleet_capacity, summarize
 from ..policy.profiling import Rollup, rollup
-from ..policy.slo import deployment_attainment, missed_event, slo_condition
+from ..policy.slo import deployment_attainment, judged, missed_event, slo_condition
 from ..policy.planner import PoolInputs, PoolOutcome, PoolProfiles, plan_pool, profiled_acceptance
 from . import desired
 from .context import Context
@@ -177,8 +177,7 @@ def _slo_attained(ctx: Context, spec: SpeculativeDeploymentSpec, status: Specula
     if event is not None:
         events.append(event)
     # The gauges carry only a judged figure: a window of a few requests would fire the alert on noise.
-    judged = status.slo_attainment if ok is not None or reason == "Uncertain" else None
-    ctx.metrics.record_slo(namespace, name, judged, spec.policy.slo_attainment_percent)
+    ctx.metrics.record_slo(namespace, name, judged(status.slo_attainment), spec.policy.slo_attainment_percent)
 
 
 def _valid_spec(ctx: Context, raw: dict, namespace: str) -> SpeculativeDeploymentSpec:

@@ -20,7 +20,7 @@ from ..observe import vllm_metrics as vm
 from ..observe.model import PoolObservation
 from .events import Event
 
-__all__ = ["MIN_REQUESTS", "deployment_attainment", "missed_event", "pool_attainment", "slo_condition"]
+__all__ = ["MIN_REQUESTS", "deployment_attainment", "judged", "missed_event", "pool_attainment", "slo_condition"]
 
 MIN_REQUESTS = 20
 """Finished requests a window needs before its attainment is judged: with fewer, one slow request moves the share
@@ -79,6 +79,14 @@ def deployment_attainment(pools: Sequence[PoolStatus], policy: Policy) -> SloAtt
     # One SLO and vLLM's fixed buckets: every pool's figure rests on the same bucket.
     return _combined(requests, weighted("tpot_percent"), weighted("ttft_percent"), measured[0].tpot_bucket,
                      measured[0].ttft_bucket, target=policy.slo_attainment_percent)
+
+
+def judged(attainment: SloAttainment | None) -> SloAttainment | None:
+    """The attainment when its window is judged (a stated SLO, at least MIN_REQUESTS finished requests), else
+    None: what the gauges, and so the alert, may carry."""
+    if attainment is None or attainment.both_at_least_percent is None or (attainment.requests or 0) < MIN_REQUESTS:
+        return None
+    return attainment
 
 
 def slo_condition(attainment: SloAttainment | None, target_percent: float, window_s: float
