@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 import unicodedata
 
 from .base import cap, echo
@@ -245,22 +246,30 @@ def _code_loading_flag(name: str) -> tuple[str, bool] | None:
     return None
 
 
+def flag_items(args: list[str]) -> Iterator[tuple[int, str, str, str | None]]:
+    """(index, argument, its flag part before any `=`, its value) for each flag of vLLM arguments: the value after
+    `=`, else the next argument unless that is a flag itself (a negative number is a value). Numbers and
+    arguments with control characters are not flags."""
+    for i, arg in enumerate(args):
+        if not arg.startswith("-") or _is_number(arg) or _CONTROL.search(arg):
+            continue
+        name, value = arg.split("=", 1) if "=" in arg else (arg, None)
+        if value is None and i + 1 < len(args) and not (args[i + 1].startswith("-")
+                                                        and not _is_number(args[i + 1])):
+            value = args[i + 1]
+        yield i, arg, name, value
+
+
 def code_loading_problems(args: list[str], where: str = "extraArgs") -> list[str]:
     """Why items of `args` would make vLLM import Python code named on its command line (a plugin, middleware,
     worker or scheduler class, a connector's module path...), in every spelling `extra_args_problems` knows:
     `_` or `-`, `=value` or a separate value, dotted sub-keys, abbreviations, short aliases."""
     problems: list[str] = []
-    for i, arg in enumerate(args):
-        if not arg.startswith("-") or _is_number(arg) or _CONTROL.search(arg):
-            continue
-        name, value = arg.split("=", 1) if "=" in arg else (arg, None)
+    for i, arg, name, value in flag_items(args):
         found = _code_loading_flag(name)
         if found is None:
             continue
         flag, conditional = found
-        if value is None and i + 1 < len(args) and not (args[i + 1].startswith("-")
-                                                        and not _is_number(args[i + 1])):
-            value = args[i + 1]
         keys = [k.rstrip("+") for k in name.split(".")[1:]]
         if conditional and not _imports_code(flag, keys, value):
             continue

@@ -54,6 +54,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from ..api.args import flag_items
 from ..api.base import cap, format_validation_error
 from ..api.profile import LevelPoint, SpeculationProfile
 from .catalog import DEFAULT_CATALOG, GpuCatalog, GpuSpec, UnknownGpuError
@@ -159,16 +160,9 @@ class WeightPrecision:
 
 def _flag_values(args: list[str]) -> list[tuple[str, str | None]]:
     """(flag name in `-` spelling without dashes, or a short alias with its dash; its value or None) for each
-    flag of vLLM arguments, the value given after `=` or as the next argument."""
-    out: list[tuple[str, str | None]] = []
-    for i, arg in enumerate(args):
-        if not arg.startswith("-") or len(arg) < 2 or arg[1].isdigit() or arg[1] == ".":
-            continue
-        name, value = arg.split("=", 1) if "=" in arg else (arg, None)
-        if value is None and i + 1 < len(args) and not args[i + 1].startswith("-"):
-            value = args[i + 1]
-        out.append((name[2:].split(".", 1)[0].replace("_", "-") if name.startswith("--") else name, value))
-    return out
+    flag of vLLM arguments (api.args.flag_items: the value given after `=` or as the next argument)."""
+    return [(name[2:].split(".", 1)[0].replace("_", "-") if name.startswith("--") else name, value)
+            for _, _, name, value in flag_items(args)]
 
 
 def weight_precision(model_id: str, revision: str | None, extra_args: list[str]) -> WeightPrecision:
