@@ -23,7 +23,7 @@ from specpilot.api import SpeculativeDeploymentSpec
 from specpilot.api.profile import SpeculationProfile
 from specpilot.api.validate import validate_custom_resource
 from specpilot.config import OperatorConfig
-from specpilot.controller.desired import profile_spec
+from specpilot.policy.needs import profile_spec
 from specpilot.manifests.benchmark import BENCH_CONTAINER, ENGINE_CONTAINER, benchmark_job
 from specpilot.policy.refine import initial_levels, spent_levels
 from specpilot_bench.engine import free_port

@@ -16,7 +16,8 @@ import pytest
 from specpilot.api import seal
 from specpilot.api.deployment_spec import SpeculativeDeploymentSpec
 from specpilot.config import OperatorConfig
-from specpilot.controller import desired
+from specpilot.policy.profiling import Need
+from specpilot.policy.verdict import VERDICT_ANNOTATION, verdict_annotation
 from specpilot.controller.context import Context
 from specpilot.controller.metrics import OperatorMetrics
 from specpilot.controller.profiles import JOB_UID_ANNOTATION, reconcile_profiles
@@ -67,10 +68,10 @@ def _job(name: str, nonce: str, token: str, uid: str = "j-2") -> dict:
             "status": {"active": 1}}
 
 
-def _pending_profile(epoch: str) -> tuple[desired.NeededProfile, dict]:
+def _pending_profile(epoch: str) -> tuple[Need, dict]:
     """A profile just restarted by a reprofile: measurement `epoch`, no nonce or Job recorded."""
     _, profile = synthetic_profiles(Scenario("H100-SXM", "meta-llama/Llama-3.1-8B-Instruct", "eagle3"), noise=0.0)
-    need = desired.NeededProfile(pool="h100", sku="H100-SXM", candidate=profile.spec.method, spec=profile.spec)
+    need = Need.of(pool="h100", sku="H100-SXM", candidate=profile.spec.method, spec=profile.spec)
     body = profile.dump()
     body["metadata"] = {"name": need.name, "namespace": "team", "uid": "p-1", "resourceVersion": "9",
                         "annotations": {seal.EPOCH_ANNOTATION: epoch}}
@@ -164,10 +165,10 @@ def test_every_measurement_gets_its_own_epoch_and_nonces_carry_it():
     assert len(nonces) == 50 and all(n.startswith(epoch + ".") for n in nonces)
 
 
-def _decided_profile(reason: str, message: str) -> tuple[desired.NeededProfile, dict]:
+def _decided_profile(reason: str, message: str) -> tuple[Need, dict]:
     """A profile the operator failed (its verdict in the annotation), whose status someone then rewrote."""
     need, body = _pending_profile("e2")
-    body["metadata"]["annotations"][desired.VERDICT_ANNOTATION] = desired.verdict_annotation(
+    body["metadata"]["annotations"][VERDICT_ANNOTATION] = verdict_annotation(
         "Failed", "BackoffLimitExceeded", "the benchmark Job failed: engine exited 1")
     body["status"] = {"phase": "Failed", "reason": reason, "message": message}
     return need, body

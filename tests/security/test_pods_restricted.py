@@ -10,7 +10,7 @@ import pytest
 from specpilot.api import SpeculativeDeploymentSpec
 from specpilot.api.tenancy import TenancyPolicy
 from specpilot.config import OperatorConfig
-from specpilot.controller.desired import profile_spec
+from specpilot.policy.needs import profile_spec
 from specpilot.manifests.benchmark import benchmark_job
 from specpilot.manifests.pod import TOKEN_PATH, TOKEN_VOLUME
 from specpilot.manifests.serving import SERVING_SERVICE_ACCOUNT, serving_deployment, serving_service_account

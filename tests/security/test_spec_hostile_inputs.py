@@ -15,7 +15,7 @@ from specpilot.api.base import format_validation_error
 from specpilot.api.tenancy import TenancyPolicy, TenancyViolation, spec_problems
 from specpilot.api.validate import validate_custom_resource
 from specpilot.config import OperatorConfig
-from specpilot.controller.desired import profile_spec
+from specpilot.policy.needs import profile_spec
 from specpilot.manifests.benchmark import benchmark_job
 from specpilot.manifests.serving import serving_deployment
 from tests.conftest import load_example

@@ -11,7 +11,7 @@ import pytest
 
 from specpilot.api import SpeculativeDeploymentSpec
 from specpilot.config import OperatorConfig
-from specpilot.controller.desired import profile_spec
+from specpilot.policy.needs import profile_spec
 from specpilot.perf.plausibility import SAFETY_FACTOR, result_problems
 from specpilot.sim.synthetic import Scenario, synthetic_profiles
 from tests.conftest import load_example

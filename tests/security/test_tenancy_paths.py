@@ -244,7 +244,7 @@ def test_engine_flags_that_import_nothing_pass():
 
 def _built_pods() -> list[tuple[str, dict]]:
     from specpilot.config import OperatorConfig
-    from specpilot.controller.desired import profile_spec
+    from specpilot.policy.needs import profile_spec
     from specpilot.manifests.benchmark import benchmark_job
     from specpilot.manifests.serving import serving_deployment
     from specpilot.api import SpeculativeDeploymentSpec

@@ -11,7 +11,9 @@ import pytest
 
 from specpilot.api.deployment_spec import SpeculativeDeploymentSpec
 from specpilot.config import OperatorConfig
-from specpilot.controller import desired
+from specpilot.policy.pools import PoolView
+from specpilot.policy.profiling import Need
+from specpilot.policy.verdict import VERDICT_ANNOTATION
 from specpilot.controller.context import Context
 from specpilot.controller.metrics import OperatorMetrics
 from specpilot.controller.profiles import reconcile_profiles
@@ -35,10 +37,10 @@ class FakeKube:
         return list(self.pods)
 
 
-def _forged_view(version: str) -> tuple[desired.NeededProfile, dict]:
+def _forged_view(version: str) -> tuple[Need, dict]:
     """A Succeeded profile whose result nobody's Job sealed (a tenant patched it), as the index shows it."""
     _, profile = synthetic_profiles(Scenario("H100-SXM", "meta-llama/Llama-3.1-8B-Instruct", "eagle3"), noise=0.0)
-    need = desired.NeededProfile(pool="h100", sku="H100-SXM", candidate=profile.spec.method, spec=profile.spec)
+    need = Need.of(pool="h100", sku="H100-SXM", candidate=profile.spec.method, spec=profile.spec)
     body = profile.dump()
     body["metadata"] = {"name": need.name, "namespace": "team", "resourceVersion": version,
                         "annotations": {"specpilot.io/result-nonce": "n1"}}
@@ -67,7 +69,7 @@ def test_a_stale_view_of_a_profile_failed_here_is_not_failed_again():
     assert [e.reason for e in events] == ["ProfilingFailed"]
     # the operator's verdict (an annotation the benchmark identity cannot write), then the status mirroring it
     assert len(kube.patches) == 2 and kube.patches[1][1]["status"]["reason"] == "UnsealedResult"
-    assert '"phase": "Failed"' in kube.patches[0][1]["metadata"]["annotations"][desired.VERDICT_ANNOTATION]
+    assert '"phase": "Failed"' in kube.patches[0][1]["metadata"]["annotations"][VERDICT_ANNOTATION]
 
     for _ in range(3):  # the index has not caught up: the same version, still Succeeded
         states, events = reconcile(view)
@@ -83,13 +85,13 @@ def test_a_stale_view_of_a_profile_failed_here_is_not_failed_again():
     assert len(kube.patches) == 4
 
 
-def _failed_job_profile(ctx, sealed_by: str | None) -> tuple[desired.NeededProfile, dict, dict]:
+def _failed_job_profile(ctx, sealed_by: str | None) -> tuple[Need, dict, dict]:
     """A profile whose benchmark Job failed for good, its status carrying the bench's account of why, sealed by
     the profile's own Job's token (`sealed_by="own"`), by another token, or not at all."""
     from specpilot.api import seal
 
     _, profile = synthetic_profiles(Scenario("H100-SXM", "meta-llama/Llama-3.1-8B-Instruct", "eagle3"), noise=0.0)
-    need = desired.NeededProfile(pool="h100", sku="H100-SXM", candidate=profile.spec.method, spec=profile.spec)
+    need = Need.of(pool="h100", sku="H100-SXM", candidate=profile.spec.method, spec=profile.spec)
     body = profile.dump()
     body["metadata"] = {"name": need.name, "namespace": "team", "resourceVersion": "3",
                         "annotations": {"specpilot.io/result-nonce": "n1", "specpilot.io/job-uid": "j1"}}
@@ -137,7 +139,7 @@ def test_the_planner_reads_the_phase_the_operator_decided_not_the_stored_one():
 
     need, body = _forged_view("5")
     body["status"]["phase"] = "Running"
-    view = desired.PoolView(pool=GpuPool(name="h100", node_selector={"gpu": "h100"}), skus=["H100-SXM"])
+    view = PoolView(pool=GpuPool(name="h100", node_selector={"gpu": "h100"}), skus=["H100-SXM"])
     planned = _pool_profiles([need], view, {need.name: "Succeeded"}, {need.name: body}, {}, "uid")
     assert _ready(SpeculationProfile.model_validate(planned.bodies[need.key]))
     assert body["status"]["phase"] == "Running"  # the index's copy is left as it is

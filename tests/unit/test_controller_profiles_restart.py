@@ -12,7 +12,7 @@ from types import SimpleNamespace
 from specpilot.api.deployment_spec import SpeculativeDeploymentSpec
 from specpilot.api import seal
 from specpilot.config import OperatorConfig
-from specpilot.controller import desired
+from specpilot.policy.profiling import Need
 from specpilot.controller.context import Context
 from specpilot.controller.kube import Conflict
 from specpilot.controller.metrics import OperatorMetrics
@@ -66,10 +66,10 @@ class FakeKube:
         return created
 
 
-def _aged_view() -> tuple[desired.NeededProfile, dict]:
+def _aged_view() -> tuple[Need, dict]:
     """A Succeeded profile measured 8 days ago (past the default 168 h), as the index shows it."""
     _, profile = synthetic_profiles(Scenario("H100-SXM", "meta-llama/Llama-3.1-8B-Instruct", "eagle3"), noise=0.0)
-    need = desired.NeededProfile(pool="h100", sku="H100-SXM", candidate=profile.spec.method, spec=profile.spec)
+    need = Need.of(pool="h100", sku="H100-SXM", candidate=profile.spec.method, spec=profile.spec)
     body = profile.dump()
     body["metadata"] = {"name": need.name, "namespace": "team", "resourceVersion": "7", "uid": "p-1",
                         "annotations": {"specpilot.io/result-nonce": "n1", "specpilot.io/refine-levels": "3 6"}}

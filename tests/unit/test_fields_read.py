@@ -36,9 +36,9 @@ EXCEPTIONS: dict[str, str] = {
     "Toleration.effect": PASSED_THROUGH,
     "Toleration.toleration_seconds": PASSED_THROUGH,
     "EngineSettings.container_overrides": "part of a profile's identity: EngineSettings.identity() hashes the whole "
-                                          "object (written by controller.desired.engine_settings)",
+                                          "object (written by controller.engine_settings)",
     "SpeculationProfileSpec.gpu_product": "a record for people reading the profile (the node's gpu.product label), "
-                                          "written by controller.desired.profile_spec",
+                                          "written by controller.profile_spec",
 }
 
 

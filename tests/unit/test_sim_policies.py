@@ -193,7 +193,8 @@ async def _controller_agreement(policy: OperatorPolicy, monkeypatch) -> tuple[in
     from types import SimpleNamespace
 
     from specpilot.config import OperatorConfig
-    from specpilot.controller import desired
+    from specpilot.policy.needs import needed_profiles
+    from specpilot.policy.pools import pool_views
     from specpilot.controller import reconcile as controller
     from specpilot.controller.context import Context
     from specpilot.controller.metrics import OperatorMetrics
@@ -203,8 +204,8 @@ async def _controller_agreement(policy: OperatorPolicy, monkeypatch) -> tuple[in
     cluster = _Cluster()
     ctx = Context(kube=cluster, config=OperatorConfig(), metrics=OperatorMetrics(), connection=SimpleNamespace())
     body = {"metadata": {"namespace": "sim", "name": "llama", "uid": "u1", "generation": 1}, "spec": spec.dump()}
-    views = desired.pool_views(spec, [], ctx.catalog)
-    needed = desired.needed_profiles(spec, views, ctx.config)
+    views = pool_views(spec, [], ctx.catalog)
+    needed = needed_profiles(spec, views, ctx.config)
     # The profile objects the pool needs, by the names the controller looks for (their own metadata, and so
     # the decision's basis, as the simulator's).
     profiles = {n.name: (policy.profiles.baseline if n.candidate is None else policy.profiles.methods[n.key]).dump()

@@ -25,7 +25,7 @@ from pydantic import ValidationError
 from ..api.base import Condition
 from ..api.sanitize import bounded_status
 from ..manifests.names import LABEL_MANAGED_BY, LABEL_PROFILE, MANAGED_BY, label_value
-from . import desired
+from ..policy.conditions import set_condition
 from .kube import Refused, Unreachable, kopf_connection_info
 from .profile_index import Packed, bounded, pack
 from .reconcile import Context, reconcile
@@ -558,7 +558,7 @@ def with_condition(status: dict, type_: str, ok: bool, reason: str, message: str
         except ValidationError:
             continue  # a condition this version cannot read is dropped rather than failing the write
     now = datetime.now(tz=UTC).replace(microsecond=0)
-    conditions = desired.set_condition(conditions, type_, ok, reason, message, generation, now)
+    conditions = set_condition(conditions, type_, ok, reason, message, generation, now)
     return {**status, "conditions": [c.dump() for c in conditions]}
 
 

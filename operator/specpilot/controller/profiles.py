@@ -5,7 +5,7 @@ the only record.
 
 The operator alone decides a profile's phase. A benchmark Job writes only its sealed result; the phase, reason
 and message follow from the Job's state and the seal check as the operator observes them, and the operator's
-verdict is kept in an annotation (desired.VERDICT_ANNOTATION), which the benchmark identity cannot write. A
+verdict is kept in an annotation (VERDICT_ANNOTATION), which the benchmark identity cannot write. A
 status.phase someone else wrote (any pod with the benchmark ServiceAccount may patch profiles' status) is
 ignored, reported in an UnsealedStatusChange Warning Event and restored; every failure the operator decides
 carries a ProfilingFailed Event, and the deployment's conditions count it.
@@ -27,7 +27,16 @@ from ..manifests.serving import serving_service_account
 from ..perf.plausibility import REFINE_LEVELS_ANNOTATION, checked_result_problems, refine_levels_annotation
 from ..policy import job_failure, profiling
 from ..policy.events import Event
-from . import desired
+from ..policy.needs import max_parallel_jobs
+from ..policy.profiling import Need
+from ..policy.verdict import (
+    VERDICT_ANNOTATION,
+    job_completed_at,
+    owned_view,
+    verdict_annotation,
+    verdict_message,
+    verdict_of,
+)
 from .context import Context
 from .kube import Conflict
 
@@ -101,7 +110,7 @@ def _job_failure(job: dict) -> tuple[str, str]:
 
 
 async def reconcile_profiles(ctx: Context, spec: SpeculativeDeploymentSpec, namespace: str, sdep_name: str,
-                             needed: list[desired.NeededProfile], profiles: dict[str, dict],
+                             needed: list[Need], profiles: dict[str, dict],
                              jobs: dict[str, dict], reprofile: str | None, now: datetime,
                              events: list[Event]) -> dict[str, str]:
     """Execute the profiling planner (`policy.profiling`) one profile at a time: read the profile and its Job
@@ -116,13 +125,12 @@ async def reconcile_profiles(ctx: Context, spec: SpeculativeDeploymentSpec, name
     round_ = profiling.Round()
     by_name = {need.name: need for need in needed}
     for need in needed:
-        plan_need = _need(need)
-        if round_.done(plan_need):
+        if round_.done(need):
             continue
         stored = _as_left_here(ctx, namespace, profiles.get(need.name))
         if stored is not None:
             stored = await _owned(ctx, namespace, need, stored, events)
-        renew = profiling.renewal(plan_need, _view(ctx, namespace, stored, checked=False)
+        renew = profiling.renewal(need, _view(ctx, namespace, stored, checked=False)
                                   if stored is not None else None, reprofile, max_age, now)
         profile = await _renew(ctx, namespace, need, stored, renew, events) if renew is not None else stored
         current[need.name] = profile
@@ -131,7 +139,7 @@ async def reconcile_profiles(ctx: Context, spec: SpeculativeDeploymentSpec, name
             job = await _adopted(ctx, namespace, need, profile, job, events)
         view = _view(ctx, namespace, profile, job)
         pods_said = await _failed_pods_account(ctx, namespace, profile, job, view)
-        step = profiling.follow(plan_need, view, _job_view(job, profile, pods_said), now, RESULT_GRACE_S)
+        step = profiling.follow(need, view, _job_view(job, profile, pods_said), now, RESULT_GRACE_S)
         for action in step.actions:
             await _execute(ctx, namespace, need, current[need.name], job, action, events)
         if step.running:
@@ -141,16 +149,12 @@ async def reconcile_profiles(ctx: Context, spec: SpeculativeDeploymentSpec, name
             if uid and uid not in ctx.counted_jobs:
                 ctx.counted_jobs[uid] = True
                 ctx.metrics.profiling_jobs.labels(namespace, "succeeded").inc()
-        round_.add(plan_need, step)
+        round_.add(need, step)
     pools = {p.name: p for p in spec.gpu_pools}
-    for start in round_.starts(desired.max_parallel_jobs(spec, ctx.config)):
+    for start in round_.starts(max_parallel_jobs(spec, ctx.config)):
         need = by_name[start.name]
         await _start_job(ctx, spec, namespace, sdep_name, pools[start.pool], need, current[need.name])
     return round_.states
-
-
-def _need(need: desired.NeededProfile) -> profiling.Need:
-    return profiling.Need(need.name, need.pool, need.key, need.sku)
 
 
 def _stamp(text: str | None) -> datetime | None:
@@ -169,7 +173,7 @@ def _view(ctx: Context, namespace: str, profile: dict, job: dict | None = None,
     if job is not None and phase in profiling.MEASURING:
         profile = _with_nonce(profile, job)
     return profiling.ProfileView(
-        phase=phase, verdict=desired.verdict_of(profile) is not None, completed_at=_stamp(status.get("completedAt")),
+        phase=phase, verdict=verdict_of(profile) is not None, completed_at=_stamp(status.get("completedAt")),
         attempts=status.get("attempts", 0), reprofile_mark=annotations.get(REPROFILE_ANNOTATION),
         refusal=_result_refusal(ctx, namespace, profile) if checked and phase == "Succeeded" else None,
         bench_said=_bench_account(ctx, namespace, profile) if checked and phase in profiling.MEASURING else "")
@@ -181,23 +185,23 @@ def _job_view(job: dict | None, profile: dict, pods_said: str = "") -> profiling
     status = job.get("status") or {}
     return profiling.JobView(
         name=(job.get("metadata") or {}).get("name", ""), state=job_state(job), active=int(status.get("active") or 0),
-        failed=int(status.get("failed") or 0), completed_at=desired.job_completed_at(job), failure=_job_failure(job),
+        failed=int(status.get("failed") or 0), completed_at=job_completed_at(job), failure=_job_failure(job),
         pods_said=pods_said,
         nonce_recorded=_job_nonce(profile, job) is None,
         name_recorded=(profile.get("status") or {}).get("jobName") == (job.get("metadata") or {}).get("name"))
 
 
-async def _renew(ctx: Context, namespace: str, need: desired.NeededProfile, profile: dict | None,
+async def _renew(ctx: Context, namespace: str, need: Need, profile: dict | None,
                  action: profiling.CreateProfile | profiling.Restart, events: list[Event]) -> dict:
     """Create the profile, or measure it again; the profile as it looks right after."""
-    events.append(action.event(_need(need)))
+    events.append(action.event(need))
     if isinstance(action, profiling.CreateProfile):
         return await _create_profile(ctx, namespace, need, action.reprofile)
     epoch = await restart_profile(ctx, namespace, need.name, profile, action.reprofile)
     return _restarted(profile, epoch)
 
 
-async def _execute(ctx: Context, namespace: str, need: desired.NeededProfile, profile: dict, job: dict | None,
+async def _execute(ctx: Context, namespace: str, need: Need, profile: dict, job: dict | None,
                    action: profiling.Action, events: list[Event]) -> None:
     """One of the planner's actions on a profile (API writes, Events, counters)."""
     if isinstance(action, profiling.RecordJob):
@@ -219,14 +223,14 @@ async def _execute(ctx: Context, namespace: str, need: desired.NeededProfile, pr
     # Wait: nothing to write (the timer or the Job's next change brings the next reconciliation)
 
 
-async def _owned(ctx: Context, namespace: str, need: desired.NeededProfile, profile: dict,
+async def _owned(ctx: Context, namespace: str, need: Need, profile: dict,
                  events: list[Event]) -> dict:
-    """The profile as the operator reads it (desired.owned_view). A decision in status.phase that the operator
+    """The profile as the operator reads it (owned_view). A decision in status.phase that the operator
     did not make is reported and restored; a status behind the operator's verdict is brought up to it."""
-    view = desired.owned_view(profile)
+    view = owned_view(profile)
     if view.written is None and not view.text_forged:
         return view.profile
-    verdict = desired.verdict_of(profile)
+    verdict = verdict_of(profile)
     if view.text_forged:
         events.append(Event("Warning", "UnsealedStatusChange",
                             f"{need.name}: status.reason and status.message were rewritten by someone other than the "
@@ -248,13 +252,13 @@ async def _owned(ctx: Context, namespace: str, need: desired.NeededProfile, prof
     return view.profile
 
 
-async def _accept_result(ctx: Context, namespace: str, need: desired.NeededProfile, profile: dict,
+async def _accept_result(ctx: Context, namespace: str, need: Need, profile: dict,
                          events: list[Event]) -> None:
     """Record the operator's verdict on a complete, sealed and plausible result: Succeeded."""
     reason = "Measured"
     message = "the benchmark Job's sealed result passed the operator's checks"
     await ctx.kube.patch("speculationprofiles", namespace, need.name, {"metadata": {"annotations": {
-        desired.VERDICT_ANNOTATION: desired.verdict_annotation("Succeeded", reason, message)}}})
+        VERDICT_ANNOTATION: verdict_annotation("Succeeded", reason, message)}}})
     await ctx.kube.patch("speculationprofiles", namespace, need.name,
                          {"status": {"phase": "Succeeded", "reason": reason, "message": message}},
                          subresource="status")
@@ -300,7 +304,7 @@ async def _failed_pods_account(ctx: Context, namespace: str, profile: dict, job:
                                    known_secrets=_job_tokens(ctx, namespace, profile, job), earlier=earlier)
 
 
-async def _check_pod_start(ctx: Context, namespace: str, need: desired.NeededProfile, job: dict | None,
+async def _check_pod_start(ctx: Context, namespace: str, need: Need, job: dict | None,
                            events: list[Event]) -> None:
     """An active Job with no pod ready (Job status.ready, where the cluster reports it): read its pods, at most
     every POD_CHECK_S, and when one cannot start (`job_failure.pod_not_starting`) say why in the profile's
@@ -334,7 +338,7 @@ async def _check_pod_start(ctx: Context, namespace: str, need: desired.NeededPro
 
 
 async def _start_job(ctx: Context, spec: SpeculativeDeploymentSpec, namespace: str, sdep_name: str, pool: GpuPool,
-                     need: desired.NeededProfile, profile: dict) -> None:
+                     need: Need, profile: dict) -> None:
     """Create the profile's benchmark Job, with a fresh result nonce (api.seal), and record it."""
     created, nonce = await _create_sealed_job(ctx, spec, namespace, sdep_name, pool, need, profile)
     if created is None:
@@ -356,7 +360,7 @@ def _job_nonce(profile: dict, job: dict) -> str | None:
     return job_nonce if job_nonce and job_nonce not in recorded else None
 
 
-async def _adopted(ctx: Context, namespace: str, need: desired.NeededProfile, profile: dict, job: dict,
+async def _adopted(ctx: Context, namespace: str, need: Need, profile: dict, job: dict,
                    events: list[Event]) -> dict | None:
     """A Job of the profile's name whose nonce the profile does not record: the operator's own, created before it
     stopped (recorded next, by RecordJob), or not (api.seal.adoption_problem: a replayed nonce, a Job someone
@@ -439,21 +443,21 @@ def _as_left_here(ctx: Context, namespace: str, profile: dict | None) -> dict | 
         return profile
     if left[0] == "Failed":
         status = profile.get("status") or {}
-        annotations = {**(meta.get("annotations") or {}), desired.VERDICT_ANNOTATION: desired.verdict_annotation(
+        annotations = {**(meta.get("annotations") or {}), VERDICT_ANNOTATION: verdict_annotation(
             "Failed", status.get("reason"), status.get("message"))}
         return {**profile, "metadata": {**meta, "annotations": annotations}, "status": {**status, "phase": "Failed"}}
     return _restarted(profile)
 
 
-async def _fail_profile(ctx: Context, namespace: str, need: desired.NeededProfile, profile: dict,
+async def _fail_profile(ctx: Context, namespace: str, need: Need, profile: dict,
                         events: list[Event], status: dict, event_message: str) -> str:
     """Mark a profile Failed for good (with `status`'s reason and message): the operator's verdict first (the
     annotation), then the status that mirrors it; say so in a ProfilingFailed Warning Event and count it; returns
     the new phase. Remembers the versions it wrote over (_as_left_here)."""
     between = await ctx.kube.patch("speculationprofiles", namespace, need.name, {"metadata": {"annotations": {
-        desired.VERDICT_ANNOTATION: desired.verdict_annotation("Failed", status.get("reason"), status.get("message"))}}})
+        VERDICT_ANNOTATION: verdict_annotation("Failed", status.get("reason"), status.get("message"))}}})
     # The status carries the verdict's text exactly (the annotation bounds the message): a rewrite shows.
-    status = {**status, "message": desired.verdict_message(status.get("message"))}
+    status = {**status, "message": verdict_message(status.get("message"))}
     await ctx.kube.patch("speculationprofiles", namespace, need.name, {"status": {"phase": "Failed", **status}},
                          subresource="status")
     versions = tuple(v for v in ((profile.get("metadata") or {}).get("resourceVersion"),
@@ -465,7 +469,7 @@ async def _fail_profile(ctx: Context, namespace: str, need: desired.NeededProfil
     return "Failed"
 
 
-async def _create_profile(ctx: Context, namespace: str, need: desired.NeededProfile,
+async def _create_profile(ctx: Context, namespace: str, need: Need,
                           reprofile: str | None) -> dict:
     annotations = {seal.EPOCH_ANNOTATION: seal.new_epoch(), **({REPROFILE_ANNOTATION: reprofile} if reprofile else {})}
     obj = SpeculationProfile(metadata={
@@ -489,7 +493,7 @@ def _restarted(profile: dict, epoch: str | None = None) -> dict:
     annotations = {**(meta.get("annotations") or {}), JOB_UID_ANNOTATION: ""}
     if epoch:
         annotations[seal.EPOCH_ANNOTATION] = epoch
-    meta["annotations"] = {k: v for k, v in annotations.items() if k != desired.VERDICT_ANNOTATION}
+    meta["annotations"] = {k: v for k, v in annotations.items() if k != VERDICT_ANNOTATION}
     return {**profile, "metadata": meta, "status": {"phase": "Pending"}}
 
 
@@ -502,7 +506,7 @@ async def restart_profile(ctx: Context, namespace: str, name: str, profile: dict
     epoch = seal.new_epoch()
     annotations: dict[str, str | None] = {JOB_UID_ANNOTATION: None, seal.NONCE_ANNOTATION: None,
                                           REFINE_LEVELS_ANNOTATION: None,
-                                          desired.VERDICT_ANNOTATION: None, seal.EPOCH_ANNOTATION: epoch}
+                                          VERDICT_ANNOTATION: None, seal.EPOCH_ANNOTATION: epoch}
     if reprofile:
         annotations[REPROFILE_ANNOTATION] = reprofile
     between = await ctx.kube.patch("speculationprofiles", namespace, name, {"metadata": {"annotations": annotations}})
@@ -519,7 +523,7 @@ async def restart_profile(ctx: Context, namespace: str, name: str, profile: dict
 
 
 async def start_refinement(ctx: Context, spec: SpeculativeDeploymentSpec, namespace: str, sdep_name: str,
-                           pool: GpuPool, need: desired.NeededProfile, profile: dict, job: RefinementJob,
+                           pool: GpuPool, need: Need, profile: dict, job: RefinementJob,
                            round_index: int, jobs: dict[str, dict]) -> None:
     """Create one refinement Job (policy.planner asked for it): it appends its points to the profile. Waits
     while another Job measures the same profile (its other part in this round, or a deployment sharing it
@@ -555,7 +559,7 @@ async def _record_refine_levels(ctx: Context, namespace: str, name: str, levels:
 
 
 async def _create_sealed_job(ctx: Context, spec: SpeculativeDeploymentSpec, namespace: str, sdep_name: str,
-                             pool: GpuPool, need: desired.NeededProfile, profile: dict,
+                             pool: GpuPool, need: Need, profile: dict,
                              **refinement) -> tuple[dict | None, str]:
     """Create a benchmark Job of the profile (`refinement`: benchmark_job's refinement parameters) owned by
     it, with a fresh result nonce (api.seal) in its annotation and its token in the bench container: a token

@@ -32,7 +32,11 @@ from ..policy.deployment import decision_changed, fleet_capacity, summarize
 from ..policy.profiling import Rollup, rollup
 from ..policy.slo import deployment_attainment, judged, missed_event, slo_condition
 from ..policy.planner import PoolInputs, PoolOutcome, PoolProfiles, plan_pool, profiled_acceptance
-from . import desired
+from ..policy.conditions import set_condition, truncated_condition
+from ..policy.needs import engine_image, needed_profiles
+from ..policy.pools import PoolView, node_info, pool_views
+from ..policy.profiling import Need
+from ..policy.rollout import ROLLOUT_STALLED, rolled_out_condition, rolling_out, rollout_state
 from .context import Context
 from .kube import NotFound
 from .observation import observe_pool, prometheus_url_refusal
@@ -99,10 +103,10 @@ async def reconcile(ctx: Context, body: dict, nodes: list[dict], profiles: dict[
         return _invalid(old, exc, generation, now)
 
     status = old.model_copy(deep=True)
-    status.conditions = desired.set_condition(status.conditions, "Valid", True, "SpecValid",
+    status.conditions = set_condition(status.conditions, "Valid", True, "SpecValid",
                                               "spec passed validation", generation, now)
-    views = desired.pool_views(spec, [desired.node_info(n) for n in nodes], ctx.catalog)
-    needed = desired.needed_profiles(spec, views, ctx.config)
+    views = pool_views(spec, [node_info(n) for n in nodes], ctx.catalog)
+    needed = needed_profiles(spec, views, ctx.config)
     reprofile = (meta.get("annotations") or {}).get(REPROFILE_ANNOTATION)
     await ensure_bench_identity(ctx, namespace)
     states = await reconcile_profiles(ctx, spec, namespace, name, needed, profiles, jobs, reprofile, now, events)
@@ -158,7 +162,7 @@ def _fleet_capacity(status: SpeculativeDeploymentStatus, old: SpeculativeDeploym
     if condition is None:
         status.conditions = [c for c in status.conditions if c.type != "FleetCapacity"]
         return
-    status.conditions = desired.set_condition(status.conditions, "FleetCapacity", *condition, generation, now)
+    status.conditions = set_condition(status.conditions, "FleetCapacity", *condition, generation, now)
     if event is not None:
         events.append(event)
 
@@ -172,7 +176,7 @@ def _slo_attained(ctx: Context, spec: SpeculativeDeploymentSpec, status: Specula
     ok, reason, message = slo_condition(status.slo_attainment, spec.policy.slo_attainment_percent,
                                         spec.metrics.window_seconds)
     was_missed = any(c.type == "SloAttained" and c.status == "False" for c in old.conditions)
-    status.conditions = desired.set_condition(status.conditions, "SloAttained", ok, reason, message, generation, now)
+    status.conditions = set_condition(status.conditions, "SloAttained", ok, reason, message, generation, now)
     event = missed_event(was_missed, ok is False, message)
     if event is not None:
         events.append(event)
@@ -195,7 +199,7 @@ def _invalid(old: SpeculativeDeploymentStatus, exc: Exception, generation: int |
     status = old.model_copy()
     already = any(c.type == "Valid" and c.status == "False" and c.observed_generation == generation
                   and c.message == message for c in old.conditions)
-    status.conditions = desired.set_condition(status.conditions, "Valid", False, "InvalidSpec", message,
+    status.conditions = set_condition(status.conditions, "Valid", False, "InvalidSpec", message,
                                               generation, now)
     status.phase = Phase.FAILED
     status.observed_generation = generation
@@ -203,10 +207,10 @@ def _invalid(old: SpeculativeDeploymentStatus, exc: Exception, generation: int |
 
 
 def _conditions(ctx: Context, status: SpeculativeDeploymentStatus, old: SpeculativeDeploymentStatus,
-                views: list[desired.PoolView], ready: int, total: int, failed: int, metrics: PoolReadings,
+                views: list[PoolView], ready: int, total: int, failed: int, metrics: PoolReadings,
                 namespace: str, name: str, generation: int | None, now: datetime, events: list[Event]) -> None:
     def set_(type_: str, ok: bool, reason: str, message: str) -> None:
-        status.conditions = desired.set_condition(status.conditions, type_, ok, reason, message, generation, now)
+        status.conditions = set_condition(status.conditions, type_, ok, reason, message, generation, now)
 
     def was(type_: str, value: str, reason: str | None = None) -> bool:
         return any(c.type == type_ and c.status == value and (reason is None or c.reason == reason)
@@ -222,7 +226,7 @@ def _conditions(ctx: Context, status: SpeculativeDeploymentStatus, old: Speculat
     serving = [p.name for p in status.pools if p.decision is not None]
     set_("Serving", bool(serving), "Deployed" if serving else "Waiting",
          f"serving pools: {', '.join(serving)}" if serving else "no pool has a GPU type yet")
-    rolled_out = desired.rolled_out_condition(status.pools, name)
+    rolled_out = rolled_out_condition(status.pools, name)
     if rolled_out is not None:
         set_("RolledOut", *rolled_out)
     if metrics.problems:
@@ -234,14 +238,14 @@ def _conditions(ctx: Context, status: SpeculativeDeploymentStatus, old: Speculat
     elif metrics.fresh:
         set_("MetricsAvailable", True, "MetricsFresh", f"load observed for pool(s) {', '.join(metrics.fresh)}")
         ctx.metrics.metrics_available.labels(namespace, name).set(1)
-    truncated = desired.truncated_condition(metrics.cut, old.conditions) if metrics.cut is not None else None
+    truncated = truncated_condition(metrics.cut, old.conditions) if metrics.cut is not None else None
     if truncated is not None:
         set_("MetricsTruncated", *truncated)
         if truncated[0] and not was("MetricsTruncated", "True"):
             events.append(Event("Warning", "MetricsTruncated", truncated[2]))
 
 
-def _pool_profiles(needed: list[desired.NeededProfile], view: desired.PoolView, states: dict[str, str],
+def _pool_profiles(needed: list[Need], view: PoolView, states: dict[str, str],
                    profiles: Mapping[str, dict], users: dict[str, set[str]], uid: str) -> PoolProfiles:
     """The planner's view of the pool's profiles: the Succeeded ones on its GPU type, as stored (the planner
     validates them only when it decides from them)."""
@@ -262,8 +266,8 @@ def _pool_profiles(needed: list[desired.NeededProfile], view: desired.PoolView, 
         names=tuple(sorted({n.name for n in pool_needed})))
 
 
-async def reconcile_pool(ctx: Context, body: dict, spec: SpeculativeDeploymentSpec, view: desired.PoolView,
-                          needed: list[desired.NeededProfile], states: dict[str, str], profiles: dict[str, dict],
+async def reconcile_pool(ctx: Context, body: dict, spec: SpeculativeDeploymentSpec, view: PoolView,
+                          needed: list[Need], states: dict[str, str], profiles: dict[str, dict],
                           jobs: dict[str, dict], users: dict[str, set[str]], old: PoolStatus, now: datetime,
                           events: list[Event], observe: bool, metrics: PoolReadings) -> PoolStatus:
     """One pool: gather its inputs (its Deployment, a due observation, its validated profiles, its refinement
@@ -285,8 +289,8 @@ class PoolStep:
     profiles: PoolProfiles
 
 
-async def plan_pool_step(ctx: Context, body: dict, spec: SpeculativeDeploymentSpec, view: desired.PoolView,
-                         needed: list[desired.NeededProfile], states: dict[str, str], profiles: dict[str, dict],
+async def plan_pool_step(ctx: Context, body: dict, spec: SpeculativeDeploymentSpec, view: PoolView,
+                         needed: list[Need], states: dict[str, str], profiles: dict[str, dict],
                          jobs: dict[str, dict], users: dict[str, set[str]], old: PoolStatus, now: datetime,
                          events: list[Event], observe: bool, metrics: PoolReadings,
                          deployments: Mapping[str, dict] | None = None) -> PoolStep:
@@ -309,7 +313,7 @@ async def plan_pool_step(ctx: Context, body: dict, spec: SpeculativeDeploymentSp
         gpu_products=tuple(view.products), nodes=len(view.nodes), previous=old,
         profiles=pool_profiles, observation=observation,
         current_replicas=int(existing) if existing is not None else None,
-        rolling_out=current is not None and desired.rolling_out(current),
+        rolling_out=current is not None and rolling_out(current),
         price_per_gpu_hour=_price(ctx, spec, view), now=now,
         refine_jobs=_refine_job_states(old, namespace, jobs)))
     pool = outcome.status
@@ -343,7 +347,7 @@ async def _current_deployment(ctx: Context, deployments: Mapping[str, dict] | No
         return None
 
 
-async def apply_pool_step(ctx: Context, body: dict, spec: SpeculativeDeploymentSpec, view: desired.PoolView,
+async def apply_pool_step(ctx: Context, body: dict, spec: SpeculativeDeploymentSpec, view: PoolView,
                           old: PoolStatus, step: PoolStep, events: list[Event]) -> PoolStatus:
     """The second half of `reconcile_pool`: apply the pool's Deployment as planned, record its rollout, count."""
     meta = body["metadata"]
@@ -355,10 +359,10 @@ async def apply_pool_step(ctx: Context, body: dict, spec: SpeculativeDeploymentS
     applied = await ctx.kube.apply(serving_deployment(
         sdep_name=name, namespace=namespace, uid=uid, spec=spec, pool=view.pool, method=serve.method,
         num_speculative_tokens=serve.num_speculative_tokens, schedule=serve.schedule, replicas=serve.replicas,
-        tenancy=ctx.config.tenancy, engine_image=desired.engine_image(spec, ctx.config)), current=current)
+        tenancy=ctx.config.tenancy, engine_image=engine_image(spec, ctx.config)), current=current)
     # The rollout as of this apply: a template just changed is RollingOut now, not RolledOut as it was.
-    pool.rollout, rollout_message = desired.rollout_state(applied or current)
-    if pool.rollout == desired.ROLLOUT_STALLED and old.rollout != desired.ROLLOUT_STALLED:
+    pool.rollout, rollout_message = rollout_state(applied or current)
+    if pool.rollout == ROLLOUT_STALLED and old.rollout != ROLLOUT_STALLED:
         events.append(Event("Warning", "RolloutStalled", f"pool {view.pool.name}: {rollout_message}"))
     profiled = profiled_acceptance(pool_profiles.unvalidated()[1].get(pool.decision.method)) \
         if pool.decision and pool.decision.method else None
@@ -368,7 +372,7 @@ async def apply_pool_step(ctx: Context, body: dict, spec: SpeculativeDeploymentS
 
 
 def _place_fleet(ctx: Context, spec: SpeculativeDeploymentSpec,
-                 steps: list[tuple[desired.PoolView, PoolStatus, PoolStep]], nodes: list[dict],
+                 steps: list[tuple[PoolView, PoolStatus, PoolStep]], nodes: list[dict],
                  old: SpeculativeDeploymentStatus, now: datetime, events: list[Event],
                  routing: Routing = Routing.SERVICE) -> FleetOutcome | None:
     """Fleet placement across the pools (`policy.placement`): the plan's replicas replace each placed pool's own
@@ -401,7 +405,7 @@ def _place_fleet(ctx: Context, spec: SpeculativeDeploymentSpec,
     return outcome
 
 
-def _allocatable_gpus(view: desired.PoolView, nodes: dict[str, dict]) -> int | None:
+def _allocatable_gpus(view: PoolView, nodes: dict[str, dict]) -> int | None:
     """GPUs the pool's ready nodes can allocate (status.allocatable[gpuResourceName]); None when no node says."""
     total, known = 0, False
     for info in view.nodes:
@@ -438,7 +442,7 @@ def _count_observation(ctx: Context, uid: str, pool: str, observation, problem: 
         metrics.cut = (metrics.cut or []) + [f"pool {pool}: {what}" for what in cut]
 
 
-def _price(ctx: Context, spec: SpeculativeDeploymentSpec, view: desired.PoolView) -> float:
+def _price(ctx: Context, spec: SpeculativeDeploymentSpec, view: PoolView) -> float:
     """Price of one GPU of the pool per hour: the pool's own, the operator's table, the catalog's, or 0."""
     if view.primary_sku is None:
         return 0.0

@@ -14,7 +14,7 @@ from ..manifests import names
 from ..manifests.serving import http_route, pod_monitor, pool_service, service
 from ..policy.events import Event
 from ..policy.routing import route_backends
-from . import desired
+from ..policy.conditions import set_condition
 from .context import Context
 from .kube import NotFound, Refused
 
@@ -122,14 +122,14 @@ async def reconcile_routing(ctx: Context, body: dict, spec: SpeculativeDeploymen
             status.fleet.http_route = None
         already = any(c.type == "RoutingReady" and c.status == "False" and c.reason == route.reason
                       for c in old.conditions)
-        status.conditions = desired.set_condition(status.conditions, "RoutingReady", False, route.reason,
+        status.conditions = set_condition(status.conditions, "RoutingReady", False, route.reason,
                                                   route.problem, generation, now)
         if not already:
             events.append(Event("Warning", route.reason, route.problem))
         return
     if not weights:
         status.routing = RoutingStatus(mode=Routing.SERVICE.value)
-        status.conditions = desired.set_condition(
+        status.conditions = set_condition(
             status.conditions, "RoutingReady", False, "NoPoolServing",
             "no pool serves yet: the HTTPRoute is created once a pool has a decision", generation, now)
         return
@@ -138,7 +138,7 @@ async def reconcile_routing(ctx: Context, body: dict, spec: SpeculativeDeploymen
     if status.fleet is not None:
         status.fleet.http_route = route_name
     split = ", ".join(f"{pool} {weight / 10:g}%" for pool, weight in weights.items())
-    status.conditions = desired.set_condition(
+    status.conditions = set_condition(
         status.conditions, "RoutingReady", True, "HttpRouteApplied",
         f"HTTPRoute {route_name} sends {split} of the requests to the pools' Services"
         + ("" if weighted else " (an even split per replica: no fleet placement yet)"), generation, now)

@@ -70,7 +70,7 @@ def serving_deployment(*, sdep_name: str, namespace: str, uid: str, spec: Specul
     (no speculation when method is None or K is 0). `replicas=None` leaves spec.replicas out, for an
     external autoscaler (HPA, KEDA) that owns it. The pods run as `tenancy` (the operator config's policy;
     its defaults when None) allows: a spec it refuses raises TenancyViolation. `engine_image` is the vLLM image
-    the profiles measured (controller.desired.engine_image: model.image when the deployment sets it, else the
+    the profiles measured (policy.needs.engine_image: model.image when the deployment sets it, else the
     operator config's defaultEngineImage); None: spec.model.image."""
     policy = tenancy or TenancyPolicy()
     refuse(serving_problems(spec, policy))

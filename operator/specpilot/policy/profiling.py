@@ -31,6 +31,8 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 
 from ..api.deployment_status import Phase
+from ..api.methods import CandidateMethod
+from ..api.profile import SpeculationProfileSpec
 from .events import Event
 
 __all__ = [
@@ -79,12 +81,20 @@ MEASURING = (PENDING, RUNNING)
 @dataclasses.dataclass(frozen=True)
 class Need:
     """A profile the deployment needs: its name (the measurement's identity), the pool asking for it, what it
-    measures ("baseline" or the candidate's key) and on which GPU type."""
+    measures ("baseline" or the candidate's key) and on which GPU type; with the candidate and the profile's spec
+    when the deployment's spec made it (`policy.needs.needed_profiles`)."""
 
     name: str
     pool: str
     key: str
     sku: str
+    candidate: CandidateMethod | None = dataclasses.field(default=None, compare=False)
+    spec: SpeculationProfileSpec | None = dataclasses.field(default=None, compare=False, repr=False)
+
+    @classmethod
+    def of(cls, pool: str, sku: str, candidate: CandidateMethod | None, spec: SpeculationProfileSpec) -> Need:
+        """The need for the measurement `spec` (named by its identity) of `candidate` (None: the baseline)."""
+        return cls(spec.object_name(), pool, candidate.key if candidate else "baseline", sku, candidate, spec)
 
 
 @dataclasses.dataclass(frozen=True)

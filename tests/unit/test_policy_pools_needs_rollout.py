@@ -1,11 +1,20 @@
-"""The controller's pure bookkeeping: Job completion and overdue results, profile freshness, the Job queue,
-conditions and the overall phase."""
+"""Pure pieces of reconciliation (policy.pools, needs, verdict, rollout, conditions): Job completion and overdue
+results, profile freshness, the Job queue, conditions and the overall phase."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from specpilot.controller import desired
+from specpilot.policy.conditions import set_condition
+from specpilot.policy.needs import engine_image, max_parallel_jobs
+from specpilot.policy.rollout import (
+    ROLLOUT_DONE,
+    ROLLOUT_IN_PROGRESS,
+    ROLLOUT_STALLED,
+    rolled_out_condition,
+    rollout_state,
+)
+from specpilot.policy.verdict import job_completed_at
 from specpilot.policy import profiling
 
 NOW = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
@@ -25,20 +34,20 @@ def complete_job(completed: datetime | None = None, condition_at: datetime | Non
 
 
 def test_job_completion_time_comes_from_the_status_or_the_complete_condition():
-    assert desired.job_completed_at(complete_job(completed=NOW)) == NOW
-    assert desired.job_completed_at(complete_job(condition_at=NOW - timedelta(seconds=5))) == NOW - timedelta(seconds=5)
-    assert desired.job_completed_at({"status": {"active": 1}}) is None
-    assert desired.job_completed_at({}) is None
+    assert job_completed_at(complete_job(completed=NOW)) == NOW
+    assert job_completed_at(complete_job(condition_at=NOW - timedelta(seconds=5))) == NOW - timedelta(seconds=5)
+    assert job_completed_at({"status": {"active": 1}}) is None
+    assert job_completed_at({}) is None
     # A condition that is not (yet) true says nothing about completion.
     job = {"status": {"conditions": [{"type": "Complete", "status": "False", "lastTransitionTime": stamp(NOW)}]}}
-    assert desired.job_completed_at(job) is None
+    assert job_completed_at(job) is None
 
 
 def test_a_result_is_overdue_only_past_the_grace_after_completion():
-    """The Job's completion as the controller reads it (desired.job_completed_at), judged by the profiling
+    """The Job's completion as the controller reads it (job_completed_at), judged by the profiling
     planner (policy.profiling.result_overdue)."""
     def overdue(job: dict, grace_s: float) -> bool:
-        return profiling.result_overdue(desired.job_completed_at(job), NOW, grace_s)
+        return profiling.result_overdue(job_completed_at(job), NOW, grace_s)
 
     assert not overdue(complete_job(completed=NOW - timedelta(seconds=30)), 60)
     assert not overdue(complete_job(completed=NOW - timedelta(seconds=60)), 60)
@@ -49,13 +58,13 @@ def test_a_result_is_overdue_only_past_the_grace_after_completion():
 
 
 def test_a_condition_moves_its_transition_time_only_when_its_status_changes():
-    first = desired.set_condition([], "Profiled", False, "Profiling", "profiles 0/2", 1, NOW)
+    first = set_condition([], "Profiled", False, "Profiling", "profiles 0/2", 1, NOW)
     later = NOW + timedelta(minutes=5)
-    same = desired.set_condition(first, "Profiled", False, "Profiling", "profiles 1/2", 1, later)
+    same = set_condition(first, "Profiled", False, "Profiling", "profiles 1/2", 1, later)
     assert same[0].last_transition_time == NOW and same[0].message == "profiles 1/2"
-    flipped = desired.set_condition(same, "Profiled", True, "Profiled", "profiles 2/2", 1, later)
+    flipped = set_condition(same, "Profiled", True, "Profiled", "profiles 2/2", 1, later)
     assert flipped[0].status == "True" and flipped[0].last_transition_time == later
-    other = desired.set_condition(flipped, "Valid", None, "Checking", "", 1, later)
+    other = set_condition(flipped, "Valid", None, "Checking", "", 1, later)
     assert [c.type for c in other] == ["Profiled", "Valid"] and other[1].status == "Unknown"
 
 
@@ -65,28 +74,28 @@ def deployment(replicas: int = 2, generation: int = 3, status: dict | None = Non
 
 
 def test_rollout_state_follows_the_deployment_controller():
-    assert desired.rollout_state(None) == (None, "")
+    assert rollout_state(None) == (None, "")
     # Not yet looked at by a Deployment controller.
-    assert desired.rollout_state(deployment())[0] == desired.ROLLOUT_IN_PROGRESS
+    assert rollout_state(deployment())[0] == ROLLOUT_IN_PROGRESS
     done = {"observedGeneration": 3, "replicas": 2, "updatedReplicas": 2, "availableReplicas": 2}
-    assert desired.rollout_state(deployment(status=done))[0] == desired.ROLLOUT_DONE
+    assert rollout_state(deployment(status=done))[0] == ROLLOUT_DONE
     moving = {**done, "updatedReplicas": 1, "availableReplicas": 2}
-    state, message = desired.rollout_state(deployment(status=moving))
-    assert state == desired.ROLLOUT_IN_PROGRESS and "1/2 pods updated" in message
-    assert desired.rollout_state(deployment(status={**done, "observedGeneration": 2}))[0] == desired.ROLLOUT_IN_PROGRESS
+    state, message = rollout_state(deployment(status=moving))
+    assert state == ROLLOUT_IN_PROGRESS and "1/2 pods updated" in message
+    assert rollout_state(deployment(status={**done, "observedGeneration": 2}))[0] == ROLLOUT_IN_PROGRESS
 
 
 def test_a_stalled_rollout_names_the_likely_cause_and_the_fix():
     stalled = {"observedGeneration": 3, "replicas": 3, "updatedReplicas": 1, "availableReplicas": 2,
                "unavailableReplicas": 1,
                "conditions": [{"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded"}]}
-    state, message = desired.rollout_state(deployment(status=stalled))
-    assert state == desired.ROLLOUT_STALLED
+    state, message = rollout_state(deployment(status=stalled))
+    assert state == ROLLOUT_STALLED
     assert "within 5400 s (progressDeadlineSeconds)" in message and "spec.gpuPools[].rollout" in message
     assert "maxSurge: 0 and maxUnavailable: 1" in message and "kubectl describe deployment/llama-h100" in message
     # Progressing=False for another reason is not a stall of the rollout.
     other = {**stalled, "conditions": [{"type": "Progressing", "status": "False", "reason": "Other"}]}
-    assert desired.rollout_state(deployment(status=other))[0] == desired.ROLLOUT_IN_PROGRESS
+    assert rollout_state(deployment(status=other))[0] == ROLLOUT_IN_PROGRESS
 
 
 def test_the_rolled_out_condition_puts_a_stall_first():
@@ -95,11 +104,11 @@ def test_the_rolled_out_condition_puts_a_stall_first():
     def pools(*states):
         return [PoolStatus(name=f"p{i}", rollout=s) for i, s in enumerate(states)]
 
-    assert desired.rolled_out_condition(pools(None), "llama") is None
-    assert desired.rolled_out_condition(pools("RolledOut", "RolledOut"), "llama")[:2] == (True, "RolledOut")
-    status, reason, message = desired.rolled_out_condition(pools("RolledOut", "RollingOut"), "llama")
+    assert rolled_out_condition(pools(None), "llama") is None
+    assert rolled_out_condition(pools("RolledOut", "RolledOut"), "llama")[:2] == (True, "RolledOut")
+    status, reason, message = rolled_out_condition(pools("RolledOut", "RollingOut"), "llama")
     assert (status, reason) == (False, "RollingOut") and "p1" in message
-    status, reason, message = desired.rolled_out_condition(pools("Stalled", "RollingOut"), "llama")
+    status, reason, message = rolled_out_condition(pools("Stalled", "RollingOut"), "llama")
     assert (status, reason) == (False, "ProgressDeadlineExceeded")
     assert "pool(s) p0" in message and "kubectl describe deployment/llama-p0" in message
 
@@ -107,7 +116,7 @@ def test_the_rolled_out_condition_puts_a_stall_first():
 def test_the_operator_configs_job_limit_applies_when_the_deployment_sets_none():
     from specpilot.api import SpeculativeDeploymentSpec
     from specpilot.config import OperatorConfig
-    from specpilot.controller.desired import max_parallel_jobs
+    from specpilot.policy.needs import max_parallel_jobs
 
     body = {"model": {"id": "meta-llama/Llama-3.1-8B-Instruct"}, "methods": [{"method": "ngram"}],
             "gpuPools": [{"name": "h100", "nodeSelector": {"pool": "h100"}}]}
@@ -121,7 +130,7 @@ def test_the_operator_configs_job_limit_applies_when_the_deployment_sets_none():
 def test_serving_runs_the_image_the_profiles_measured():
     from specpilot.api import SpeculativeDeploymentSpec
     from specpilot.config import OperatorConfig
-    from specpilot.controller.desired import engine_image
+    from specpilot.policy.needs import engine_image
     from specpilot.manifests.serving import serving_deployment
 
     body = {"model": {"id": "meta-llama/Llama-3.1-8B-Instruct"}, "methods": [{"method": "ngram"}],
