@@ -72,6 +72,7 @@ __all__ = [
     "MAX_REPEAT",
     "MAX_REPEAT_CEILING",
     "MIN_THRESHOLD_PERCENT",
+    "UNPROFILED_SOURCES",
     "Boundary",
     "RefineJob",
     "RefinePlan",
@@ -79,8 +80,10 @@ __all__ = [
     "allocate",
     "boundaries",
     "initial_levels",
+    "level_budget",
     "max_repeat",
     "plan_refinement",
+    "pool_refinement",
     "refinement_done",
     "spent_levels",
 ]
@@ -89,6 +92,8 @@ DEFAULT_BUDGET_SHARE = Profiling.model_fields["refine_budget_percent"].default /
 """Refinement budget, in measured levels, as a share of the levels the group's first sweep measured: the API's
 default (spec.profiling.refineBudgetPercent), its one home. What one round costs in profiling time at each
 budget, and what it settles, is measured on the twin by benchmarks/decision_quality.py (docs/decisions.md)."""
+UNPROFILED_SOURCES = ("none", "prior")
+"""Decision sources that rest on no profile (api Decision.source): nothing to refine."""
 MAX_REPEAT = 8
 """Most measurements asked of one level of one run in one round at the default budget (`max_repeat`)."""
 MAX_REPEAT_CEILING = 12
@@ -511,6 +516,12 @@ def spent_levels(profiles: Iterable[SpeculationProfile | None]) -> int:
                for run in profile.status.runs)
 
 
+def level_budget(profiles: Iterable[SpeculationProfile | None], share: float = DEFAULT_BUDGET_SHARE) -> int:
+    """The round's budget in measured levels: `share` (spec.profiling.refineBudgetPercent / 100) of the levels
+    the group's first sweep measured, rounded up."""
+    return math.ceil(share * initial_levels(profiles))
+
+
 def _name(profile: SpeculationProfile | None) -> str | None:
     return (profile.metadata or {}).get("name") if profile is not None else None
 
@@ -520,8 +531,7 @@ def refine_pool_plan(pool_plan: PoolPlan, policy: Policy, baseline: SpeculationP
     """The refinement for a pool's decision already made (`decide_pool`'s PoolPlan); see plan_refinement."""
     group = [baseline, *profiles.values()]
     spent = spent_levels(group)
-    budget = (math.ceil(DEFAULT_BUDGET_SHARE * initial_levels(group)) if budget_levels is None
-              else max(0, int(budget_levels)))
+    budget = level_budget(group) if budget_levels is None else max(0, int(budget_levels))
     rows = [r for r in pool_plan.candidates[1:] if r.ready and r.schedule is not None and r.schedule.ok]
     if not rows:
         return RefinePlan((), (), budget, spent, True, "nothing to refine: no candidate has a schedule")
@@ -540,6 +550,19 @@ def refine_pool_plan(pool_plan: PoolPlan, policy: Policy, baseline: SpeculationP
     found = boundaries(chosen.schedule, policy.min_gain_percent, chosen.key, _name(profile), base_key, base_name,
                        ks=ks, profiles={chosen.key: profile, BASELINE_KEY: baseline})
     return _plan(found, budget, spent, max_repeat(budget, initial_levels(group)))
+
+
+def pool_refinement(pool_plan: PoolPlan, policy: Policy, baseline: SpeculationProfile | None,
+                    profiles: dict[str, SpeculationProfile],
+                    budget_percent: float = DEFAULT_BUDGET_SHARE * 100) -> RefinePlan | None:
+    """The refinement the operator asks of a pool's decision: None where it asks none, with refinement off
+    (`budget_percent`, spec.profiling.refineBudgetPercent, 0) or a decision that rests on no profile (source
+    none or prior); else `refine_pool_plan` within `budget_percent` of the group's first sweep."""
+    decision = pool_plan.decision
+    if budget_percent == 0 or decision is None or decision.source in UNPROFILED_SOURCES:
+        return None
+    budget = level_budget([baseline, *profiles.values()], budget_percent / 100)
+    return refine_pool_plan(pool_plan, policy, baseline, profiles, budget_levels=budget)
 
 
 def _plan(found: Sequence[Boundary], budget: int, spent: int, cap: int) -> RefinePlan:
