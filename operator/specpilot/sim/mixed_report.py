@@ -13,6 +13,7 @@ import math
 from pathlib import Path
 
 from .mixed import ATTAINMENT_TOLERANCE_POINTS, PLACEMENT_WORDS, MixedComparison
+from .report import jsonable as _jsonable
 
 __all__ = ["ATTAINMENT_TOLERANCE_POINTS", "FleetVerdict", "fleet_verdict", "slo_words", "table_rows",
            "write_fleet_reports"]
@@ -135,16 +136,6 @@ def plot_fleet(comparison: MixedComparison, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
-
-
-def _jsonable(value):
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    return value
 
 
 def write_fleet_reports(comparisons: list[MixedComparison], out_dir: Path) -> list[Path]:

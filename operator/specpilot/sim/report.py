@@ -20,7 +20,7 @@ from .fleet import SimResult
 from .policies import PlanningInputs, PoolPlanning
 from .traces import LoadTrace
 
-__all__ = ["Comparison", "Verdict", "verdict", "write_reports"]
+__all__ = ["Comparison", "Verdict", "jsonable", "verdict", "write_reports"]
 
 AUTOSCALE_POLICY = "specpilot+autoscale"
 BASELINE_POLICIES = ("no-sd", "always-on", "static<32", "restart-toggle")
@@ -240,9 +240,14 @@ def markdown(comparisons: list[Comparison], files: dict[str, list[str]]) -> str:
     return "\n".join(parts)
 
 
-def _jsonable(value):
+def jsonable(value):
+    """`value` with every non-finite float, in dicts, lists and tuples too, made None (JSON has no inf or NaN)."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
+    if isinstance(value, dict):
+        return {k: jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
     return value
 
 
@@ -262,10 +267,10 @@ def report_json(comparisons: list[Comparison]) -> dict:
             "decision": {"method": decision.method, "schedule": decision.schedule_summary,
                          "crossover_concurrency": decision.crossover_concurrency, "reason": decision.reason,
                          "capacity_concurrency_per_replica": comp.planning.dynamic.capacity_concurrency_per_replica},
-            "policies": [{**{k: _jsonable(v_) for k, v_ in r.summary().items()},
+            "policies": [{**jsonable(r.summary()),
                           "description": comp.descriptions.get(r.policy, ""),
                           "events": [[t, what] for t, what in r.events],
-                          "timeseries": {k: [_jsonable(float(x)) for x in a] for k, a in r.timeseries.items()}}
+                          "timeseries": {k: jsonable([float(x) for x in a]) for k, a in r.timeseries.items()}}
                          for r in comp.results],
             "verdict": {"beats_all_fixed": v.beats_all, "words": v.words(),
                         "against": [{"policy": p, "cost_per_mtok_change_percent": c, "slo_attainment_change_points": a,
