@@ -61,8 +61,9 @@ the loop). The issue's restated targets are reported without and with refinement
 - at the noise (5%) and draws (12): mean >= 0.995 (the mean of the scenario-draws' means), and per-draw
   worst >= 0.97 in at least 97% of scenario-draws, spending at most 50% more profiling time than the first
   sweep. Profiling time = engine starts x ENGINE_START_S + each measured level's duration (its requests,
-  max(64, 2c) as the benchmark Job sends them, over the level's request throughput); a refinement Job
-  starts one engine per k it measures.
+  max(64, 2c) as the benchmark Job sends them, over the level's request throughput; both from
+  specpilot.perf.bench_model, the bench's numbers the simulator's Jobs take too); a refinement Job starts one
+  engine per k it measures.
 
 They are read at minGain 0 (--restated-min-gain; the issue measures against no speculation at minGain 0):
 a minimum gain of g% forgoes up to g% by design (plus the 0.5% smoothing tolerance), so at the policy
@@ -100,8 +101,9 @@ import yaml
 from specpilot.api.deployment_spec import DEFAULT_CONCURRENCY_LEVELS
 from specpilot.api.deployment_spec import Policy
 from specpilot.api.profile import Run
+from specpilot.perf.bench_model import ENGINE_START_S, level_duration_s
 from specpilot.policy.choose import decide_pool
-from specpilot.policy.refine import DEFAULT_BUDGET_SHARE, initial_levels, refine_schedule, spent_levels
+from specpilot.policy.refine import DEFAULT_BUDGET_SHARE, level_budget, refine_schedule, spent_levels
 from specpilot.policy.schedule import SMOOTHING_TOLERANCE, SchedulePlan, plan_schedule
 from specpilot.policy.surface import MethodSurface, pool_surfaces
 from specpilot.sim import synthetic
@@ -117,15 +119,10 @@ LEVELS_TO_128 = (1, 2, 4, 8, 16, 32, 64, 128)
 LEVELS_DENSE = (1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256)
 """19 levels, denser where the crossovers lie (32..256): what measuring more levels buys."""
 TARGETS = {"worst": 0.97, "mean": 0.99, "vs_sd_off": 0.99}
+"""worst and mean: ratios to the per-concurrency oracle; vs_sd_off: to speculation off (k=0) on the same engine."""
 RESTATED = {"noise_free_worst": 0.98, "noise_free_mean": 0.995, "mean": 0.995, "draw_worst": 0.97,
             "draws_meeting": 0.97, "extra_time": 0.50}
 """Issue 14's restated targets (see the module)."""
-ENGINE_START_S = 90.0
-"""Seconds one engine start costs in the profiling time (an 8B model with its drafter on one GPU, CUDA graphs
-captured: about 1-2 min; a refinement round pays one per k it measures)."""
-MIN_WAVES = 2
-"""The benchmark Job sends max(requests per level, MIN_WAVES * c) requests at level c."""
-"""worst and mean: ratios to the per-concurrency oracle; vs_sd_off: to speculation off (k=0) on the same engine."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -279,9 +276,9 @@ class Cost:
                     self.seconds + other.seconds)
 
 
-def level_seconds(point, requests_per_level: int = 64) -> float:
+def level_seconds(point) -> float:
     """How long the benchmark Job measures a level: its requests over the level's request throughput."""
-    return max(requests_per_level, MIN_WAVES * point.concurrency) / point.request_throughput
+    return level_duration_s(point.concurrency, point.request_throughput)
 
 
 def profiling_cost(profiles) -> Cost:
@@ -345,7 +342,7 @@ def _member(scenario: Scenario, noise: float, seed: int, levels: tuple[int, ...]
             for point in run.points:
                 point.duration_s = level_seconds(point)
     return _Member(scenario, baseline, method, profiling_cost([baseline, method]),
-                   math.ceil(budget_share * initial_levels([baseline, method])),
+                   level_budget([baseline, method], budget_share),
                    {"baseline": scenario.twin(speculative=False), scenario.method: scenario.twin()},
                    np.random.default_rng([draw_seed(scenario, seed), 7919]))
 

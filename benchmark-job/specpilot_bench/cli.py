@@ -45,6 +45,7 @@ from specpilot.api.profile import (
     SpeculationProfileStatus,
 )
 from specpilot.api.schedule import ScheduleRange
+from specpilot.perf.bench_model import MIN_WAVES, level_requests
 
 from .engine import (
     VLLM_SERVER_MODULE,
@@ -77,8 +78,6 @@ from .workloads import WORKLOADS, load_prompts
 
 DEFAULT_LEVELS = [1, 2, 4, 8]
 """Standalone concurrency levels when --levels is not given."""
-MIN_WAVES = 2
-"""Requests per level are at least this many times the level's concurrency (see _requests_by_level)."""
 
 ENGINE_MODULE_ENV = "SPECPILOT_BENCH_ENGINE_MODULE"
 """Environment default of --engine-module, so a caller (the demo) can swap the engine without new flags."""
@@ -384,7 +383,7 @@ def measuring_order(spec: SpeculationProfileSpec, repeat: int = 1, round_index: 
     if repeat <= 1 and round_index == 0:
         return list(level_prompts(spec, workload_file).items())
     w = spec.workload
-    counts = {c: max(spec.requests_per_level, MIN_WAVES * c) for c in spec.concurrency_levels}
+    counts = {c: level_requests(c, spec.requests_per_level) for c in spec.concurrency_levels}
     per_pass = sum(counts.values())
     order: list[tuple[int, list]] = []
     for r in range(max(1, repeat)):
@@ -412,7 +411,7 @@ def level_prompts(spec: SpeculationProfileSpec, workload_file: Path | None = Non
     its simulated GPUs measured.
     """
     w = spec.workload
-    counts = {c: max(spec.requests_per_level, MIN_WAVES * c) for c in spec.concurrency_levels}
+    counts = {c: level_requests(c, spec.requests_per_level) for c in spec.concurrency_levels}
     prompts = load_prompts(w.name, sum(counts.values()), output_len=w.output_len, seed=w.seed,
                            input_len=w.input_len, file=workload_file)
     out, start = {}, 0

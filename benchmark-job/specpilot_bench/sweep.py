@@ -31,6 +31,7 @@ import aiohttp
 import numpy as np
 from specpilot.api.profile import Acceptance, LatencyStats, LevelPoint, Run
 from specpilot import specdec
+from specpilot.perf.bench_model import DEFAULT_WARMUP_REQUESTS, SATURATION_GAIN, default_warmup, saturated
 from specpilot.vllm_page import SPEC_DECODE_ACCEPTED_TOKENS_TOTAL
 
 from . import loadgen
@@ -38,8 +39,6 @@ from .loadgen import CompletionRequest
 from .metrics import LoadSamples, ServerDeltas, sampling_load, scrape, server_deltas
 from .workloads import Prompt
 
-SATURATION_GAIN = 0.05
-"""A level that raises output throughput by less than this (relative) counts as saturated."""
 SLO_TPOT_PERCENTILE = 90
 """A level breaks the TPOT SLO when this percentile of its requests' TPOT is above it."""
 DISABLE_VLLM_ENV = "SPECPILOT_BENCH_DISABLE_VLLM"
@@ -49,10 +48,6 @@ TOKENS_PER_WORD = 1.3
 """Prompt tokens per whitespace-separated word, for an engine without /tokenize (English text, BPE tokenizers)."""
 RETOKENIZE_MARGIN_TOKENS = 8
 """A truncated prompt keeps this many tokens fewer than the room: re-tokenizing decoded text can merge differently."""
-DEFAULT_WARMUP_REQUESTS = 4
-"""Warm-up requests per level unless --warmup-requests says otherwise (at most the level's concurrency): enough
-to run the level's code paths once. A full wave would not reach steady state either (the warm-up is awaited
-before the measured requests start, which then arrive together); MIN_WAVES of measured requests see to that."""
 ACCEPTANCE_CROSSCHECK_TOLERANCE = 0.10
 """How far (relative) the engine's accepted-token counter may exceed what its streams showed before the level is
 refused (see `counters_problem`)."""
@@ -106,10 +101,6 @@ def output_problem(concurrency: int, result: dict[str, Any], requests: Sequence[
             return (f"at concurrency {concurrency} the engine reported {n} output tokens for request {i}, which asked "
                     f"for at most {request.expected_output_len} (max_tokens): its usage is not what it served")
     return None
-
-
-def default_warmup(concurrency: int) -> int:
-    return min(concurrency, DEFAULT_WARMUP_REQUESTS)
 
 
 def use_vllm_generator(environ: Mapping[str, str] = os.environ) -> bool:
@@ -208,13 +199,12 @@ def run_acceptance(points: Sequence[LevelPoint]) -> Acceptance | None:
 def stop_reason(points: Sequence[LevelPoint], slo: Slo) -> str | None:
     """Why the sweep should stop after the levels measured so far (None: go on).
 
-    Saturated: output throughput rose by less than SATURATION_GAIN at each of the last two steps.
+    Saturated: output throughput rose by less than SATURATION_GAIN at each of the last two steps
+    (`specpilot.perf.bench_model.saturated`, the rule the simulator's Jobs follow too).
     SLO broken: the last two levels both missed the TPOT (or TTFT) SLO at its percentile.
     """
-    if len(points) >= 3:
-        a, b, c = (p.output_throughput for p in points[-3:])
-        if a > 0 and b > 0 and b < a * (1 + SATURATION_GAIN) and c < b * (1 + SATURATION_GAIN):
-            return (f"saturated: output throughput gained under {SATURATION_GAIN:.0%} at concurrency "
+    if saturated([p.output_throughput for p in points]):
+        return (f"saturated: output throughput gained under {SATURATION_GAIN:.0%} at concurrency "
                     f"{points[-2].concurrency} and {points[-1].concurrency}")
     if len(points) >= 2 and all(_breaks_slo(p, slo) for p in points[-2:]):
         return (f"SLO broken at concurrency {points[-2].concurrency} and {points[-1].concurrency} "

@@ -57,6 +57,7 @@ from pydantic import ValidationError
 from ..api.args import flag_items
 from ..api.base import cap, format_validation_error
 from ..api.profile import LevelPoint, SpeculationProfile
+from .bench_model import DEFAULT_WARMUP_REQUESTS, MIN_WAVES, default_warmup, level_requests
 from .catalog import DEFAULT_CATALOG, GpuCatalog, GpuSpec, UnknownGpuError
 from .models import ModelShape, UnknownModelError, resolve_model
 
@@ -77,11 +78,6 @@ DTYPE_BYTES = {"half": 2, "float16": 2, "bfloat16": 2, "float": 4, "float32": 4}
 TOKEN_TOLERANCE = 0.05
 """How far the engine's counters and the client's counts may disagree (counters are read a moment apart from
 the level's edges); also the request rate's against completed / duration."""
-MIN_WAVES = 2
-"""A level sends at least this many times its concurrency in requests (specpilot_bench.cli.MIN_WAVES)."""
-DEFAULT_WARMUP_REQUESTS = 4
-"""Warm-up requests before a level: min(concurrency, this) (specpilot_bench.sweep.DEFAULT_WARMUP_REQUESTS);
-the engine's counters include them."""
 REFINE_LEVELS_ANNOTATION = "specpilot.io/refine-levels"
 """Comma-separated concurrency levels the operator's refinement rounds asked for (written with a round's Job,
 removed when the profile is measured again from scratch)."""
@@ -318,11 +314,6 @@ def latency_problems(at: str, point: LevelPoint, k: int, bound: ThroughputBound)
     return out
 
 
-def requests_asked(spec_requests_per_level: int, concurrency: int) -> int:
-    """Requests a level at `concurrency` sends (specpilot_bench.cli.level_prompts' count)."""
-    return max(spec_requests_per_level, MIN_WAVES * concurrency)
-
-
 def request_problems(at: str, point: LevelPoint, requests_per_level: int, bound: ThroughputBound) -> list[str]:
     """Why a point's request counts cannot be: more finished than the level sent, more than `concurrency`
     requests at a time of at least one forward pass each could finish in its duration, a request rate that is
@@ -330,7 +321,7 @@ def request_problems(at: str, point: LevelPoint, requests_per_level: int, bound:
     once."""
     out: list[str] = []
     c = point.concurrency
-    asked = requests_asked(requests_per_level, c)
+    asked = level_requests(c, requests_per_level)
     if point.completed + point.failed > asked:
         out.append(f"{at}.completed + failed is {point.completed + point.failed}, more than the {asked} requests the "
                    f"level sends (max(spec.requestsPerLevel {requests_per_level}, {MIN_WAVES} x concurrency {c}))")
@@ -365,7 +356,7 @@ def token_problems(at: str, point: LevelPoint, k: int, output_len: int, requests
     than there were drafts, more drafts than request-steps."""
     out: list[str] = []
     c = point.concurrency
-    warmup = min(c, DEFAULT_WARMUP_REQUESTS)
+    warmup = default_warmup(c)  # the engine's counters include the warm-up
     generated = point.generation_tokens
     if point.duration_s > 0:
         streamed = point.output_throughput * point.duration_s
@@ -386,7 +377,7 @@ def token_problems(at: str, point: LevelPoint, k: int, output_len: int, requests
                 out.append(f"{at}.generationTokens is {generated}, fewer than the {streamed:.4g} tokens its streams "
                            f"carried (outputThroughput x durationS; at least {least:.4g})")
     elif generated is not None:
-        most = (requests_asked(requests_per_level, c) + warmup) * output_len
+        most = (level_requests(c, requests_per_level) + warmup) * output_len
         if generated > most:
             out.append(f"{at}.generationTokens is {generated}, more than the level's requests and warm-up can "
                        f"generate ({most} at outputLen {output_len})")

@@ -2,19 +2,20 @@
 (`policy.profiling`), each taking the time its benchmark sweep takes on the twin, then its refinement.
 
 What a benchmark Job does (benchmark-job/specpilot_bench/cli.py and sweep.py, manifests/benchmark.py), and how
-it is timed here:
+it is timed here, by the bench's own numbers (`perf.bench_model`):
 
-- one engine start per run (`BENCH_ENGINE_START_S`, the fleet's replica start-up: image, model load, CUDA
-  graphs); a baseline profile is one run (k = 0), a method's two (k = 1 and its largest K, the drafter loaded);
-- per run the concurrency levels in order (the API's default levels, 1 to 256); per level a warm-up of
-  min(c, 4) requests (about one request's latency at c) and then max(requestsPerLevel, 2c) requests kept c in
-  flight, which take requests / the twin's request throughput at c (`Twin.benchmark_point`, steady state);
-- a run stops early once its output throughput gained under 5% at each of two steps, as the bench's
-  saturation stop does (its SLO stop is not modelled: a run may take longer here than it would);
+- one engine start per run (`ENGINE_START_S`: model load, compilation, CUDA graphs; the Job's pod start, once
+  per Job, is not counted); a baseline profile is one run (k = 0), a method's two (k = 1 and its largest K,
+  the drafter loaded);
+- per run the concurrency levels in order (the API's default levels, 1 to 256); per level a warm-up (about
+  one request's latency at c) and then max(requestsPerLevel, 2c) requests kept c in flight, which take
+  requests / the twin's request throughput at c (`Twin.benchmark_point`, steady state; `level_wall_s`);
+- a run stops early once its output throughput gained under 5% at each of two steps, the bench's
+  saturation stop (`saturated`; its SLO stop is not modelled: a run may take longer here than it would);
 - Jobs run one at a time per pool (profilingDefaults.maxParallelJobsPerPool = 1) on one replica's GPUs: the
   profiling planner starts them, follows them and accepts each result when its Job completes (the result
   reaches the profile with the Job's completion);
-- refinement (`policy.refine`, as `policy.planner` asks for it from the pool's decision, at the default
+- refinement (`policy.refine.pool_refinement`, what the operator asks of the pool's decision, at the default
   refineBudgetPercent): its first round's Jobs, each an engine start per k and its levels x repeats; Jobs of
   one profile run one after another (appends go one Job at a time), different profiles' side by side. The
   operator serves a pool's decision while it refines, so refinement is charged (GPU-hours) but does not hold
@@ -34,53 +35,42 @@ from collections.abc import Sequence
 from datetime import timedelta
 
 from ..api.deployment_spec import DEFAULT_CONCURRENCY_LEVELS, Policy, Strategy
+from ..perf.bench_model import DEFAULT_REQUESTS_PER_LEVEL, ENGINE_START_S, level_wall_s, saturated
 from ..perf.twin import Twin
 from ..policy import profiling
-from ..policy.refine import initial_levels, refine_pool_plan
+from ..policy.refine import pool_refinement
 from .connector import EPOCH
 
 __all__ = ["BENCH_ENGINE_START_S", "Joining", "JobRecord", "plan_joining", "profile_seconds", "run_seconds"]
 
-BENCH_ENGINE_START_S = 120.0
-"""Seconds from a benchmark Job's start to its engine serving (image pull, model load, CUDA graphs), per run;
-the fleet simulator's replica start-up."""
-REQUESTS_PER_LEVEL = 64
-"""spec.profiling.requestsPerLevel's default."""
-MIN_WAVES = 2
-"""The bench sends at least this many waves of c requests at level c."""
-WARMUP_REQUESTS = 4
-SATURATION_GAIN = 0.05
-REFINE_BUDGET_PERCENT = 200
-"""spec.profiling.refineBudgetPercent's default."""
+BENCH_ENGINE_START_S = ENGINE_START_S
+"""`perf.bench_model.ENGINE_START_S`, by the name this module has exported it under."""
 
 
 def level_seconds(twin: Twin, concurrency: int, k: int, prompt_tokens: int, output_tokens: int,
-                  requests_per_level: int = REQUESTS_PER_LEVEL) -> tuple[float, float]:
+                  requests_per_level: int = DEFAULT_REQUESTS_PER_LEVEL) -> tuple[float, float]:
     """(seconds, output tokens/s) of one level: its warm-up, then max(requests, 2c) requests at c in flight."""
     point = twin.benchmark_point(concurrency, k, prompt_tokens, max(2, output_tokens))
     rate = float(point["request_throughput"])
-    requests = max(requests_per_level, MIN_WAVES * concurrency)
-    warmup = concurrency / rate  # the warm-up's few requests: about one request's latency at c (Little)
-    return warmup + requests / rate, float(point["output_throughput_tok_s"])
+    return level_wall_s(concurrency, rate, requests_per_level), float(point["output_throughput_tok_s"])
 
 
 def run_seconds(twin: Twin, k: int, prompt_tokens: int, output_tokens: int,
                 levels: Sequence[int] = tuple(DEFAULT_CONCURRENCY_LEVELS),
-                requests_per_level: int = REQUESTS_PER_LEVEL, repeat: int = 1, early_stop: bool = True) -> float:
+                requests_per_level: int = DEFAULT_REQUESTS_PER_LEVEL, repeat: int = 1,
+                early_stop: bool = True) -> float:
     """Seconds of one run's sweep (no engine start), stopping once saturated as the bench does."""
     total, throughputs = 0.0, []
     for c in levels:
         seconds, throughput = level_seconds(twin, int(c), k, prompt_tokens, output_tokens, requests_per_level)
         total += seconds * max(1, repeat)
         throughputs.append(throughput)
-        if early_stop and len(throughputs) >= 3:
-            a, b, last = throughputs[-3:]
-            if a > 0 and b > 0 and b < a * (1 + SATURATION_GAIN) and last < b * (1 + SATURATION_GAIN):
-                break
+        if early_stop and saturated(throughputs):
+            break
     return total
 
 
-def profile_seconds(setup, method: str | None, max_k: int, engine_start_s: float = BENCH_ENGINE_START_S) -> float:
+def profile_seconds(setup, method: str | None, max_k: int, engine_start_s: float = ENGINE_START_S) -> float:
     """Seconds of one profiling Job: the baseline's k = 0 run (`method` None), or a method's k = 1 and K runs,
     each with an engine start. `setup`: the pool's `sim.fleet.FleetSetup`."""
     lengths = setup.lengths
@@ -207,17 +197,13 @@ def run_profiling(pool: str, sku: str, seconds: dict[str, float], joined_at_s: f
 
 
 def refinement_records(planning, setup, slo_tpot_ms: float, start_s: float, time_scale: float,
-                       engine_start_s: float = BENCH_ENGINE_START_S) -> list[JobRecord]:
-    """The first refinement round `policy.refine` asks for from the pool's decision (`planning`: its
-    `sim.policies.PoolPlanning`), timed on the twin; Jobs of one profile one after another from `start_s`."""
-    if planning.dynamic.decision.source in ("none", "prior"):
-        return []
+                       engine_start_s: float = ENGINE_START_S) -> list[JobRecord]:
+    """The first refinement round the operator asks of the pool's decision (`planning`: its
+    `sim.policies.PoolPlanning`) at the default budget, timed on the twin; Jobs of one profile one after
+    another from `start_s`."""
     policy = Policy(tpot_slo_ms=slo_tpot_ms, strategy=Strategy.DYNAMIC)
-    budget = math.ceil(REFINE_BUDGET_PERCENT / 100 * initial_levels([planning.baseline,
-                                                                      *planning.profiles.values()]))
-    found = refine_pool_plan(planning.dynamic, policy, planning.baseline, dict(planning.profiles),
-                             budget_levels=budget)
-    if found.done:
+    found = pool_refinement(planning.dynamic, policy, planning.baseline, dict(planning.profiles))
+    if found is None or found.done:
         return []
     lengths = setup.lengths
     prompt, output = lengths.mean_prompt_tokens, max(2, lengths.mean_output_tokens)
