@@ -47,6 +47,9 @@ def fleet(**overrides) -> list[FleetPool]:
 
 
 def settings_(routing=Routing.GATEWAY, slo=30.0, **kw) -> FleetSettings:
+    """The cost optimiser alone: sized at the target utilisation on the demand given (no attainment sizing, no
+    forecast, no change bound; tests/unit/test_policy_fleet_headroom.py covers those)."""
+    kw = {"slo_attainment_percent": None, "max_changes_per_hour": None, **kw}
     return FleetSettings(routing=routing, tpot_slo_ms=slo, **kw)
 
 

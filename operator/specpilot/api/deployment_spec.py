@@ -394,8 +394,11 @@ class Policy(ApiModel):
     slo_attainment_percent: float = Field(default=99.0, ge=50, le=99.99)
     """The share of requests, in percent, that must meet the TPOT and TTFT SLOs. The operator measures it per
     request from the serving pods' vLLM histograms over the metrics window (status.sloAttainment, condition
-    SloAttained, alert SpecpilotSloAttainmentLow); the replica planner does not size for it yet (it sizes by
-    serving.targetUtilizationPercent)."""
+    SloAttained, alert SpecpilotSloAttainmentLow). With two or more pools the fleet planner sizes for it: the
+    demand it forecasts over the scale-up lead time is this quantile of the demand's swings seen, and each replica
+    runs at the mean concurrency whose requests in flight stay within the SLO at this quantile (status.fleet
+    .forecastTokensPerSecond, headroomPercent). A single pool's replica planner still sizes by
+    serving.targetUtilizationPercent."""
     min_gain_percent: float = Field(default=2, ge=0, le=100)
     """Noise guard, in percent. Per batch size, the schedule speculates only where k > 0 beats k = 0 on the
     method's own engine (drafter still loaded) by this much; the method is deployed at all only when its gain
@@ -474,7 +477,10 @@ class Serving(ApiModel):
     scale_down_stabilization_seconds: int = Field(default=300, ge=0)
     """Scale down only after the lower target held this long (scale up is immediate)."""
     target_utilization_percent: float = Field(default=80, gt=0, le=100)
-    """Share of a replica's SLO-feasible concurrency to plan for (headroom for bursts)."""
+    """Share of a replica's SLO-feasible concurrency to plan for (headroom for bursts). With two or more pools it
+    is an upper bound: the fleet planner derives each replica's load from policy.sloAttainmentPercent (requests in
+    flight within the SLO at that quantile) and sizes for the demand forecast over the scale-up lead time, and
+    takes this share only where it is lower."""
     port: int = Field(default=8000, ge=1, le=65535)
     """Port of the OpenAI-compatible API."""
     service_monitor: bool = False

@@ -158,6 +158,17 @@ class ReplicaTarget(StatusModel):
 
 
 MAX_REPLICA_TARGETS = 64
+MAX_FLEET_CHANGES = 32
+MAX_DEMAND_SAMPLES = 64
+
+
+class DemandSample(StatusModel):
+    """The deployment's observed demand at one time (the largest in its bucket of the history)."""
+
+    time: datetime
+    """When it was observed."""
+    tokens_per_second: float = Field(ge=0)
+    """Output tokens per second arriving."""
 """Bound on the remembered replica targets (the window keeps only targets no later one covers)."""
 
 
@@ -260,6 +271,9 @@ class PoolStatus(StatusModel):
     """Fleet placement: why this pool got its replicas and share, in words."""
     fleet_targets: list[ReplicaTarget] = Field(default_factory=list, max_length=MAX_REPLICA_TARGETS)
     """Fleet placement: the scale-down stabilisation window of the fleet's targets for this pool."""
+    fleet_changes: list[datetime] = Field(default_factory=list, max_length=MAX_FLEET_CHANGES)
+    """Fleet placement: when this pool's replicas changed within the last hour, oldest first (a scale-down waits
+    while it would leave no room under the bound on changes per hour for a scale-up)."""
 
 
 class FleetStatus(StatusModel):
@@ -272,6 +286,17 @@ class FleetStatus(StatusModel):
     """The HTTPRoute whose backendRefs weights carry the shares (routing: gateway in effect)."""
     demand_tokens_per_second: float | None = None
     """The deployment's observed demand in output tokens per second (served plus backlog)."""
+    forecast_tokens_per_second: float | None = None
+    """The demand the replicas are sized for: the highest expected within the lead time, forecast from the demand
+    history (its swings within a lead time at the policy.sloAttainmentPercent quantile, up to its peak or its
+    trend), never below the observed demand."""
+    headroom_percent: float | None = None
+    """How far the forecast lies above the observed demand, in percent (the headroom taken for the lead time)."""
+    lead_time_seconds: float | None = None
+    """The scale-up lead time the forecast looks ahead (the longest of the pools': pod created -> ready)."""
+    demand_history: list[DemandSample] = Field(default_factory=list, max_length=MAX_DEMAND_SAMPLES)
+    """The observed demand over the history window (oldest first, the largest per bucket): what the forecast
+    reads, kept in status so a restarted operator forecasts the same."""
     cost_per_mtok: float | None = None
     """The fleet's dollars per million output tokens at that demand (every replica of every pool paid)."""
     slo_feasible: bool | None = None

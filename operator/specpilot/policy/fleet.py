@@ -24,11 +24,32 @@ under the routing constraint:
   load) of the pools at least that strong. Exact.
 
 Requests in flight count too: each needs at least 1000 / TPOT SLO tokens/s to stay within the SLO, so the
-demand is at least requests_in_flight * 1000 / tpot_slo_ms (a backlog the arrival rate does not show).
+demand is at least requests_in_flight * 1000 / tpot_slo_ms (a backlog the arrival rate does not show: requests
+waiting must drain). `demand_tokens_per_second` is that rule, the one the operator and the simulator both use.
+
+Sizing to an SLO attainment (`slo_attainment_percent`, policy.sloAttainmentPercent; None: today's sizing by
+the target utilisation alone on the current demand). A replica asked for now serves one lead time later (the
+pool's scale-up time, pod created -> ready: `FleetPool.lead_time_seconds`), so the planner sizes for the demand
+it expects within the lead time, not the demand it sees (`forecast_demand`): from a short history of the
+observed demand (kept in the state, the largest sample per bucket over `history_seconds`), the largest of
+- the demand now;
+- its trend (least squares over the last two lead times) extrapolated one lead time ahead;
+- the demand now times the q-quantile (q = the attainment) of the spread seen within one lead time over the
+  history (the largest over the smallest demand of each lead-time window), at most the history's peak: a load
+  that has burst before is held for through its quiet minutes, one that only drifts is not.
+Within a replica, requests in flight are Poisson around their mean (M/G/inf), so a replica runs at the mean
+concurrency c whose q-quantile, about c + z_q * sqrt(c), stays within its SLO-feasible concurrency (TPOT, TTFT
+and the decision's admission limit: beyond that, requests queue and TTFT breaks); the target utilisation is an
+upper bound on top of it. A simulator's oracle passes the true demand within the lead time instead
+(`FleetDemand.forecast_tokens_per_second`).
 
 Stability: the previous plan stays while it still fits the demand and costs at most `min_gain_percent`
 more than the new optimum; each pool then scales up at once and down only to the highest target of the last
-`scale_down_stabilization_seconds` (policy.replicas' window, per pool), as a single pool does today.
+`scale_down_stabilization_seconds` (policy.replicas' window, per pool), as a single pool does today. As the
+forecast holds the history's swings, a pool scales down only when the forecast allows it. Replica changes are
+bounded per pool: at most `max_changes_per_hour` in any hour, a scale-down only while it leaves room for a
+scale-up after it (scale-ups are never held: the SLO comes first); each change's reason is in the pool's
+reason text.
 
 A pool without a curve (not profiled yet) keeps the replicas today's per-pool planner gives it and takes its
 even per-pod share of the load; the planner places the rest. Pure: no I/O and no clock.
@@ -39,23 +60,29 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
+from statistics import NormalDist
 
 from ..api.deployment_spec import Routing
 from ..perf.cost import cost_per_million_tokens, tokens_per_second
 from .replicas import ReplicaState, plan_replicas
 
 __all__ = [
+    "DEFAULT_LEAD_TIME_S",
     "CurvePoint",
     "FleetDemand",
+    "Forecast",
     "FleetPlan",
     "FleetPool",
     "FleetSettings",
     "FleetState",
     "PoolPlacement",
+    "ReplicaCurve",
     "Routing",
     "SHARE_MOVE",
+    "demand_tokens_per_second",
     "even_split_replicas",
+    "forecast_demand",
     "plan_fleet",
     "route_weights",
 ]
@@ -65,6 +92,10 @@ SHARE_MOVE = 0.02
 _SEARCH_NODES = 200_000
 """Bound on the branch-and-bound's nodes: beyond it the best plan found so far stands (never hit by 16 pools
 of the usual sizes; it keeps the planner's time bounded for any input)."""
+DEFAULT_LEAD_TIME_S = 120.0
+"""A pool's scale-up lead time (pod created -> serving: image pull, model load, CUDA graphs) when none is known."""
+HISTORY_SAMPLES = 64
+"""Samples of the demand history kept (one per history_seconds / HISTORY_SAMPLES, its largest value)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,6 +128,9 @@ class FleetPool:
     takes its new share as its replicas become ready, and one scaling down keeps its load until they go."""
     held_replicas: int | None = None
     """For a pool without a curve: the replicas today's per-pool planner gives it (else current, bounded)."""
+    lead_time_seconds: float | None = None
+    """Seconds from asking for a replica to its serving (pod created -> ready), measured or configured; None:
+    DEFAULT_LEAD_TIME_S. The planner sizes for the demand expected within the longest lead time."""
 
     def __post_init__(self) -> None:
         if not (self.price_per_gpu_hour > 0 and math.isfinite(self.price_per_gpu_hour)):
@@ -106,6 +140,9 @@ class FleetPool:
         if not 0 <= self.min_replicas <= self.max_replicas:
             raise ValueError(f"pool {self.name}: need 0 <= min_replicas <= max_replicas "
                              f"(got {self.min_replicas}, {self.max_replicas})")
+        if self.lead_time_seconds is not None and not (self.lead_time_seconds >= 0
+                                                       and math.isfinite(self.lead_time_seconds)):
+            raise ValueError(f"pool {self.name}: lead_time_seconds must be >= 0 (got {self.lead_time_seconds})")
         if self.gpus_available is not None and self.gpus_available < 0:
             raise ValueError(f"pool {self.name}: gpus_available must be >= 0 (got {self.gpus_available})")
         previous = 0.0
@@ -134,6 +171,10 @@ class FleetPool:
     def lower(self) -> int:
         return min(self.min_replicas, self.upper)
 
+    @property
+    def lead_s(self) -> float:
+        return DEFAULT_LEAD_TIME_S if self.lead_time_seconds is None else self.lead_time_seconds
+
 
 @dataclasses.dataclass(frozen=True)
 class FleetDemand:
@@ -143,6 +184,9 @@ class FleetDemand:
     """Output tokens per second asked for: arrival rate x output tokens per request (served + backlog)."""
     requests_in_flight: float | None = None
     """Running + waiting requests over all replicas."""
+    forecast_tokens_per_second: float | None = None
+    """Told, not forecast: the highest demand within the lead time (a simulator's clairvoyant oracle); None: the
+    planner forecasts it from its history."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,6 +202,60 @@ class FleetSettings:
     that fit) unless a different mix is cheaper by this much: a rising load then adds replicas instead of
     swapping one GPU type for another at every step."""
     scale_down_stabilization_seconds: float = 300.0
+    slo_attainment_percent: float | None = 99.0
+    """The share of requests that must meet the SLOs: the quantile of the demand's swings and of the requests in
+    flight per replica the planner sizes for. None: size by the target utilisation on the current demand alone
+    (no forecast)."""
+    history_seconds: float = 1800.0
+    """How far back the demand history reaches (the swings it holds headroom for)."""
+    max_changes_per_hour: float | None = 6.0
+    """Replica changes per pool in any hour: scale-downs wait while they would leave no room for a scale-up
+    (None: no bound)."""
+
+    @property
+    def quantile(self) -> float | None:
+        if self.slo_attainment_percent is None:
+            return None
+        return min(max(self.slo_attainment_percent / 100.0, 0.5), 0.9999)
+
+    @property
+    def spread_z(self) -> float:
+        """z of the attainment quantile: how many standard deviations of requests in flight a replica keeps."""
+        q = self.quantile
+        return 0.0 if q is None else NormalDist().inv_cdf(q)
+
+
+@dataclasses.dataclass(frozen=True)
+class Forecast:
+    """The demand the planner sizes for and why."""
+
+    tokens_per_second: float
+    """What the replicas are sized for: the highest of the terms below."""
+    observed: float
+    trend: float
+    """The observed demand's trend extrapolated one lead time ahead."""
+    spread: float
+    """The observed demand times the quantile of the spread within a lead time seen, at most the peak."""
+    peak: float
+    """The highest demand in the history."""
+    lead_s: float
+    told: bool = False
+    """The demand within the lead time was given (an oracle), not forecast."""
+
+    @property
+    def headroom(self) -> float:
+        """Fraction above the observed demand the planner sizes for (0.25: 25% more)."""
+        return self.tokens_per_second / self.observed - 1.0 if self.observed > 0 else 0.0
+
+    def words(self) -> str:
+        if self.told:
+            return f"sized for {self.tokens_per_second:.0f} tok/s told for the next {self.lead_s:g}s"
+        if self.tokens_per_second <= self.observed * (1 + 1e-9):
+            return f"sized for the observed {self.observed:.0f} tok/s (no rise within {self.lead_s:g}s forecast)"
+        why = ("its trend over the lead time" if self.trend >= self.spread
+               else f"swings seen within {self.lead_s:g}s (peak {self.peak:.0f})")
+        return (f"sized for {self.tokens_per_second:.0f} tok/s, {self.headroom:+.0%} over the observed "
+                f"{self.observed:.0f}: {why}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -169,6 +267,10 @@ class FleetState:
     replicas: Mapping[str, int] = dataclasses.field(default_factory=dict)
     """The previous plan's optimal replicas per pool (the incumbent the hysteresis keeps)."""
     shares: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    history: tuple[tuple[datetime, float], ...] = ()
+    """The observed demand (tokens/s), oldest first: the largest per history bucket."""
+    changes: Mapping[str, tuple[datetime, ...]] = dataclasses.field(default_factory=dict)
+    """Per pool, when its replicas changed within the last hour (the change bound)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -209,6 +311,8 @@ class FleetPlan:
     """Some pool's share moved by SHARE_MOVE or more since the previous plan."""
     reason: str
     state: FleetState
+    forecast: Forecast | None = None
+    """The demand the replicas were sized for (None: sized on the observed demand alone)."""
 
     def pool(self, name: str) -> PoolPlacement:
         return next(p for p in self.pools if p.name == name)
@@ -278,6 +382,10 @@ class _Curve:
         return 2.0 ** lo
 
 
+ReplicaCurve = _Curve
+"""A pool's curve as the planner reads it (the simulator's fluid model of the fleet reads it the same way)."""
+
+
 @dataclasses.dataclass
 class _Planned:
     pool: FleetPool
@@ -290,14 +398,26 @@ class _Planned:
     hi: int
 
 
-def _planned(pool: FleetPool, settings: FleetSettings) -> _Planned:
+def _planned(pool: FleetPool, settings: FleetSettings, spread: bool = True) -> _Planned:
     curve = _Curve(pool.curve)
     limit = pool.max_concurrency if pool.max_concurrency and pool.max_concurrency > 0 else curve.last
     feasible = curve.feasible_concurrency(limit, settings.tpot_slo_ms, settings.ttft_slo_ms)
     # The target utilisation applies to the load (tokens/s), as policy.replicas applies it to concurrency.
     capacity = curve.tokens_per_second(feasible) * settings.target_utilization_percent / 100 if feasible else 0.0
+    if capacity and spread:
+        # requests in flight per replica are Poisson around the mean: keep its attainment quantile feasible
+        capacity = min(capacity, curve.tokens_per_second(usable_concurrency(feasible, settings.spread_z)))
     at = curve.concurrency_for(capacity, feasible) if capacity else 0.0
     return _Planned(pool, curve, at, capacity, pool.lower, pool.upper)
+
+
+def usable_concurrency(feasible: float, z: float) -> float:
+    """The mean concurrency c with c + z * sqrt(c) = `feasible`: Poisson requests in flight around c stay within
+    the SLO-feasible concurrency at the quantile z stands for."""
+    if z <= 0 or feasible <= 0:
+        return max(feasible, 0.0)
+    root = (-z + math.sqrt(z * z + 4 * feasible)) / 2
+    return root * root
 
 
 def _held_replicas(pool: FleetPool) -> int:
@@ -428,11 +548,11 @@ def even_split_replicas(planned_pools: Sequence[FleetPool], demand: FleetDemand,
     load it gets (policy.replicas). At equilibrium every replica carries D / N; each pool's autoscaler wants
     n_i * (D / N) / cap_i replicas, so pools stronger than the per-replica load shrink to their minimum and
     the weakest grows until D / N fits it (the fixed point, found by iterating the autoscalers)."""
-    planned = [_planned(p, settings) for p in planned_pools]
+    planned = [_planned(p, settings, spread=False) for p in planned_pools]
     replicas = [max(p.lo, 1) if p.hi >= 1 else 0 for p in planned]
     if sum(replicas) == 0:
         return {p.pool.name: 0 for p in planned}
-    target = _demand(demand, settings)
+    target = demand_tokens_per_second(demand, settings)
     for _ in range(1000):
         per_replica = target / max(sum(replicas), 1)
         nxt = []
@@ -445,11 +565,73 @@ def even_split_replicas(planned_pools: Sequence[FleetPool], demand: FleetDemand,
     return {p.pool.name: n for p, n in zip(planned, replicas, strict=True)}
 
 
-def _demand(demand: FleetDemand, settings: FleetSettings) -> float:
+def demand_tokens_per_second(demand: FleetDemand, settings: FleetSettings) -> float:
+    """The deployment's demand in output tokens/s: the observed tokens/s, and at least what the requests in
+    flight need to stay within the TPOT SLO (1000 / tpot_slo_ms each: a backlog must drain). The operator
+    (policy.placement) and the simulator (sim.mixed) both plan on this."""
     tokens = demand.tokens_per_second if math.isfinite(demand.tokens_per_second) else 0.0
     if demand.requests_in_flight and settings.tpot_slo_ms and math.isfinite(demand.requests_in_flight):
         tokens = max(tokens, tokens_per_second(demand.requests_in_flight, settings.tpot_slo_ms))
     return max(tokens, 0.0)
+
+
+def _remember(history: Sequence[tuple[datetime, float]], now: datetime, value: float,
+              settings: FleetSettings) -> tuple[tuple[datetime, float], ...]:
+    """The history with `value` observed at `now`: a step function, one sample per bucket (its largest) within the
+    window, a sample only where the demand changed (the one before the window is kept as the value carried into
+    it), so an unchanged demand leaves the state, and the status it is kept in, as it was."""
+    bucket = timedelta(seconds=max(settings.history_seconds, 1.0) / HISTORY_SAMPLES)
+    start = now - timedelta(seconds=max(settings.history_seconds, 0.0))
+    valid = [(t, d) for t, d in history if t <= now and math.isfinite(d)]
+    older = [i for i, (t, _) in enumerate(valid) if t < start]
+    kept = valid[older[-1]:] if older else valid
+    if kept and math.isclose(kept[-1][1], value, rel_tol=1e-9, abs_tol=1e-9):
+        pass
+    elif kept and now - kept[-1][0] < bucket and kept[-1][0] >= start:
+        kept[-1] = (kept[-1][0], max(kept[-1][1], value))
+    else:
+        kept.append((now, value))
+    return tuple(kept[-HISTORY_SAMPLES:])
+
+
+def forecast_demand(history: Sequence[tuple[datetime, float]], observed: float, lead_s: float,
+                    quantile: float) -> Forecast:
+    """The demand to size for within `lead_s` seconds from the history (the last sample is now's): the observed
+    demand times the `quantile` of the history's spread within one lead time (the largest over the smallest
+    demand of each lead-time window: a rise or a fall), up to the higher of the history's peak and the trend
+    over the last two lead times extrapolated one lead time ahead; never below the observed demand. A swing
+    never seen is not forecast (a trend steeper than the swings seen is cut to them): a burst is held for
+    through the quiet minutes once one has come and gone, a load that only drifts gets its drift."""
+    peak = max([observed, *(d for _, d in history)])
+    now = history[-1][0] if history else None
+    trend = observed
+    if now is not None and lead_s > 0:
+        recent = [((t - now).total_seconds(), d) for t, d in history if (now - t).total_seconds() <= 2 * lead_s]
+        if len(recent) >= 3:
+            mx = sum(x for x, _ in recent) / len(recent)
+            my = sum(y for _, y in recent) / len(recent)
+            var = sum((x - mx) ** 2 for x, _ in recent)
+            if var > 0:
+                slope = sum((x - mx) * (y - my) for x, y in recent) / var
+                trend = observed + max(slope, 0.0) * lead_s
+    rises = []
+    for i, (t, d) in enumerate(history[:-1]):
+        window = [d, *(e for u, e in history[i + 1:] if (u - t).total_seconds() <= lead_s)]
+        if len(window) > 1 and min(window) > 0:
+            rises.append(max(window) / min(window))
+    rise = 1.0
+    if len(rises) >= 2:
+        rises.sort()
+        rise = max(rises[min(len(rises) - 1, math.ceil(quantile * len(rises)) - 1)], 1.0)
+    # a rise as large as the history's quantile, up to the history's peak or (a new high) the trend's
+    trend = min(trend, observed * rise)
+    spread = min(observed * rise, peak)
+    return Forecast(max(observed, trend, spread), observed, trend, spread, peak, lead_s)
+
+
+def _change_budget(pool: str, previous: FleetState, now: datetime) -> list[datetime]:
+    hour_ago = now - timedelta(hours=1)
+    return [t for t in previous.changes.get(pool, ()) if hour_ago < t <= now]
 
 
 def plan_fleet(pools: Sequence[FleetPool], demand: FleetDemand, settings: FleetSettings,
@@ -461,19 +643,37 @@ def plan_fleet(pools: Sequence[FleetPool], demand: FleetDemand, settings: FleetS
     if len(set(names)) != len(names):
         raise ValueError(f"pool names must be unique (got {names})")
     previous = previous or FleetState()
-    total = _demand(demand, settings)
+    total = demand_tokens_per_second(demand, settings)
+    lead_s = max(p.lead_s for p in pools)
+    history = previous.history
+    forecast = None
+    sized = total
+    if settings.quantile is not None:
+        # the history holds the arriving demand; a backlog (requests in flight beyond it) is sized for now only
+        arriving = max(demand.tokens_per_second, 0.0) if math.isfinite(demand.tokens_per_second) else 0.0
+        history = _remember(previous.history, now, arriving, settings)
+        if demand.forecast_tokens_per_second is not None and math.isfinite(demand.forecast_tokens_per_second):
+            told = max(demand.forecast_tokens_per_second, 0.0)
+            forecast = Forecast(max(told, total), total, told, told, told, lead_s, told=True)
+        else:
+            forecast = forecast_demand(history, arriving, lead_s, settings.quantile)
+            if total > forecast.tokens_per_second:
+                forecast = dataclasses.replace(forecast, tokens_per_second=total)
+            forecast = dataclasses.replace(forecast, observed=total)
+        sized = forecast.tokens_per_second
     planned = [_planned(p, settings) for p in pools if p.curve]
     held = {p.name: _held_replicas(p) for p in pools if not p.curve}
     held_count = sum(held.values())
     # A pool the planner does not place takes its even per-pod share of the current fleet.
     current = sum(max(p.current_replicas, 0) for p in pools)
-    held_load = total * min(1.0, held_count / current) if current and held_count else 0.0
+    share_held = min(1.0, held_count / current) if current and held_count else 0.0
     if held_count and not planned:
-        held_load = total
-    placed_demand = max(total - held_load, 0.0)
+        share_held = 1.0
+    held_load = total * share_held
+    placed_demand = max(sized * (1 - share_held), 0.0)
 
     optimum = (_plan_gateway(planned, placed_demand) if settings.routing is Routing.GATEWAY
-               else _plan_service(planned, total, held_count))
+               else _plan_service(planned, sized, held_count))
     feasible = optimum is not None
     if optimum is None:
         optimum = _serve_the_most(planned)
@@ -481,18 +681,21 @@ def plan_fleet(pools: Sequence[FleetPool], demand: FleetDemand, settings: FleetS
     kept = False
     if feasible and planned and all(n is not None for n in incumbent):
         fits = (_fits(planned, incumbent, placed_demand, Routing.GATEWAY) if settings.routing is Routing.GATEWAY
-                else _fits(planned, incumbent, total, Routing.SERVICE, held_count))
+                else _fits(planned, incumbent, sized, Routing.SERVICE, held_count))
         margin = 1 + max(settings.min_gain_percent, 0.0) / 100
         if fits and _cost(planned, incumbent) <= _cost(planned, optimum) * margin + 1e-9:
             optimum, kept = list(incumbent), True
         elif not fits:
-            grown = _grow(planned, incumbent, placed_demand, total, held_count, settings.routing)
+            grown = _grow(planned, incumbent, placed_demand, sized, held_count, settings.routing)
             mix = 1 + max(settings.mix_change_percent, 0.0) / 100
             if grown is not None and _cost(planned, grown) <= _cost(planned, optimum) * mix + 1e-9:
                 optimum = grown
 
     targets: dict[str, ReplicaState] = {}
     replicas: dict[str, int] = dict(held)
+    changes: dict[str, tuple[datetime, ...]] = {}
+    changed: dict[str, str] = {}
+    bound = settings.max_changes_per_hour
     for p, want in zip(planned, optimum, strict=True):
         state = previous.targets.get(p.pool.name, ReplicaState())
         current_n = max(p.pool.current_replicas, 0)
@@ -500,8 +703,23 @@ def plan_fleet(pools: Sequence[FleetPool], demand: FleetDemand, settings: FleetS
                              capacity_per_replica=1.0, target_utilization_percent=100.0, min_replicas=p.lo,
                              max_replicas=p.hi, stabilization_seconds=settings.scale_down_stabilization_seconds,
                              now=now)
+        n = step.replicas
+        recent = _change_budget(p.pool.name, previous, now)
+        if n < current_n and current_n <= p.hi and bound is not None and len(recent) + 2 > bound:
+            changed[p.pool.name] = (f"scale-down to {n} waits: {len(recent)} change(s) in the last hour "
+                                    f"(at most {bound:g}, one kept for a scale-up)")
+            n = current_n
+        elif n > current_n:
+            changed[p.pool.name] = f"up from {current_n}" + (" for the forecast" if sized > total * (1 + 1e-9)
+                                                              else " for the demand")
+        elif n < current_n:
+            changed[p.pool.name] = f"down from {current_n}: the forecast allows it"
+        if n != current_n:
+            recent.append(now)
+        if recent:
+            changes[p.pool.name] = tuple(recent)
         targets[p.pool.name] = step.state
-        replicas[p.pool.name] = step.replicas
+        replicas[p.pool.name] = n
 
     serving = {p.name: replicas[p.name] if p.ready_replicas is None else min(replicas[p.name], p.ready_replicas)
                for p in pools}
@@ -510,15 +728,16 @@ def plan_fleet(pools: Sequence[FleetPool], demand: FleetDemand, settings: FleetS
     shares = _shares(pools, planned, serving, held, total, held_load, settings.routing)
     moved = any(abs(shares[n] - previous.shares.get(n, 0.0)) >= SHARE_MOVE for n in names) \
         if previous.shares else False
-    placements = [_placement(p, planned, replicas, serving, optimum, shares, total, held) for p in pools]
+    placements = [_placement(p, planned, replicas, serving, optimum, shares, total, held, changed.get(p.name))
+                  for p in pools]
     fleet_cost = sum(replicas[p.name] * p.cost_per_hour for p in pools)
     cost_per_mtok = fleet_cost / (3600.0 * total) * 1e6 if total > 0 else None
     state = FleetState(targets=targets, replicas={p.pool.name: n for p, n in zip(planned, optimum, strict=True)},
-                       shares=shares)
-    reason = _reason(placements, total, cost_per_mtok, feasible, kept, settings)
+                       shares=shares, history=history, changes=changes)
+    reason = _reason(placements, total, cost_per_mtok, feasible, kept, settings, forecast)
     return FleetPlan(routing=settings.routing, pools=tuple(placements), demand_tokens_per_second=total,
                      cost_per_hour=fleet_cost, cost_per_mtok=cost_per_mtok, slo_feasible=feasible,
-                     shares_moved=moved, reason=reason, state=state)
+                     shares_moved=moved, reason=reason, state=state, forecast=forecast)
 
 
 def _shares(pools: Sequence[FleetPool], planned: Sequence[_Planned], replicas: Mapping[str, int],
@@ -553,7 +772,7 @@ def _shares(pools: Sequence[FleetPool], planned: Sequence[_Planned], replicas: M
 
 def _placement(pool: FleetPool, planned: Sequence[_Planned], replicas: Mapping[str, int],
                serving: Mapping[str, int], optimum: Sequence[int], shares: Mapping[str, float], total: float,
-               held: Mapping[str, int]) -> PoolPlacement:
+               held: Mapping[str, int], changed: str | None = None) -> PoolPlacement:
     n, share = replicas[pool.name], shares[pool.name]
     ready = max(serving[pool.name], 1)
     load = share * total
@@ -586,15 +805,19 @@ def _placement(pool: FleetPool, planned: Sequence[_Planned], replicas: Mapping[s
                       f"({n} x {pool.gpus_per_replica})")
         else:
             words += f"; full at maxReplicas ({pool.max_replicas})"
-    if n > target:
+    if changed:
+        words += f"; {changed}"
+    if n > target and not (changed and "waits" in changed):
         words += f"; scaling down to {target} after the stabilisation window"
     return PoolPlacement(pool.name, n, target, share, load, c, tpot, entry.capacity, cost, True, full, words)
 
 
 def _reason(placements: Sequence[PoolPlacement], total: float, cost_per_mtok: float | None, feasible: bool,
-            kept: bool, settings: FleetSettings) -> str:
+            kept: bool, settings: FleetSettings, forecast: Forecast | None = None) -> str:
     head = (f"fleet ${cost_per_mtok:.3f}/Mtok at {total:.0f} tok/s ({settings.routing.value} routing)"
             if cost_per_mtok is not None else f"no demand ({settings.routing.value} routing)")
+    if forecast is not None and forecast.tokens_per_second > total * (1 + 1e-9):
+        head += f"; {forecast.words()}"
     if not feasible:
         idle = [p.name for p in placements if p.planned and (p.capacity_tokens_per_second or 0) <= 0]
         head += ("; the demand exceeds what every allowed replica holds within the SLO: every pool that can meet "

@@ -5,7 +5,8 @@ per-pool replicas), then, for a deployment with two or more pools, calls `place_
 planner's inputs (`policy.fleet`) from what the pools' statuses hold: the TPOT curve of each decision under its
 schedule (`decision.tpotCurve`) and its SLO-feasible concurrency, the price, the GPUs the pool's nodes have,
 the replicas running and ready, and the deployment's demand (the pools' observed output tokens/s and requests
-in flight). The plan's replicas replace the per-pool ones (internal autoscaling writes them, external only
+in flight), its demand history (status.fleet.demandHistory) and each pool's recent replica changes and
+scale-up lead time. The plan's replicas replace the per-pool ones (internal autoscaling writes them, external only
 publishes them in desiredReplicas), and each pool's status shows its share, load, $/Mtok and why.
 
 A pool without a curve yet (not profiled) keeps today's per-pool replicas. Without any observed load, or with a
@@ -19,7 +20,7 @@ from collections.abc import Sequence
 from datetime import datetime
 
 from ..api.deployment_spec import Autoscaling, GpuPool, SpeculativeDeploymentSpec
-from ..api.deployment_status import FleetStatus, PoolStatus, ReplicaTarget
+from ..api.deployment_status import MAX_FLEET_CHANGES, DemandSample, FleetStatus, PoolStatus, ReplicaTarget
 from .events import Event
 from .replicas import ReplicaState
 from .fleet import (
@@ -53,6 +54,9 @@ class FleetMember:
     ready_replicas: int | None
     per_pool_replicas: int | None
     """What the pool's own planner would run (today's behaviour): kept for a pool without a curve."""
+    lead_time_seconds: float | None = None
+    """The pool's scale-up lead time, pod created -> ready, as measured from its pods (None: the planner's
+    default, policy.fleet.DEFAULT_LEAD_TIME_S)."""
 
 
 @dataclasses.dataclass
@@ -118,7 +122,7 @@ def place_fleet(spec: SpeculativeDeploymentSpec, members: Sequence[FleetMember],
         return FleetOutcome(_stamped(FleetStatus(
             reason="waiting for load metrics: each pool scales on its own meanwhile"), previous, now), {})
     gpus_per_replica = spec.model.tensor_parallel_size * spec.model.data_parallel_size
-    pools, state_targets, incumbent, shares = [], {}, {}, {}
+    pools, state_targets, incumbent, shares, changes = [], {}, {}, {}, {}
     for m in members:
         lo, hi = _bounds(spec, m.spec)
         current = m.current_replicas if m.current_replicas is not None else lo
@@ -126,22 +130,28 @@ def place_fleet(spec: SpeculativeDeploymentSpec, members: Sequence[FleetMember],
             m.spec.name, m.price_per_gpu_hour, gpus_per_replica, lo, hi, _curve(m.status),
             m.status.capacity_concurrency_per_replica, gpus_available=m.gpus_available,
             current_replicas=current, ready_replicas=m.ready_replicas,
-            held_replicas=m.per_pool_replicas if m.per_pool_replicas is not None else current))
+            held_replicas=m.per_pool_replicas if m.per_pool_replicas is not None else current,
+            lead_time_seconds=m.lead_time_seconds))
         before = m.previous or PoolStatus(name=m.spec.name)
         state_targets[m.spec.name] = ReplicaState(tuple((t.time, t.replicas) for t in before.fleet_targets))
         if before.fleet_target_replicas is not None:
             incumbent[m.spec.name] = before.fleet_target_replicas
         if before.traffic_share is not None:
             shares[m.spec.name] = before.traffic_share
+        if before.fleet_changes:
+            changes[m.spec.name] = tuple(before.fleet_changes)
     settings = FleetSettings(
         routing=routing, tpot_slo_ms=spec.policy.tpot_slo_ms, ttft_slo_ms=spec.policy.ttft_slo_ms,
         target_utilization_percent=spec.serving.target_utilization_percent,
         min_gain_percent=spec.policy.min_gain_percent,
-        scale_down_stabilization_seconds=spec.serving.scale_down_stabilization_seconds)
+        scale_down_stabilization_seconds=spec.serving.scale_down_stabilization_seconds,
+        slo_attainment_percent=spec.policy.slo_attainment_percent)
     # The incumbent is kept only when every placed pool has one (a new pool re-plans the whole fleet).
     planned_names = {p.name for p in pools if p.curve}
+    history = tuple((h.time, h.tokens_per_second) for h in previous.demand_history) if previous else ()
     state = FleetState(targets=state_targets,
-                       replicas=incumbent if planned_names <= set(incumbent) else {}, shares=shares)
+                       replicas=incumbent if planned_names <= set(incumbent) else {}, shares=shares,
+                       history=history, changes=changes)
     plan = plan_fleet(pools, demand, settings, state, now)
     events = []
     moved_at = previous.shares_moved_at if previous else None
@@ -152,8 +162,18 @@ def place_fleet(spec: SpeculativeDeploymentSpec, members: Sequence[FleetMember],
         events.append(Event("Normal", "FleetSharesMoved", f"{words}: {plan.reason}"))
     fleet = FleetStatus(routing=plan.routing.value, demand_tokens_per_second=round(plan.demand_tokens_per_second, 3),
                         cost_per_mtok=round(plan.cost_per_mtok, 4) if plan.cost_per_mtok is not None else None,
-                        slo_feasible=plan.slo_feasible, reason=plan.reason, shares_moved_at=moved_at)
+                        slo_feasible=plan.slo_feasible, reason=plan.reason, shares_moved_at=moved_at,
+                        **_forecast_fields(plan))
     return FleetOutcome(_stamped(fleet, previous, now), {p.name: p.replicas for p in plan.pools}, events, plan)
+
+
+def _forecast_fields(plan: FleetPlan) -> dict:
+    forecast = plan.forecast
+    if forecast is None:
+        return {}
+    return {"forecast_tokens_per_second": round(forecast.tokens_per_second, 3),
+            "headroom_percent": round(forecast.headroom * 100, 1), "lead_time_seconds": forecast.lead_s,
+            "demand_history": [DemandSample(time=t, tokens_per_second=round(d, 3)) for t, d in plan.state.history]}
 
 
 def _stamped(fleet: FleetStatus, previous: FleetStatus | None, now: datetime) -> FleetStatus:
@@ -165,7 +185,8 @@ def _stamped(fleet: FleetStatus, previous: FleetStatus | None, now: datetime) ->
     return fleet.model_copy(update={"planned_at": now})
 
 
-_PLANNED_FIELDS = ("routing", "demand_tokens_per_second", "cost_per_mtok", "slo_feasible", "reason", "shares_moved_at")
+_PLANNED_FIELDS = ("routing", "demand_tokens_per_second", "forecast_tokens_per_second", "headroom_percent",
+                   "cost_per_mtok", "slo_feasible", "reason", "shares_moved_at")
 """The fields of FleetStatus that place_fleet decides (the rest is written by the operator around it)."""
 
 
@@ -180,6 +201,7 @@ def write_plan(status: PoolStatus, plan: FleetPlan, external: bool) -> int:
     status.fleet_reason = placed.reason
     targets = plan.state.targets.get(status.name)
     status.fleet_targets = [ReplicaTarget(time=t, replicas=n) for t, n in targets.recent] if targets else []
+    status.fleet_changes = list(plan.state.changes.get(status.name, ()))[-MAX_FLEET_CHANGES:]
     status.desired_replicas = placed.replicas
     if not external:
         status.replicas = placed.replicas
@@ -192,3 +214,4 @@ def clear_plan(status: PoolStatus) -> None:
     status.cost_per_mtok = status.full = None
     status.fleet_reason = ""
     status.fleet_targets = []
+    status.fleet_changes = []
