@@ -134,16 +134,16 @@ def test_the_planner_reads_the_phase_the_operator_decided_not_the_stored_one():
     phase still read Running was "not ready", and the pool stayed undecided until some later reconciliation)."""
     from specpilot.api.deployment_spec import GpuPool
     from specpilot.api.profile import SpeculationProfile
-    from specpilot.controller.reconcile import _pool_profiles
+    from specpilot.policy.plan import pool_profiles
     from specpilot.policy.choose import _ready
 
     need, body = _forged_view("5")
     body["status"]["phase"] = "Running"
     view = PoolView(pool=GpuPool(name="h100", node_selector={"gpu": "h100"}), skus=["H100-SXM"])
-    planned = _pool_profiles([need], view, {need.name: "Succeeded"}, {need.name: body}, {}, "uid")
+    planned = pool_profiles([need], view, {need.name: "Succeeded"}, {need.name: body}, {}, "uid")
     assert _ready(SpeculationProfile.model_validate(planned.bodies[need.key]))
     assert body["status"]["phase"] == "Running"  # the index's copy is left as it is
-    assert _pool_profiles([need], view, {need.name: "Running"}, {need.name: body}, {}, "uid").bodies == {}
+    assert pool_profiles([need], view, {need.name: "Running"}, {need.name: body}, {}, "uid").bodies == {}
 
 
 def test_a_failed_jobs_pods_are_read_and_their_account_quoted():

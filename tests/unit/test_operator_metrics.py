@@ -248,7 +248,8 @@ def test_slo_attainment_gauges_carry_only_a_judged_window():
 
     from specpilot.api.deployment_spec import SpeculativeDeploymentSpec
     from specpilot.api.deployment_status import ObservedLoad, PoolStatus, SloAttainment, SpeculativeDeploymentStatus
-    from specpilot.controller.reconcile import _slo_attained
+    from specpilot.controller.reconcile import _record
+    from specpilot.policy.plan import DeploymentPlan, DeploymentSnapshot, _slo_attained
     from specpilot.policy.slo import MIN_REQUESTS
 
     metrics = OperatorMetrics()
@@ -262,7 +263,10 @@ def test_slo_attainment_gauges_carry_only_a_judged_window():
                             both_at_least_percent=50.0, both_at_most_percent=50.0)
         status = SpeculativeDeploymentStatus(pools=[PoolStatus(name="h100", observed=ObservedLoad(slo=slo))])
         events: list = []
-        _slo_attained(ctx, spec, status, SpeculativeDeploymentStatus(), "llm", "chat", 1, datetime.now(UTC), events)
+        snapshot = DeploymentSnapshot(spec=spec, name="chat", uid="u1", generation=1, old=SpeculativeDeploymentStatus(),
+                                      now=datetime.now(UTC), pools=[], needed=[], states={}, profiles={})
+        _slo_attained(snapshot, status, events)
+        _record(ctx, spec, snapshot, DeploymentPlan(status, [], events, {}, set()), "llm", "chat")
         return status, events
 
     def sample(slo: str) -> float | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from specpilot.api.deployment_spec import Hysteresis
-from specpilot.api.deployment_status import PoolStatus
+from specpilot.api.deployment_status import PoolStatus, SpeculativeDeploymentStatus
 from specpilot.api.schedule import k_at
 from specpilot.sim.fleet import FleetConfig, FleetSetup, simulate
 from specpilot.sim.policies import (
@@ -165,6 +165,9 @@ class _Cluster:
         self.applied.append(obj)
         return obj
 
+    def applied_deployments(self) -> list[dict]:
+        return [obj for obj in self.applied if obj.get("kind") == "Deployment"]
+
 
 def _engine_runs(deployment: dict, max_num_seqs: int) -> tuple:
     """(method, K per batch size, replicas) that vLLM runs from a Deployment the controller applied."""
@@ -186,10 +189,10 @@ def _engine_runs(deployment: dict, max_num_seqs: int) -> tuple:
 async def _controller_agreement(policy: OperatorPolicy, monkeypatch) -> tuple[int, int]:
     """(control steps where the operator's executor applies the engine and replicas the simulator ran, steps).
 
-    Each recorded step goes through `controller.reconcile.reconcile_pool`, the controller's per-pool path:
-    it reads the Deployment (replicas, rollout) from the cluster, validates the profile objects, observes
-    (here: the step's observation), plans with `plan_pool` from the status as read back, and applies the
-    pool's Deployment; what vLLM would run from that Deployment is compared with the simulator's mode."""
+    Each recorded step goes through the controller's own path: `controller.reconcile.read_snapshot` reads the
+    Deployment (replicas, rollout) from the cluster and observes (here: the step's observation),
+    `policy.plan.plan_deployment` plans from the status as read back, and `controller.reconcile.execute` applies
+    the pool's Deployment; what vLLM would run from that Deployment is compared with the simulator's mode."""
     from types import SimpleNamespace
 
     from specpilot.config import OperatorConfig
@@ -198,7 +201,9 @@ async def _controller_agreement(policy: OperatorPolicy, monkeypatch) -> tuple[in
     from specpilot.controller import reconcile as controller
     from specpilot.controller.context import Context
     from specpilot.controller.metrics import OperatorMetrics
+    from specpilot.controller.routing import RouteReading
     from specpilot.manifests import names
+    from specpilot.policy.plan import plan_deployment
 
     spec = policy.spec
     cluster = _Cluster()
@@ -225,13 +230,14 @@ async def _controller_agreement(policy: OperatorPolicy, monkeypatch) -> tuple[in
             "metadata": {"name": name, "generation": 2}, "spec": {"replicas": step.current_replicas},
             "status": {"observedGeneration": 2, "updatedReplicas": 0 if step.rolling_out else step.current_replicas}}
         observation[0] = step.observation
-        await controller.reconcile_pool(ctx, body, spec, views[0], needed, states, profiles, {}, {},
-                                         PoolStatus.model_validate(step.previous), step.now, [],
-                                         step.observation is not None, controller.PoolReadings([], []))
+        old = SpeculativeDeploymentStatus(pools=[PoolStatus.model_validate(step.previous)])
+        snapshot = await controller.read_snapshot(ctx, body, spec, views, needed, states, profiles, {}, [],
+                                                  step.observation is not None, {}, None, False, old, step.now)
+        await controller.execute(ctx, body, spec, snapshot, plan_deployment(snapshot), RouteReading(wanted=False), {})
         mode = policy.connector.mode(step.serve)
         sim = (mode.method, mode.k_by_batch_size, step.serve.replicas)
-        same += _engine_runs(cluster.applied[-1], size) == sim
-    assert len(cluster.applied) == len(policy.steps)
+        same += _engine_runs(cluster.applied_deployments()[-1], size) == sim
+    assert len(cluster.applied_deployments()) == len(policy.steps)
     return same, len(policy.steps)
 
 

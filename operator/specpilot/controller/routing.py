@@ -13,7 +13,6 @@ from ..api.deployment_status import RoutingStatus, SpeculativeDeploymentStatus
 from ..manifests import names
 from ..manifests.serving import http_route, pod_monitor, pool_service, service
 from ..policy.events import Event
-from ..policy.routing import route_backends
 from ..policy.conditions import set_condition
 from .context import Context
 from .kube import NotFound, Refused
@@ -85,10 +84,10 @@ def _route_refused(exc: Refused) -> RouteReading:
 
 async def reconcile_routing(ctx: Context, body: dict, spec: SpeculativeDeploymentSpec,
                              status: SpeculativeDeploymentStatus, old: SpeculativeDeploymentStatus,
-                             route: RouteReading, served: set[str], generation: int | None, now: datetime,
+                             route: RouteReading, weights: dict[str, int], generation: int | None, now: datetime,
                              events: list[Event]) -> None:
-    """serving.routing made real: with gateway, one Service per serving pool and the HTTPRoute whose weights follow
-    the planned shares (or, without the Gateway API, the fallback to the one Service: condition RoutingReady=False
+    """serving.routing made real: with gateway, one Service per serving pool and the HTTPRoute with the plan's
+    `weights` (policy.plan: the planned shares (or, without the Gateway API, the fallback to the one Service: condition RoutingReady=False
     and one Event); with service, the HTTPRoute of an earlier gateway mode is deleted. status.routing says which."""
     meta = body["metadata"]
     namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
@@ -105,7 +104,6 @@ async def reconcile_routing(ctx: Context, body: dict, spec: SpeculativeDeploymen
                 status.routing.http_route = was_route
         return
     weighted = status.fleet is not None and status.fleet.routing == Routing.GATEWAY.value
-    weights = route_backends(status.pools, weighted, served) if route.available else {}
     if weights:
         for pool in weights:
             await ctx.kube.apply(pool_service(sdep_name=name, namespace=namespace, uid=uid, spec=spec, pool_name=pool))
