@@ -54,6 +54,7 @@ from ..policy.fleet import (
     FleetPool,
     FleetSettings,
     FleetState,
+    ReplicaCurve,
     Routing,
     even_split_replicas,
     plan_fleet,
@@ -360,11 +361,54 @@ class Timeline:
         return {n: float(np.count_nonzero(np.diff(r))) / hours for n, r in self.replicas.items()}
 
 
+class FluidFleet:
+    """Requests in flight per pool on a fluid model of the placed fleet: what the operator's `requests in flight`
+    shows (running + waiting), so the planner gets the same demand signal in the simulator as in a cluster.
+
+    Each control interval a pool gets its share of the arriving tokens and serves, on the replicas that serve,
+    up to what they deliver at their admission limit (the curve at the decision's concurrency); the rest waits
+    (a backlog in tokens, drained first). Running requests are the concurrency at which the serving replicas
+    deliver what they serve (Little's law on the curve); waiting ones the backlog over the mean output length."""
+
+    def __init__(self, views: Sequence[FleetPool], output_tokens: float) -> None:
+        self.views = {v.name: v for v in views}
+        self.curves = {v.name: ReplicaCurve(v.curve) for v in views if v.curve}
+        self.output_tokens = max(output_tokens, 1.0)
+        self.backlog = {v.name: 0.0 for v in views}
+        self.running = {v.name: 0.0 for v in views}
+
+    def requests_in_flight(self) -> float:
+        return sum(self.running.values()) + sum(self.backlog.values()) / self.output_tokens
+
+    def advance(self, tokens_per_second: float, shares: dict[str, float], serving: dict[str, int],
+                seconds: float) -> None:
+        for name, view in self.views.items():
+            arriving = max(tokens_per_second, 0.0) * shares.get(name, 0.0)
+            curve, ready = self.curves.get(name), serving.get(name, 0)
+            if curve is None or ready <= 0:
+                self.backlog[name] += arriving * seconds
+                self.running[name] = 0.0
+                continue
+            limit = view.max_concurrency if view.max_concurrency and view.max_concurrency > 0 else curve.last
+            most = ready * curve.tokens_per_second(limit)
+            served = min(arriving + self.backlog[name] / seconds, most)
+            self.backlog[name] = max(self.backlog[name] + (arriving - served) * seconds, 0.0)
+            self.running[name] = ready * curve.concurrency_for(served / ready, limit) if served > 0 else 0.0
+
+
+def true_peak_rps(trace: LoadTrace, t0_s: float, t1_s: float, step_s: float) -> float:
+    """The highest arrival rate over [t0_s, t1_s] in `step_s` bins: what a clairvoyant planner is told."""
+    edges = np.arange(t0_s, t1_s + step_s / 2, step_s)
+    return max((arrival_rate_rps(trace, a, a + step_s) for a in edges), default=0.0)
+
+
 def place(placement: str, prepared: Sequence[PreparedPool], trace: LoadTrace, output_tokens: float,
           config: FleetConfig, scenario: MixedScenario, utilization_percent: float | None = None) -> Timeline:
-    """Run one placement policy over the trace (open loop on the observed arrival rate; the oracle on the true
-    rate one start-up ahead). `utilization_percent`: the even splits' autoscaler target (None: the planner's
-    default)."""
+    """Run one placement policy over the trace: every placement sees the observed demand (the arrival rate over
+    the observation window x the mean output length) and the requests in flight of its own fleet (`FluidFleet`),
+    the planners' `demand_tokens_per_second` of both; specpilot's planners forecast from its history over the
+    lead time (the replica start-up), the oracle is told the true peak within it instead.
+    `utilization_percent`: the even splits' autoscaler target (None: the planner's default)."""
     if placement not in PLACEMENTS:
         raise ValueError(f"unknown placement {placement!r}; use one of {', '.join(PLACEMENTS)}")
     dt, window = config.control_interval_s, config.observation_window_s
@@ -374,10 +418,11 @@ def place(placement: str, prepared: Sequence[PreparedPool], trace: LoadTrace, ou
     settings = FleetSettings(routing=routing, tpot_slo_ms=scenario.slo_tpot_ms, ttft_slo_ms=scenario.slo_ttft_ms)
     if utilization_percent is not None:
         settings = dataclasses.replace(settings, target_utilization_percent=utilization_percent)
-    # the oracle sees at t what the window will show once a replica asked for at t serves
-    lead = config.startup_s if placement == "oracle" else 0.0
+    oracle = placement == "oracle"
     plain = placement == "cost-optimal-no-sd"
-    views = [p.plain_pool if plain else p.sd_pool for p in prepared]
+    views = [dataclasses.replace(p.plain_pool if plain else p.sd_pool, lead_time_seconds=config.startup_s)
+             for p in prepared]
+    fluid = FluidFleet(views, output_tokens)
     names = [v.name for v in views]
     replicas = {n: np.zeros(len(times), dtype=int) for n in names}
     shares = {n: np.zeros(len(times)) for n in names}
@@ -388,7 +433,11 @@ def place(placement: str, prepared: Sequence[PreparedPool], trace: LoadTrace, ou
     current = {n: 0 for n in names}
     asked: dict[str, list[tuple[float, int]]] = {n: [] for n in names}
     for i, t in enumerate(times):
-        demand = FleetDemand(arrival_rate_rps(trace, t + lead - window, t + lead) * output_tokens)
+        # the oracle is told the highest rate between now and the next decision's replicas serving
+        told = (true_peak_rps(trace, float(t), float(t) + config.startup_s + dt, dt) * output_tokens
+                if oracle else None)
+        demand = FleetDemand(arrival_rate_rps(trace, t - window, t) * output_tokens, fluid.requests_in_flight(),
+                             forecast_tokens_per_second=told)
         ready = {n: _ready(asked[n], t, config.startup_s, current[n]) for n in names}
         pools = [dataclasses.replace(v, current_replicas=current[v.name], ready_replicas=ready[v.name] if i else None)
                  for v in views]
@@ -422,6 +471,9 @@ def place(placement: str, prepared: Sequence[PreparedPool], trace: LoadTrace, ou
             replicas[n][i] = current[n]
             if not asked[n] or asked[n][-1][1] != current[n]:
                 asked[n].append((float(t), current[n]))
+        serving_next = {n: _ready(asked[n], t, config.startup_s, current[n]) if i else current[n] for n in names}
+        fluid.advance(arrival_rate_rps(trace, t, t + dt) * output_tokens, {n: shares[n][i] for n in names},
+                      serving_next, dt)
     return Timeline(times, replicas, shares, cost, reasons, float(trace.duration_s))
 
 
