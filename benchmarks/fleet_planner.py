@@ -2,7 +2,8 @@
 
 Ten pools with different prices, GPUs per replica, TPOT curves (9 levels, 1..256), min/max replicas and GPU
 bounds, under both routing modes, at demands from a trickle to more than the fleet holds, each decision
-chained to the previous one (its state) as the operator chains them. Target: p99 decide time < 50 ms (the
+chained to the previous one (its state: the demand history the forecast reads, the replica changes of the last
+hour) as the operator chains them, sized to the default 99% SLO attainment. Target: p99 decide time < 50 ms (the
 slowest is printed too; on a shared host it carries the scheduler's noise).
 
 Run: python benchmarks/fleet_planner.py [--decisions 400] [--pools 10]
