@@ -1,2 +1,2 @@
-"""Simulation: synthetic profiles from the digital twin, and the fleet simulator that runs the operator's pool
-planner (`policy.planner.plan_pool`) through a simulated connector (`sim.connector`)."""
+"""Simulation: synthetic profiles from the digital twin, and the fleet simulator that runs the operator's decision
+(`policy.plan.plan_deployment`) through a simulated connector (`sim.connector`)."""

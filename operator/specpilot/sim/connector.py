@@ -1,11 +1,11 @@
 """The fleet simulator's observation/actuation connector for the operator's pool planner.
 
-The operator's rules for one pool are one pure function, `policy.planner.plan_pool`: typed inputs (spec,
-previous `PoolStatus`, profiles, the latest `PoolObservation`, the Deployment's replicas and rollout, now)
-to the pool's next status and how to serve it (`Serve`: method, K, schedule, replicas). Around it sit
-connectors, as Dynamo's planner has one per platform: the Kubernetes one is the controller
-(`controller.reconcile` reads Prometheus or the pods into a `PoolObservation` and applies `Serve` to the
-pool's Deployment); this is the simulated one. It turns the simulator's `Observation` into the
+The operator's decision is one pure function, `policy.plan.plan_deployment`: a snapshot (spec, previous
+status, profiles, each pool's latest `PoolObservation`, its Deployment's replicas and rollout, now) to the next
+status and the actions that make it real (for a pool, `ApplyDeployment` with its `Serve`: method, K, schedule,
+replicas). Around it sit connectors, as Dynamo's planner has one per platform: the Kubernetes one is the
+controller (`controller.reconcile` reads Prometheus or the pods into a `PoolObservation` and applies `Serve` to
+the pool's Deployment); this is the simulated one. It turns the simulator's `Observation` into the
 `PoolObservation` the observer would report, and a `Serve` into the simulator's `Action` and engine `Mode`
 (what vLLM does with the `--speculative-config` the Deployment would carry).
 

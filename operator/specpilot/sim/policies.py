@@ -44,13 +44,16 @@ from ..api.deployment_spec import (
     SpeculativeDeploymentSpec,
     Strategy,
 )
-from ..api.deployment_status import PoolStatus, ReplicaTarget
+from ..api.deployment_status import PoolStatus, ReplicaTarget, SpeculativeDeploymentStatus
 from ..api.methods import CandidateMethod
 from ..api.profile import SpeculationProfile
+from ..config import OperatorConfig
 from ..observe.model import PoolObservation
-from ..policy import planner
 from ..policy.choose import BASELINE_KEY, CandidatePlan, PoolPlan, decide_pool
-from ..policy.planner import PoolInputs, PoolProfiles, Serve
+from ..policy.needs import needed_profiles
+from ..policy.plan import ApplyDeployment, DeploymentSnapshot, PoolSnapshot, plan_deployment
+from ..policy.planner import PoolProfiles, Serve
+from ..policy.pools import NodeInfo, PoolView
 from ..policy.replicas import ReplicaState, demand_at_capacity, plan_replicas
 from ..policy.surface import BaselineSurface, build_baseline
 from .connector import EPOCH, SimulatedConnector
@@ -302,7 +305,8 @@ class ControlStep:
 
 @dataclasses.dataclass
 class OperatorPolicy:
-    """The operator's rules on the simulated pool: `policy.planner.plan_pool` at every control step.
+    """The operator's decision on the simulated pool: `policy.plan.plan_deployment` at every control step, on the
+    snapshot the controller would read (the pool's Deployment, observation and profiles).
 
     Keeps the pool's `PoolStatus` between steps and reads it back through its JSON form each time (as the
     operator reads it from the API server), so everything the planner remembers (the decision and its
@@ -323,6 +327,8 @@ class OperatorPolicy:
     method: str | None = None
     """The drafter method last served (the report's method column)."""
     steps: list[ControlStep] = dataclasses.field(default_factory=list)
+    _profiles: tuple | None = dataclasses.field(default=None, repr=False)
+    """(pool view, needed profiles, their bodies by name), built once."""
 
     @property
     def modes(self) -> dict[str, Mode]:
@@ -346,14 +352,34 @@ class OperatorPolicy:
             targets = [ReplicaTarget(time=self.connector.at(0.0), replicas=self.start_replicas)]
         return PoolStatus(name=self.pool.name, replicas=self.start_replicas, replica_targets=targets)
 
-    def inputs(self, previous: PoolStatus, observation: PoolObservation | None, current_replicas: int,
-               rolling_out: bool, now: datetime) -> PoolInputs:
-        """What the controller gathers for `plan_pool`, here from the simulated pool."""
-        return PoolInputs(
-            spec=self.spec, generation=1, pool=self.pool, sku=self.pool.sku, gpu_products=(),
-            nodes=self.spec.serving.max_replicas, previous=previous, profiles=self.profiles,
-            observation=observation, current_replicas=current_replicas, rolling_out=rolling_out,
-            price_per_gpu_hour=self.pool.price_per_gpu_hour, now=now)
+    def snapshot(self, previous: PoolStatus, observation: PoolObservation | None, current_replicas: int,
+                 rolling_out: bool, now: datetime) -> DeploymentSnapshot:
+        """What the controller reads for `plan_deployment`, here from the simulated pool: its Deployment (replicas
+        and whether a rollout is in progress), the observation, and the profiles under their identities' names."""
+        if self._profiles is None:
+            view = PoolView(pool=self.pool, nodes=[NodeInfo(f"node-{i}", {}) for i in
+                                                   range(self.spec.serving.max_replicas)], skus=[self.pool.sku])
+            needed = needed_profiles(self.spec, [view], OperatorConfig())
+            baseline, methods = self.profiles.validated()
+            chosen = {n.name: baseline if n.candidate is None else methods.get(n.key) for n in needed}
+            self._profiles = (view, needed, {name: p.dump() for name, p in chosen.items() if p is not None})
+        view, needed, bodies = self._profiles
+        deployment = {"metadata": {"name": self.pool.name, "generation": 2}, "spec": {"replicas": current_replicas},
+                      "status": {"observedGeneration": 2,
+                                 "updatedReplicas": 0 if rolling_out else current_replicas}}
+        return DeploymentSnapshot(
+            spec=self.spec, name=self.name, uid=self.name, generation=1,
+            old=SpeculativeDeploymentStatus(pools=[previous]), now=now,
+            pools=[PoolSnapshot(view=view, current=deployment, observation=observation,
+                                price_per_gpu_hour=self.pool.price_per_gpu_hour)],
+            needed=needed, states=dict.fromkeys(bodies, "Succeeded"), profiles=bodies)
+
+    def plan(self, previous: PoolStatus, observation: PoolObservation | None, current_replicas: int,
+             rolling_out: bool, now: datetime) -> tuple[PoolStatus, Serve | None]:
+        """The operator's decision on the pool (`policy.plan.plan_deployment`): its next status and what it serves."""
+        plan = plan_deployment(self.snapshot(previous, observation, current_replicas, rolling_out, now))
+        applies = plan.of(ApplyDeployment)
+        return plan.status.pools[0], applies[0].serve if applies else None
 
     def start(self) -> Action:
         self.status = self.initial_status()
@@ -367,12 +393,10 @@ class OperatorPolicy:
     def _step(self, t_s: float, observation: PoolObservation | None, rolling_out: bool) -> Action:
         written = self.status.dump()
         now = self.connector.at(t_s)
-        outcome = planner.plan_pool(self.inputs(PoolStatus.model_validate(written), observation, self.current,
-                                                rolling_out, now))
-        self.status = outcome.status
+        self.status, serve = self.plan(PoolStatus.model_validate(written), observation, self.current, rolling_out, now)
         if self.record:
-            self.steps.append(ControlStep(t_s, written, observation, self.current, rolling_out, now, outcome.serve))
-        action = self.connector.actuate(outcome.serve, self.current)
+            self.steps.append(ControlStep(t_s, written, observation, self.current, rolling_out, now, serve))
+        action = self.connector.actuate(serve, self.current)
         self.current = action.replicas
         mode = self.connector.modes[action.mode]
         if mode.speculative:
@@ -394,9 +418,8 @@ def replay_agreement(policy: OperatorPolicy) -> tuple[int, int]:
     same = 0
     for step in policy.steps:
         previous = PoolStatus.model_validate(step.previous)
-        outcome = planner.plan_pool(policy.inputs(previous, step.observation, step.current_replicas,
-                                                  step.rolling_out, step.now))
-        same += serve_key(outcome.serve) == serve_key(step.serve)
+        _, serve = policy.plan(previous, step.observation, step.current_replicas, step.rolling_out, step.now)
+        same += serve_key(serve) == serve_key(step.serve)
     return same, len(policy.steps)
 
 
