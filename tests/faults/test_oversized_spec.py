@@ -4,7 +4,6 @@ enforces it), so no endless error loop; shrinking the spec brings the deployment
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 import pytest
@@ -32,7 +31,7 @@ async def test_a_spec_over_256_kb_is_refused_with_the_fix_and_recovers(sandbox, 
                                    timeout_s=30, what="Valid=False")
     assert valid["reason"] == "InvalidSpec" and "bytes as JSON" in valid["message"]
     assert "shorten lists and free-form fields" in valid["message"]
-    await asyncio.sleep(4)
+    await op.wait_periodic_runs(sandbox, 3)  # several reconciliations: still one Event, no profiles
     assert len(events(sandbox, "InvalidSpec")) == 1
     assert profiles(sandbox) == []
     obj = sandbox.get("speculativedeployments", NAMESPACE, "llama")

@@ -70,6 +70,19 @@ class OperatorProcess:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
+    def periodic_runs(self) -> int:
+        """How many periodic reconciliations this operator has started, every process of it (the log is kept
+        across restarts): kopf logs each run of the `periodic` timer at DEBUG, which --verbose keeps."""
+        return self.log().count("Timer 'periodic' is invoked.")
+
+    async def wait_periodic_runs(self, api: SandboxApiServer, runs: int = 2, timeout_s: float = 30.0) -> None:
+        """Wait until `runs` more periodic reconciliations than now have run to their end: the evidence that a
+        test's "nothing more happens" held for that long, instead of a fixed sleep. A timer run starts only
+        after the one before it ended, so `runs` + 1 more starts."""
+        before = self.periodic_runs()
+        await api.wait_for(lambda: self.periodic_runs() >= before + runs + 1, timeout_s=timeout_s,
+                           what=f"{runs} more periodic reconciliations")
+
 
 @pytest.fixture
 async def sandbox() -> AsyncIterator[SandboxApiServer]:

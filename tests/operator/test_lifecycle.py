@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from datetime import UTC, datetime, timedelta
 
 import kmock
@@ -54,7 +53,7 @@ async def test_create_profiles_decide_serve(sandbox, operator):
     # Baseline + two methods on the pool's one SKU, at most two Jobs at once.
     await sandbox.wait_for(lambda: len(profiles(sandbox)) == 3, what="3 profiles")
     await sandbox.wait_for(lambda: len(jobs(sandbox)) == 2, what="2 Jobs")
-    await asyncio.sleep(1.5)
+    await operator.wait_periodic_runs(sandbox, 2)
     assert len(jobs(sandbox)) == 2, "maxParallelJobsPerPool=2 must hold"
     for job in jobs(sandbox):
         assert_valid(job)
@@ -142,7 +141,7 @@ async def test_restart_mid_profiling_resumes_without_duplicate_jobs(sandbox, ope
     before = {j["metadata"]["name"]: j["metadata"]["uid"] for j in jobs(sandbox)}
     await operator.stop()
     operator.start()
-    await asyncio.sleep(4)
+    await operator.wait_periodic_runs(sandbox, 2)  # the restarted process resumed, then reconciled twice
     after = {j["metadata"]["name"]: j["metadata"]["uid"] for j in jobs(sandbox)}
     assert after == before
     assert len(profiles(sandbox)) == 3

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
 from tests.operator.scenario import NAMESPACE, condition, events, profiles, sdep
@@ -25,7 +23,7 @@ async def test_invalid_resource_gets_condition_and_event_not_a_crash(sandbox, op
     assert warning[0]["type"] == "Warning"
     assert "pricePerGpuHour" in warning[0]["message"]
 
-    await asyncio.sleep(3)  # several timer ticks: still one Event, no profiles, the operator alive
+    await operator.wait_periodic_runs(sandbox, 3)  # several reconciliations: still one Event, no profiles, alive
     assert len(events(sandbox, "InvalidSpec")) == 1
     assert profiles(sandbox) == []
     assert operator.proc.poll() is None
