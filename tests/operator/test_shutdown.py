@@ -20,13 +20,15 @@ pytestmark = pytest.mark.operator
 
 
 async def test_sigterm_mid_scrape_exits_without_orphans_or_open_sessions(sandbox, operator):
-    scraping = asyncio.Event()
+    scraping, sigterm_received = asyncio.Event(), asyncio.Event()
     state = VllmMetricsState(model_name="llama")
     state.set_load(running=2)
 
     async def slow_metrics(_: web.Request) -> web.Response:
+        # The page is answered only once the operator has logged SIGTERM: the signal surely arrives mid-scrape
+        # (within the operator's 5 s scrape timeout), however long the start-up took.
         scraping.set()
-        await asyncio.sleep(3)
+        await asyncio.wait_for(sigterm_received.wait(), timeout=10)
         return web.Response(body=render_metrics(state), headers={"Content-Type": "text/plain"})
 
     ip = f"127.0.{random.randint(1, 250)}.{random.randint(2, 250)}"
@@ -37,7 +39,11 @@ async def test_sigterm_mid_scrape_exits_without_orphans_or_open_sessions(sandbox
             await create_serving_pod(sandbox, serving, "llama-h100-6b7c8-d9e0f", ip)
             await asyncio.wait_for(scraping.wait(), timeout=60)
             process = operator.proc
-            await operator.stop()
+            stopping = asyncio.create_task(operator.stop())
+            await sandbox.wait_for(lambda: "Signal SIGTERM is received" in operator.log(), timeout_s=10,
+                                   what="the operator to log the SIGTERM")
+            sigterm_received.set()
+            await stopping
             assert process.returncode == 0, operator.log()[-5000:]
             log = operator.log()
             assert "Signal SIGTERM is received" in log
