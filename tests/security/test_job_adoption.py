@@ -20,7 +20,8 @@ from specpilot.policy.profiling import Need
 from specpilot.policy.verdict import VERDICT_ANNOTATION, verdict_annotation
 from specpilot.controller.context import Context
 from specpilot.controller.metrics import OperatorMetrics
-from specpilot.controller.profiles import JOB_UID_ANNOTATION, reconcile_profiles
+from profile_steps import reconcile_profiles
+from specpilot.controller.profiles import JOB_UID_ANNOTATION
 from specpilot.manifests import names
 from specpilot.sim.synthetic import Scenario, synthetic_profiles
 

@@ -16,7 +16,7 @@ from specpilot.policy.profiling import Need
 from specpilot.policy.verdict import VERDICT_ANNOTATION
 from specpilot.controller.context import Context
 from specpilot.controller.metrics import OperatorMetrics
-from specpilot.controller.profiles import reconcile_profiles
+from profile_steps import reconcile_profiles
 from specpilot.sim.synthetic import Scenario, synthetic_profiles
 
 NOW = datetime(2026, 12, 1, tzinfo=UTC)

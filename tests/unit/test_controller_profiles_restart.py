@@ -16,7 +16,7 @@ from specpilot.policy.profiling import Need
 from specpilot.controller.context import Context
 from specpilot.controller.kube import Conflict
 from specpilot.controller.metrics import OperatorMetrics
-from specpilot.controller.profiles import reconcile_profiles
+from profile_steps import reconcile_profiles
 from specpilot.manifests import names
 from specpilot.sim.synthetic import Scenario, synthetic_profiles
 

@@ -20,6 +20,7 @@ from specpilot.policy.plan import (
     settle,
 )
 from specpilot.policy.pools import NodeInfo, pool_views
+from specpilot.policy.profiling import all_accepted
 from specpilot.sim.synthetic import Scenario, synthetic_profiles
 
 NOW = datetime(2026, 12, 6, 12, 0, 0, tzinfo=UTC)
@@ -69,7 +70,7 @@ def _snapshot(spec: SpeculativeDeploymentSpec, nodes: list[NodeInfo], *, observe
                             observation=_observation(900.0, 12.0) if observed and v.nodes else None,
                             price_per_gpu_hour=v.pool.price_per_gpu_hour, gpus_available=8 if v.nodes else None)
                for v in views],
-        needed=needed, states=dict.fromkeys(profiles, "Succeeded"), profiles=profiles,
+        profiling=all_accepted(needed, NOW), profiles=profiles,
         readings=readings or PoolReadings([], [v.pool.name for v in views if v.nodes and observed]),
         gateway_available=gateway)
 
@@ -104,11 +105,11 @@ def test_a_profiled_two_pool_deployment_is_decided_placed_and_applied_in_one_pla
 
 def test_the_plan_is_pure_the_same_snapshot_gives_the_same_plan_and_is_left_as_it_was():
     snapshot = _snapshot(_spec(), _nodes("h100", "a100"))
-    before = copy.deepcopy(snapshot.old.dump()), copy.deepcopy(dict(snapshot.profiles)), dict(snapshot.states)
+    before = copy.deepcopy(snapshot.old.dump()), copy.deepcopy(dict(snapshot.profiles))
     first, second = plan_deployment(snapshot), plan_deployment(snapshot)
     assert first.status.dump() == second.status.dump()
     assert first.actions == second.actions and first.events == second.events
-    assert (snapshot.old.dump(), dict(snapshot.profiles), dict(snapshot.states)) == before
+    assert (snapshot.old.dump(), dict(snapshot.profiles)) == before
 
 
 def test_the_next_reconciliation_from_the_plans_status_keeps_the_decision_and_announces_nothing_new():

@@ -204,6 +204,7 @@ async def _controller_agreement(policy: OperatorPolicy, monkeypatch) -> tuple[in
     from specpilot.controller.routing import RouteReading
     from specpilot.manifests import names
     from specpilot.policy.plan import plan_deployment
+    from specpilot.policy.profiling import all_accepted
 
     spec = policy.spec
     cluster = _Cluster()
@@ -215,7 +216,6 @@ async def _controller_agreement(policy: OperatorPolicy, monkeypatch) -> tuple[in
     # the decision's basis, as the simulator's).
     profiles = {n.name: (policy.profiles.baseline if n.candidate is None else policy.profiles.methods[n.key]).dump()
                 for n in needed}
-    states = dict.fromkeys(profiles, "Succeeded")
     observation: list = [None]
 
     async def observe_pool(*_args):
@@ -231,8 +231,8 @@ async def _controller_agreement(policy: OperatorPolicy, monkeypatch) -> tuple[in
             "status": {"observedGeneration": 2, "updatedReplicas": 0 if step.rolling_out else step.current_replicas}}
         observation[0] = step.observation
         old = SpeculativeDeploymentStatus(pools=[PoolStatus.model_validate(step.previous)])
-        snapshot = await controller.read_snapshot(ctx, body, spec, views, needed, states, profiles, {}, [],
-                                                  step.observation is not None, {}, None, False, old, step.now)
+        snapshot = await controller.read_snapshot(ctx, body, spec, views, all_accepted(needed, step.now), profiles,
+                                                  {}, [], step.observation is not None, {}, None, False, old, step.now)
         await controller.execute(ctx, body, spec, snapshot, plan_deployment(snapshot), RouteReading(wanted=False), {})
         mode = policy.connector.mode(step.serve)
         sim = (mode.method, mode.k_by_batch_size, step.serve.replicas)

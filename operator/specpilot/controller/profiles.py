@@ -14,6 +14,7 @@ carries a ProfilingFailed Event, and the deployment's conditions count it.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from datetime import datetime
 
 from ..api import seal
@@ -109,64 +110,90 @@ def _job_failure(job: dict) -> tuple[str, str]:
     return "JobFailed", "the benchmark Job failed"
 
 
-async def reconcile_profiles(ctx: Context, spec: SpeculativeDeploymentSpec, namespace: str, sdep_name: str,
-                             needed: list[Need], profiles: dict[str, dict],
-                             jobs: dict[str, dict], reprofile: str | None, now: datetime,
-                             events: list[Event]) -> dict[str, str]:
-    """Execute the profiling planner (`policy.profiling`) one profile at a time: read the profile and its Job
-    into the planner's view, ask it for the profile's renewal (create, restart) and its next step, do what it
-    says (API writes, Events, counters), then start the Jobs it allows per pool.
+@dataclass(frozen=True)
+class ProfileRead:
+    """A needed profile as the read phase left it, for the executor: the object (after the operator restored what
+    someone else wrote over its verdict) and its current Job (after the adoption check)."""
 
-    Returns profile name -> phase.
-    """
-    max_age = spec.profiling.reprofile.max_age_hours if "max_age_hours" in spec.profiling.reprofile.model_fields_set \
-        else ctx.config.profiling_defaults.max_age_hours
-    current: dict[str, dict] = {}
-    round_ = profiling.Round()
-    by_name = {need.name: need for need in needed}
+    need: Need
+    profile: dict | None
+    job: dict | None
+
+
+async def read_profiles(ctx: Context, spec: SpeculativeDeploymentSpec, namespace: str, needed: list[Need],
+                        profiles: dict[str, dict], jobs: dict[str, dict], reprofile: str | None, now: datetime,
+                        events: list[Event]) -> tuple[profiling.ProfilingInputs, dict[str, ProfileRead]]:
+    """The profiling planner's inputs (`policy.profiling.ProfilingInputs`): each needed profile as the operator
+    reads it (its verdict over status; a status someone else rewrote is reported and restored here, before any
+    plan) and its current Job (a Job the operator did not make is refused, reported and deleted here); a failed
+    Job's pods are read for its account."""
+    reads: dict[str, ProfileRead] = {}
+    views: dict[str, profiling.ProfileView] = {}
+    job_views: dict[str, profiling.JobView] = {}
     for need in needed:
-        if round_.done(need):
-            continue
+        if need.name in reads:
+            continue  # a profile two pools share is read once
         stored = _as_left_here(ctx, namespace, profiles.get(need.name))
+        job = None
         if stored is not None:
             stored = await _owned(ctx, namespace, need, stored, events)
-        renew = profiling.renewal(need, _view(ctx, namespace, stored, checked=False)
-                                  if stored is not None else None, reprofile, max_age, now)
-        profile = await _renew(ctx, namespace, need, stored, renew, events) if renew is not None else stored
-        current[need.name] = profile
-        job = _current_job(jobs.get(f"{namespace}/{names.bench_job_name(need.name)}"), profile)
-        if job is not None and _job_nonce(profile, job) is not None:
-            job = await _adopted(ctx, namespace, need, profile, job, events)
-        view = _view(ctx, namespace, profile, job)
-        pods_said = await _failed_pods_account(ctx, namespace, profile, job, view)
-        step = profiling.follow(need, view, _job_view(job, profile, pods_said), now, RESULT_GRACE_S)
-        for action in step.actions:
-            await _execute(ctx, namespace, need, current[need.name], job, action, events)
-        if step.running:
-            await _check_pod_start(ctx, namespace, need, job, events)
-        if step.phase == "Succeeded":
-            uid = (job or {}).get("metadata", {}).get("uid")
-            if uid and uid not in ctx.counted_jobs:
-                ctx.counted_jobs[uid] = True
-                ctx.metrics.profiling_jobs.labels(namespace, "succeeded").inc()
-        round_.add(need, step)
+            job = _current_job(jobs.get(f"{namespace}/{names.bench_job_name(need.name)}"), stored)
+            # Only a measuring profile follows its Job (a decided one is renewed or kept, whatever Job is left):
+            # the adoption check is for the Job whose result it is about to take.
+            measuring = ((stored.get("status") or {}).get("phase") or "Pending") in profiling.MEASURING
+            if job is not None and measuring and _job_nonce(stored, job) is not None:
+                job = await _adopted(ctx, namespace, need, stored, job, events)
+            view = _view(ctx, namespace, stored, job)
+            views[need.name] = view
+            job_view = _job_view(job, stored, await _failed_pods_account(ctx, namespace, stored, job, view))
+            if job_view is not None:
+                job_views[need.name] = job_view
+        reads[need.name] = ProfileRead(need, stored, job)
+    max_age = spec.profiling.reprofile.max_age_hours if "max_age_hours" in spec.profiling.reprofile.model_fields_set \
+        else ctx.config.profiling_defaults.max_age_hours
+    return profiling.ProfilingInputs(
+        needed=needed, profiles=views, jobs=job_views, now=now, max_parallel_jobs=max_parallel_jobs(spec, ctx.config),
+        max_age_hours=max_age, reprofile=reprofile, result_grace_s=RESULT_GRACE_S), reads
+
+
+async def execute_profiling(ctx: Context, spec: SpeculativeDeploymentSpec, namespace: str, sdep_name: str,
+                            plan: profiling.ProfilingPlan, reads: dict[str, ProfileRead],
+                            events: list[Event]) -> None:
+    """The profiling planner's actions, in order (API writes, Events, counters): a created or restarted profile is
+    carried to the actions after it as the write left it; then the active Jobs' pods are checked for one that
+    cannot start, and each accepted result's Job is counted once."""
+    current = {name: read.profile for name, read in reads.items()}
+    renewed: set[str] = set()
     pools = {p.name: p for p in spec.gpu_pools}
-    for start in round_.starts(max_parallel_jobs(spec, ctx.config)):
-        need = by_name[start.name]
-        await _start_job(ctx, spec, namespace, sdep_name, pools[start.pool], need, current[need.name])
-    return round_.states
+    for action in plan.actions:
+        read = reads[action.name]
+        if isinstance(action, (profiling.CreateProfile, profiling.Restart)):
+            current[action.name] = await _renew(ctx, namespace, read.need, current[action.name], action, events)
+            renewed.add(action.name)
+        elif isinstance(action, profiling.StartJob):
+            await _start_job(ctx, spec, namespace, sdep_name, pools[action.pool], read.need, current[action.name])
+        else:
+            await _execute(ctx, namespace, read.need, current[action.name],
+                           None if action.name in renewed else read.job, action, events)
+    for name, read in reads.items():
+        if name in renewed or read.job is None:
+            continue
+        if plan.states.get(name) in profiling.MEASURING:
+            await _check_pod_start(ctx, namespace, read.need, read.job, events)
+        uid = (read.job.get("metadata") or {}).get("uid")
+        if plan.states.get(name) == profiling.SUCCEEDED and uid and uid not in ctx.counted_jobs:
+            ctx.counted_jobs[uid] = True
+            ctx.metrics.profiling_jobs.labels(namespace, "succeeded").inc()
 
 
 def _stamp(text: str | None) -> datetime | None:
     return datetime.fromisoformat(text.replace("Z", "+00:00")) if text else None
 
 
-def _view(ctx: Context, namespace: str, profile: dict, job: dict | None = None,
-          checked: bool = True) -> profiling.ProfileView:
-    """The planner's view of a profile as the operator reads it (after `_owned`). With `checked` (its step, not
-    its renewal, which needs only phase, age and reprofile value) a Succeeded result's seal and plausibility are
-    checked (they need the result key and the catalog) and a failure's account quoted (its seal checked with
-    the current Job's nonce, which `RecordJob` records first)."""
+def _view(ctx: Context, namespace: str, profile: dict, job: dict | None = None) -> profiling.ProfileView:
+    """The planner's view of a profile as the operator reads it (after `_owned`): a Succeeded result's seal and
+    plausibility are checked (they need the result key and the catalog) and a failure's account quoted (its seal
+    checked with the current Job's nonce, which `RecordJob` records first)."""
     status = profile.get("status") or {}
     phase = status.get("phase") or "Pending"
     annotations = ((profile.get("metadata") or {}).get("annotations")) or {}
@@ -175,8 +202,8 @@ def _view(ctx: Context, namespace: str, profile: dict, job: dict | None = None,
     return profiling.ProfileView(
         phase=phase, verdict=verdict_of(profile) is not None, completed_at=_stamp(status.get("completedAt")),
         attempts=status.get("attempts", 0), reprofile_mark=annotations.get(REPROFILE_ANNOTATION),
-        refusal=_result_refusal(ctx, namespace, profile) if checked and phase == "Succeeded" else None,
-        bench_said=_bench_account(ctx, namespace, profile) if checked and phase in profiling.MEASURING else "")
+        refusal=_result_refusal(ctx, namespace, profile) if phase == "Succeeded" else None,
+        bench_said=_bench_account(ctx, namespace, profile) if phase in profiling.MEASURING else "")
 
 
 def _job_view(job: dict | None, profile: dict, pods_said: str = "") -> profiling.JobView | None:

@@ -2,9 +2,9 @@
 
 Level-triggered: the same function runs on create/update/resume and on a timer, and converges from whatever it
 finds (all decision state lives in the resource's status and the objects it owns), so a restarted operator resumes
-where it stopped without duplicating Jobs. The profiling planner's steps run first (`controller.profiles`, whose
-writes are read back one profile at a time); then `read_snapshot` gathers the rest, `policy.plan.plan_deployment`
-decides everything (pools, fleet, routing weights, conditions, cost) and `execute` makes its actions real.
+where it stopped without duplicating Jobs. `read_profiles` and `read_snapshot` gather what it decides from,
+`policy.plan.plan_deployment` decides everything (profiling, pools, fleet, routing weights, conditions, cost),
+`execute_profiling` and `execute` make its actions real.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ from ..api.tenancy import TenancyViolation, refuse, spec_problems
 from ..manifests import names
 from ..manifests.serving import serving_deployment
 from ..observe.model import MetricsUnavailable
-from ..perf.catalog import GpuCatalog
 from ..policy.conditions import set_condition
 from ..policy.events import Event
 from ..policy.needs import engine_image, needed_profiles
@@ -41,8 +40,15 @@ from ..policy.plan import (
     settle,
 )
 from ..policy.planner import profiled_acceptance
-from ..policy.pools import PoolView, node_info, pool_views
-from ..policy.profiling import Need
+from ..policy.pools import (
+    PoolView,
+    allocatable_gpus,
+    node_allocatable,
+    node_info,
+    pool_views,
+    price_per_gpu_hour,
+)
+from ..policy.profiling import ProfilingInputs
 from ..policy.slo import judged
 from .context import Context
 from .kube import NotFound
@@ -52,8 +58,9 @@ from .profiles import (
     JOB_UID_ANNOTATION,
     REPROFILE_ANNOTATION,
     ensure_bench_identity,
+    execute_profiling,
     job_state,
-    reconcile_profiles,
+    read_profiles,
     restart_profile,
     start_refinement,
 )
@@ -101,18 +108,19 @@ async def reconcile(ctx: Context, body: dict, nodes: list[dict], profiles: dict[
     reprofile = (meta.get("annotations") or {}).get(REPROFILE_ANNOTATION)
     await ensure_bench_identity(ctx, namespace)
     events: list[Event] = []
-    states = await reconcile_profiles(ctx, spec, namespace, name, needed, profiles, jobs, reprofile, now, events)
+    profiling, reads = await read_profiles(ctx, spec, namespace, needed, profiles, jobs, reprofile, now, events)
     route = await read_route(ctx, spec, namespace, name)
-    snapshot = await read_snapshot(ctx, body, spec, views, needed, states, profiles, jobs, nodes, observe,
+    snapshot = await read_snapshot(ctx, body, spec, views, profiling, profiles, jobs, nodes, observe,
                                    profile_users or {}, deployments, route.available, old, now)
     plan = plan_deployment(snapshot)
+    await execute_profiling(ctx, spec, namespace, name, plan.profiling, reads, events)
     plan.events[:0] = events
     await execute(ctx, body, spec, snapshot, plan, route, jobs)
     return Result(plan.status.dump(), plan.events)
 
 
 async def read_snapshot(ctx: Context, body: dict, spec: SpeculativeDeploymentSpec, views: list[PoolView],
-                        needed: list[Need], states: dict[str, str], profiles: dict[str, dict],
+                        profiling: ProfilingInputs, profiles: dict[str, dict],
                         jobs: dict[str, dict], nodes: list[dict], observe: bool, users: dict[str, set[str]],
                         deployments: Mapping[str, dict] | None, gateway_available: bool,
                         old: SpeculativeDeploymentStatus, now: datetime) -> DeploymentSnapshot:
@@ -135,12 +143,14 @@ async def read_snapshot(ctx: Context, body: dict, spec: SpeculativeDeploymentSpe
                 observation, problem = await observe_pool(ctx, uid, spec, namespace, name, view.pool.name, current)
                 _count_observation(ctx, uid, view.pool.name, observation, problem, readings)
         pools.append(PoolSnapshot(
-            view=view, current=current, observation=observation, price_per_gpu_hour=_price(ctx, spec, view),
-            gpus_available=_allocatable_gpus(view, by_name),
+            view=view, current=current, observation=observation,
+            price_per_gpu_hour=price_per_gpu_hour(view, ctx.config.gpu_prices_per_hour, ctx.catalog),
+            gpus_available=allocatable_gpus(view, {name: node_allocatable(n, view.pool.gpu_resource_name)
+                                                   for name, n in by_name.items()}),
             refine_jobs=_refine_job_states(old_pools.get(view.pool.name), namespace, jobs)))
     return DeploymentSnapshot(
         spec=spec, name=name, uid=uid, generation=meta.get("generation"), old=old, now=now, pools=pools,
-        needed=needed, states=states, profiles=profiles, profile_users=users, readings=readings,
+        profiling=profiling, profiles=profiles, profile_users=users, readings=readings,
         gateway_available=gateway_available)
 
 
@@ -185,7 +195,7 @@ def _record(ctx: Context, spec: SpeculativeDeploymentSpec, snapshot: DeploymentS
     for pool in status.pools:
         if pool.name not in plan.served:
             continue
-        methods = pool_profiles(snapshot.needed, bodies[pool.name].view, snapshot.states, snapshot.profiles,
+        methods = pool_profiles(snapshot.profiling.needed, bodies[pool.name].view, plan.states, snapshot.profiles,
                                 snapshot.profile_users, snapshot.uid).unvalidated()[1]
         profiled = profiled_acceptance(methods.get(pool.decision.method)) \
             if pool.decision and pool.decision.method else None
@@ -236,22 +246,6 @@ async def _current_deployment(ctx: Context, deployments: Mapping[str, dict] | No
         return None
 
 
-def _allocatable_gpus(view: PoolView, nodes: dict[str, dict]) -> int | None:
-    """GPUs the pool's ready nodes can allocate (status.allocatable[gpuResourceName]); None when no node says."""
-    total, known = 0, False
-    for info in view.nodes:
-        if not info.ready:
-            continue
-        value = ((nodes.get(info.name) or {}).get("status") or {}).get("allocatable", {}).get(
-            view.pool.gpu_resource_name)
-        try:
-            total += int(str(value))
-            known = True
-        except (TypeError, ValueError):
-            continue
-    return total if known else None
-
-
 def _refine_job_states(old: PoolStatus | None, namespace: str, jobs: dict[str, dict]) -> dict[str, str]:
     """The state of each Job of the pool's current refinement round that exists."""
     states = {}
@@ -271,18 +265,3 @@ def _count_observation(ctx: Context, uid: str, pool: str, observation, problem: 
     cut = ctx.cache(uid).last_cut.pop(pool, None)
     if cut is not None:
         metrics.cut = (metrics.cut or []) + [f"pool {pool}: {what}" for what in cut]
-
-
-def _price(ctx: Context, spec: SpeculativeDeploymentSpec, view: PoolView) -> float:
-    """Price of one GPU of the pool per hour: the pool's own, the operator's table, the catalog's, or 0."""
-    if view.primary_sku is None:
-        return 0.0
-    return view.pool.price_per_gpu_hour or ctx.config.gpu_prices_per_hour.get(view.primary_sku) or \
-        _catalog_price(ctx.catalog, view.primary_sku)
-
-
-def _catalog_price(catalog: GpuCatalog, sku: str) -> float:
-    try:
-        return catalog.resolve(sku).default_price_per_gpu_hour
-    except KeyError:
-        return 0.0

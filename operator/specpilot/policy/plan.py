@@ -1,11 +1,13 @@
 """One reconciliation's decision, pure: `plan_deployment(snapshot) -> plan`.
 
 The snapshot is everything a reconciliation of a SpeculativeDeployment read: its spec and last status, the pools'
-nodes and GPU types, the profiles it needs and the phase the profiling planner (`policy.profiling`) left each in,
-every pool's Deployment, fresh observation, price and allocatable GPUs, whether gateway routing can be made real,
-and the time. The plan is the next status and the typed actions that make it real: restart a profile whose live
-acceptance drifted, start refinement Jobs, apply each serving pool's Deployment, weight the HTTPRoute, and the
-Events to announce. It runs every pool's planner (`policy.planner.plan_pool`), fleet placement across the pools
+nodes and GPU types, the profiles it needs (each as the operator reads it, with its benchmark Job), every pool's
+Deployment, fresh observation, price and allocatable GPUs, whether gateway routing can be made real, and the time.
+The plan is the next status and the typed actions that make it real: the profiling planner's (`policy.profiling`:
+create or restart a profile, record, accept or fail a result, start Jobs within each pool's slots), restart a
+profile whose live acceptance drifted, start refinement Jobs, apply each serving pool's Deployment, weight the
+HTTPRoute, and the Events to announce. It runs the profiling planner, every pool's planner
+(`policy.planner.plan_pool`) on the profiles as the profiling plan leaves them, fleet placement across the pools
 (`policy.placement`), the route weights (`policy.routing`), the roll-up, the conditions and the cost.
 
 The controller builds the snapshot, calls `plan_deployment`, executes the actions, then `settle`s what only an
@@ -28,7 +30,7 @@ from .events import Event
 from .placement import FleetMember, FleetOutcome, clear_plan, place_fleet, write_plan
 from .planner import PoolInputs, PoolOutcome, PoolProfiles, Serve, plan_pool
 from .pools import PoolView
-from .profiling import Need, Rollup, rollup
+from .profiling import Need, ProfilingInputs, ProfilingPlan, Rollup, plan_profiling, rollup
 from .rollout import ROLLOUT_STALLED, rolled_out_condition, rolling_out, rollout_state
 from .routing import route_backends
 from .slo import deployment_attainment, missed_event, slo_condition
@@ -77,9 +79,8 @@ class DeploymentSnapshot:
     old: SpeculativeDeploymentStatus
     now: datetime
     pools: Sequence[PoolSnapshot]
-    needed: Sequence[Need]
-    states: Mapping[str, str]
-    """Profile name -> phase, as the profiling planner's step left it."""
+    profiling: ProfilingInputs
+    """The needed profiles (every pool's, on each of its GPU types), each as the operator reads it, and its Job."""
     profiles: Mapping[str, dict]
     """The namespace's profiles by name, as stored."""
     profile_users: Mapping[str, set[str]] = dataclasses.field(default_factory=dict)
@@ -137,6 +138,10 @@ class DeploymentPlan:
     """Pool -> its new method ("none": off) where the decision changed."""
     previous: dict[str, PoolStatus] = dataclasses.field(default_factory=dict)
     """Each pool's status before this reconciliation (what `settle` compares the rollout with)."""
+    profiling: ProfilingPlan | None = None
+    """The profiling planner's actions (create, restart, follow and start Jobs), executed first."""
+    states: dict[str, str] = dataclasses.field(default_factory=dict)
+    """Profile name -> phase once the plan's actions ran."""
 
     def of(self, kind: type) -> list:
         return [a for a in self.actions if isinstance(a, kind)]
@@ -149,7 +154,8 @@ def plan_deployment(snapshot: DeploymentSnapshot) -> DeploymentPlan:
     status.conditions = set_condition(status.conditions, "Valid", True, "SpecValid", "spec passed validation",
                                       s.generation, s.now)
     plan = DeploymentPlan(status, [], [], {}, set())
-    states = dict(s.states)
+    plan.profiling = plan_profiling(s.profiling)
+    states = plan.states = dict(plan.profiling.states)
     old_pools = {p.name: p for p in s.old.pools}
     steps: list[tuple[PoolSnapshot, PoolStatus, PoolOutcome]] = []
     for pool in s.pools:
@@ -175,7 +181,7 @@ def plan_deployment(snapshot: DeploymentSnapshot) -> DeploymentPlan:
     if s.spec.serving.routing == Routing.GATEWAY.value and s.gateway_available:
         weighted = status.fleet is not None and status.fleet.routing == Routing.GATEWAY.value
         plan.route_weights = route_backends(status.pools, weighted, plan.served)
-    counted = rollup(s.needed, states)
+    counted = rollup(s.profiling.needed, states)
     summarize(status, counted, s.generation)
     _conditions(s, status, counted, plan.events)
     _slo_attained(s, status, plan.events)
@@ -208,7 +214,7 @@ def _plan_pool(s: DeploymentSnapshot, pool: PoolSnapshot, previous: PoolStatus, 
     Pending for the pools planned after it and for the roll-up."""
     view = pool.view
     existing = (pool.current or {}).get("spec", {}).get("replicas")
-    profiles = pool_profiles(s.needed, view, states, s.profiles, s.profile_users, s.uid)
+    profiles = pool_profiles(s.profiling.needed, view, states, s.profiles, s.profile_users, s.uid)
     outcome = plan_pool(PoolInputs(
         spec=s.spec, generation=s.generation, pool=view.pool, sku=view.primary_sku,
         gpu_products=tuple(view.products), nodes=len(view.nodes), previous=previous, profiles=profiles,
@@ -216,12 +222,12 @@ def _plan_pool(s: DeploymentSnapshot, pool: PoolSnapshot, previous: PoolStatus, 
         rolling_out=pool.current is not None and rolling_out(pool.current),
         price_per_gpu_hour=pool.price_per_gpu_hour, now=s.now, refine_jobs=dict(pool.refine_jobs)))
     if outcome.reprofile is not None:
-        need = next(n for n in s.needed if n.pool == view.pool.name and n.sku == view.primary_sku
+        need = next(n for n in s.profiling.needed if n.pool == view.pool.name and n.sku == view.primary_sku
                     and n.key == outcome.reprofile.method)
         plan.actions.append(RestartProfile(view.pool.name, need.name))
         states[need.name] = "Pending"
     for job in outcome.refine:
-        need = next((n for n in s.needed if n.name == job.profile), None)
+        need = next((n for n in s.profiling.needed if n.name == job.profile), None)
         if need is not None and job.profile in s.profiles:
             plan.actions.append(StartRefinement(view.pool.name, need, job, outcome.status.refinement.round))
     plan.events.extend(outcome.events)

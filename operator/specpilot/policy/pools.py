@@ -4,12 +4,14 @@ types (SKUs) they carry. Pure: the controller reads the Nodes, this matches them
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ..api.deployment_spec import GpuPool, SpeculativeDeploymentSpec
 from ..perf.catalog import DEFAULT_CATALOG, GpuCatalog, UnknownGpuError
 
-__all__ = ["AMD_PRODUCT_LABEL", "GPU_PRODUCT_LABEL", "NodeInfo", "PoolView", "node_info", "pool_views", "sku_of"]
+__all__ = ["AMD_PRODUCT_LABEL", "GPU_PRODUCT_LABEL", "NodeInfo", "PoolView", "allocatable_gpus", "node_allocatable",
+           "node_info", "pool_views", "price_per_gpu_hour", "sku_of"]
 
 
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
@@ -76,4 +78,34 @@ def sku_of(product: str) -> str | None:
     try:
         return DEFAULT_CATALOG.resolve(product).sku
     except UnknownGpuError:
+        return None
+
+
+def price_per_gpu_hour(view: PoolView, prices: Mapping[str, float], catalog: GpuCatalog = DEFAULT_CATALOG) -> float:
+    """Price of one GPU of the pool per hour: the pool's own (spec.gpuPools[].pricePerGpuHour), the operator's
+    table (its gpuPricesPerHour, by SKU), the catalog's list price, or 0 (unknown: the fleet is not placed)."""
+    if view.primary_sku is None:
+        return 0.0
+    if view.pool.price_per_gpu_hour or prices.get(view.primary_sku):
+        return view.pool.price_per_gpu_hour or prices[view.primary_sku]
+    try:
+        return catalog.resolve(view.primary_sku).default_price_per_gpu_hour
+    except UnknownGpuError:
+        return 0.0
+
+
+def allocatable_gpus(view: PoolView, allocatable: Mapping[str, int | None]) -> int | None:
+    """GPUs the pool's ready nodes can allocate (`allocatable`: node name -> its status.allocatable of the pool's
+    GPU resource, None where it does not say); None when no node says."""
+    known = [allocatable.get(info.name) for info in view.nodes if info.ready]
+    known = [n for n in known if n is not None]
+    return sum(known) if known else None
+
+
+def node_allocatable(node: dict, resource: str) -> int | None:
+    """A Node's status.allocatable of `resource` as a number (None: absent or not a number)."""
+    value = ((node.get("status") or {}).get("allocatable") or {}).get(resource)
+    try:
+        return int(str(value))
+    except (TypeError, ValueError):
         return None

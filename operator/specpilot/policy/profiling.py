@@ -59,6 +59,7 @@ __all__ = [
     "is_fresh",
     "jobs_allowed",
     "overall_phase",
+    "all_accepted",
     "plan_profiling",
     "renewal",
     "result_overdue",
@@ -159,6 +160,13 @@ class ProfilingInputs:
     reprofile: str | None = None
     """The deployment's reprofile annotation: a value a profile was not measured for asks for a new one."""
     result_grace_s: float = RESULT_GRACE_S
+
+
+def all_accepted(needed: Sequence[Need], now: datetime) -> ProfilingInputs:
+    """The profiling inputs of a deployment whose every needed profile holds a result the operator accepted and
+    keeps (never re-measured by age): the simulator's deployments, profiled before the trace starts."""
+    return ProfilingInputs(needed=needed, profiles={n.name: ProfileView(SUCCEEDED, verdict=True) for n in needed},
+                           jobs={}, now=now, max_age_hours=0)
 
 
 # --- actions --------------------------------------------------------------------------------------------------

@@ -54,6 +54,7 @@ from ..policy.needs import needed_profiles
 from ..policy.plan import ApplyDeployment, DeploymentSnapshot, PoolSnapshot, plan_deployment
 from ..policy.planner import PoolProfiles, Serve
 from ..policy.pools import NodeInfo, PoolView
+from ..policy.profiling import all_accepted
 from ..policy.replicas import ReplicaState, demand_at_capacity, plan_replicas
 from ..policy.surface import BaselineSurface, build_baseline
 from .connector import EPOCH, SimulatedConnector
@@ -372,7 +373,7 @@ class OperatorPolicy:
             old=SpeculativeDeploymentStatus(pools=[previous]), now=now,
             pools=[PoolSnapshot(view=view, current=deployment, observation=observation,
                                 price_per_gpu_hour=self.pool.price_per_gpu_hour)],
-            needed=needed, states=dict.fromkeys(bodies, "Succeeded"), profiles=bodies)
+            profiling=all_accepted([n for n in needed if n.name in bodies], now), profiles=bodies)
 
     def plan(self, previous: PoolStatus, observation: PoolObservation | None, current_replicas: int,
              rolling_out: bool, now: datetime) -> tuple[PoolStatus, Serve | None]:
