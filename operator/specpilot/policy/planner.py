@@ -52,7 +52,7 @@ from ..observe.model import PoolObservation
 from ..manifests.names import refine_job_name
 from .choose import BASELINE_KEY, PoolPlan, decide_pool, revisit_for_load
 from .events import Event
-from .refine import initial_levels, refine_pool_plan
+from .refine import UNPROFILED_SOURCES, level_budget, refine_pool_plan
 from .replicas import ReplicaState, demand_at_capacity, plan_replicas
 from .restart import Observation as RestartObservation
 from .restart import RestartState
@@ -398,7 +398,7 @@ def _refine(inputs: PoolInputs, status: PoolStatus, plan: PoolPlan | None, metho
     ends when all of them completed and their points reached the decision (its basis counts them)."""
     spec, old = inputs.spec, inputs.previous.refinement
     percent = spec.profiling.refine_budget_percent
-    if percent == 0 or status.decision is None or status.decision.source in ("none", "prior") \
+    if percent == 0 or status.decision is None or status.decision.source in UNPROFILED_SOURCES \
             or inputs.profiles.unvalidated()[0] is None:
         status.refinement = None
         return
@@ -422,7 +422,7 @@ def _refine(inputs: PoolInputs, status: PoolStatus, plan: PoolPlan | None, metho
         return  # the decision stands on the same profiles: so does what refinement found
     typed_baseline, typed_methods = inputs.profiles.validated()
     typed_methods = {k: v for k, v in typed_methods.items() if k in methods}
-    budget = math.ceil(percent / 100 * initial_levels([typed_baseline, *typed_methods.values()]))
+    budget = level_budget([typed_baseline, *typed_methods.values()], percent / 100)
     found = refine_pool_plan(plan, spec.policy, typed_baseline, typed_methods, budget_levels=budget)
     rounds = old.round if old is not None else 0
     if found.done:
