@@ -15,10 +15,10 @@
   speculation, to show what the speculation-aware capacity adds.
 
 The three operator policies are `OperatorPolicy`: it keeps the pool's `PoolStatus` between control steps
-(read back through its JSON form each step, as the operator reads it from the API server) and calls the
-operator's own pool planner, `policy.planner.plan_pool`, at every control step, through the simulated
-connector (`sim.connector`) that turns the fleet's observations into the `PoolObservation` the
-operator's observer reports and the planner's `Serve` into engine modes and replicas. So what `specpilot
+(read back through its JSON form each step, as the operator reads it from the API server) and runs the
+operator's own decision, `policy.plan.plan_deployment`, at every control step on the snapshot the controller
+would read, through the simulated connector (`sim.connector`) that turns the fleet's observations into the
+`PoolObservation` the operator's observer reports and the plan's `Serve` into engine modes and replicas. So what `specpilot
 simulate` reports for them is what the operator would do with those observations. The fixed baselines
 are simple references, built from the same up-front decision (`profile_and_decide_pool`: `decide_pool` on the
 expected load) that the report's header shows.
