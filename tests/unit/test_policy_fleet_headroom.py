@@ -89,11 +89,14 @@ def test_a_replica_keeps_the_spread_of_its_requests_in_flight_within_the_slo():
     today = plan_fleet(fleet(), FleetDemand(5000.0), settings(slo_attainment_percent=None), None, T0)
     for name in ("a100", "h100"):
         assert sized.pool(name).capacity_tokens_per_second <= today.pool(name).capacity_tokens_per_second
-    # a higher attainment asks for more headroom per replica (the target utilisation only bounds it)
-    strict = plan_fleet(fleet(), FleetDemand(5000.0), settings(target_utilization_percent=100.0), None, T0)
-    loose = plan_fleet(fleet(), FleetDemand(5000.0), settings(slo_attainment_percent=90.0,
-                                                              target_utilization_percent=100.0), None, T0)
+    # against the admission limit (100 requests: beyond it they queue and TTFT breaks) a higher attainment asks
+    # for more headroom per replica (the target utilisation only bounds it)
+    admitted = [dataclasses_replace(p, max_concurrency=100.0) for p in fleet()]
+    strict = plan_fleet(admitted, FleetDemand(5000.0), settings(target_utilization_percent=100.0), None, T0)
+    loose = plan_fleet(admitted, FleetDemand(5000.0), settings(slo_attainment_percent=90.0,
+                                                               target_utilization_percent=100.0), None, T0)
     assert loose.pool("h100").capacity_tokens_per_second > strict.pool("h100").capacity_tokens_per_second
+    assert strict.pool("h100").concurrency_per_replica is not None
 
 
 def test_no_scale_down_while_the_forecast_says_no():
@@ -158,6 +161,39 @@ def test_beyond_capacity_only_slo_capable_pools_are_paid_for():
     assert not plan.slo_feasible
     assert plan.pool("old").replicas == 1  # held at its minimum, not run to its maximum
     assert plan.pool("a100").replicas == 2 and plan.pool("h100").replicas == 2
+
+
+def test_a_backlogged_pool_takes_less_new_traffic_while_others_have_room():
+    pools = [dataclasses_replace(p, current_replicas=4, min_replicas=2) for p in fleet()]
+    even = plan_fleet(pools, FleetDemand(4000.0), settings(), None, T0)
+    backlog = [dataclasses_replace(p, requests_in_flight=144.0) if p.name == "a100" else p for p in pools]
+    drained = plan_fleet(backlog, FleetDemand(4000.0), settings(), None, T0)
+    # twice the 72 requests its two replicas are planned for: about half its share
+    assert 0 < drained.pool("a100").share < 0.7 * even.pool("a100").share
+    assert abs(sum(p.share for p in drained.pools) - 1.0) < 1e-9
+    # when every pool is backlogged there is nowhere better: the shares stay by capacity
+    everywhere = [dataclasses_replace(p, requests_in_flight=5000.0) for p in pools]
+    stuck = plan_fleet(everywhere, FleetDemand(4000.0), settings(), None, T0)
+    assert abs(stuck.pool("a100").share - even.pool("a100").share) < 1e-9
+
+
+def test_the_curve_is_calibrated_by_the_observed_p95_tpot():
+    pools = fleet()
+    slow = [dataclasses_replace(p, observed_concurrency=32.0, observed_tpot_p95_ms=2 * p.curve[5].tpot_ms)
+            for p in pools]  # p95 twice what the curve says at 32 requests
+    plan = plan_fleet(slow, FleetDemand(5000.0), settings(), None, T0)
+    assert all(abs(v - 2.0) < 1e-9 for v in plan.state.tpot_scale.values())
+    base = plan_fleet(pools, FleetDemand(5000.0), settings(), None, T0)
+    for name in ("a100", "h100"):
+        assert plan.pool(name).capacity_tokens_per_second < base.pool(name).capacity_tokens_per_second
+    # smoothed: one faster observation moves the calibration a fifth of the way
+    fast = [dataclasses_replace(p, observed_concurrency=32.0, observed_tpot_p95_ms=p.curve[5].tpot_ms) for p in pools]
+    after = plan_fleet(fast, FleetDemand(5000.0), settings(), plan.state, T0 + timedelta(seconds=15))
+    assert all(abs(v - 1.8) < 1e-9 for v in after.state.tpot_scale.values())
+    # too little load to say anything: the calibration stays
+    idle = [dataclasses_replace(p, observed_concurrency=1.0, observed_tpot_p95_ms=99.0) for p in pools]
+    kept = plan_fleet(idle, FleetDemand(500.0), settings(), after.state, T0 + timedelta(seconds=30))
+    assert kept.state.tpot_scale == after.state.tpot_scale
 
 
 def test_a_backlog_is_sized_for_now_but_not_remembered_as_demand():

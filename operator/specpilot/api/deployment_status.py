@@ -271,6 +271,9 @@ class PoolStatus(StatusModel):
     """Fleet placement: why this pool got its replicas and share, in words."""
     fleet_targets: list[ReplicaTarget] = Field(default_factory=list, max_length=MAX_REPLICA_TARGETS)
     """Fleet placement: the scale-down stabilisation window of the fleet's targets for this pool."""
+    fleet_tpot_scale: float | None = Field(default=None, ge=0)
+    """Fleet placement: the pool's observed p95 TPOT over its curve's TPOT at the concurrency it ran at (smoothed,
+    0.8-4): the curve the fleet planner sizes the pool by is scaled by it (1: the replicas run as profiled)."""
     fleet_changes: list[datetime] = Field(default_factory=list, max_length=MAX_FLEET_CHANGES)
     """Fleet placement: when this pool's replicas changed within the last hour, oldest first (a scale-down waits
     while it would leave no room under the bound on changes per hour for a scale-up)."""

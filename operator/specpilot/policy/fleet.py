@@ -17,7 +17,9 @@ under the routing constraint:
   order of cost per token at capacity). The split then gives every pool the same fraction of its capacity
   (share_i proportional to n_i * cap_i over the replicas serving now): any split that fits costs the same,
   this one leaves every pool the same headroom, and it only moves when replicas move, so demand jitter
-  never moves the weights.
+  never moves the weights. A pool with a backlog (more requests in flight than its serving replicas are
+  planned for: `FleetPool.requests_in_flight`) gets its weight times planned / in flight (at least a quarter)
+  until it drains, while the fleet as a whole has room.
 - `service` (one Service, an even split per pod): every replica gets D / N, N = sum_i n_i, so the weakest
   pool in use bounds N >= D / min cap_i; the planner tries each pool's capacity as that bound and fills N
   with the cheapest replicas (per replica, not per token: under an even split every replica carries the same
@@ -37,10 +39,10 @@ observed demand (kept in the state, the largest sample per bucket over `history_
 - the demand now times the q-quantile (q = the attainment) of the spread seen within one lead time over the
   history (the largest over the smallest demand of each lead-time window), at most the history's peak: a load
   that has burst before is held for through its quiet minutes, one that only drifts is not.
-Within a replica, requests in flight are Poisson around their mean (M/G/inf), so a replica runs at the mean
-concurrency c whose q-quantile, about c + z_q * sqrt(c), stays within its SLO-feasible concurrency (TPOT, TTFT
-and the decision's admission limit: beyond that, requests queue and TTFT breaks); the target utilisation is an
-upper bound on top of it. A simulator's oracle passes the true demand within the lead time instead
+Within a replica, requests in flight are Poisson around their mean (M/G/inf), so a replica runs at a mean
+concurrency c whose q-quantile, about c + z_q * sqrt(c), stays within the decision's admission limit (beyond it
+requests queue and TTFT breaks), and within its TPOT- and TTFT-feasible concurrency on the calibrated curve
+(below); the target utilisation is an upper bound on top of it. A simulator's oracle passes the true demand within the lead time instead
 (`FleetDemand.forecast_tokens_per_second`).
 
 Stability: the previous plan stays while it still fits the demand and costs at most `min_gain_percent`
@@ -50,6 +52,12 @@ forecast holds the history's swings, a pool scales down only when the forecast a
 bounded per pool: at most `max_changes_per_hour` in any hour, a scale-down only while it leaves room for a
 scale-up after it (scale-ups are never held: the SLO comes first); each change's reason is in the pool's
 reason text.
+
+Calibration: a curve is what the profiles measured; replicas serving the deployment's traffic run slower at
+their tail (prefill between decode steps, longer contexts than profiled, requests whose drafts are seldom
+accepted). The ratio of each pool's observed p95 TPOT to its curve's TPOT at the concurrency it ran at, smoothed
+(`FleetState.tpot_scale`, within 0.8-4), scales the curve the pool is sized by: the SLO then holds for the
+p95 request at the planned concurrency, not the mean one.
 
 A pool without a curve (not profiled yet) keeps the replicas today's per-pool planner gives it and takes its
 even per-pod share of the load; the planner places the rest. Pure: no I/O and no clock.
@@ -131,6 +139,14 @@ class FleetPool:
     lead_time_seconds: float | None = None
     """Seconds from asking for a replica to its serving (pod created -> ready), measured or configured; None:
     DEFAULT_LEAD_TIME_S. The planner sizes for the demand expected within the longest lead time."""
+    requests_in_flight: float | None = None
+    """Running + waiting requests on the pool's replicas now (None: unknown). Under gateway routing a pool holding
+    more than its serving replicas are planned to carry gets less new traffic until its backlog drains."""
+    observed_concurrency: float | None = None
+    """Mean running requests per serving replica over the metrics window (None: not observed)."""
+    observed_tpot_p95_ms: float | None = None
+    """p95 TPOT of the pool's requests over the same window (None: not observed): against the curve's TPOT at the
+    observed concurrency it calibrates the curve the pool is sized by (`FleetState.tpot_scale`)."""
 
     def __post_init__(self) -> None:
         if not (self.price_per_gpu_hour > 0 and math.isfinite(self.price_per_gpu_hour)):
@@ -271,6 +287,10 @@ class FleetState:
     """The observed demand (tokens/s), oldest first: the largest per history bucket."""
     changes: Mapping[str, tuple[datetime, ...]] = dataclasses.field(default_factory=dict)
     """Per pool, when its replicas changed within the last hour (the change bound)."""
+    tpot_scale: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    """Per pool, the TPOT its replicas run at over what its curve says at that concurrency (smoothed; 1: as
+    profiled): the planner sizes by the curve times it (prefill between decode steps, longer contexts than
+    profiled and the like make it above 1)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -320,11 +340,11 @@ class FleetPlan:
 
 class _Curve:
     """TPOT and TTFT of one replica at any concurrency: linear in log2(c) between the points, flat before the
-    first, along the last two points' line beyond the last."""
+    first, along the last two points' line beyond the last (TPOT times `scale`: the calibration to what runs)."""
 
-    def __init__(self, points: Sequence[CurvePoint]) -> None:
+    def __init__(self, points: Sequence[CurvePoint], scale: float = 1.0) -> None:
         self.xs = [math.log2(p.concurrency) for p in points]
-        self.tpot = [p.tpot_ms for p in points]
+        self.tpot = [p.tpot_ms * scale for p in points]
         self.ttft = [p.ttft_ms for p in points] if all(p.ttft_ms is not None for p in points) else None
         self.last = points[-1].concurrency
 
@@ -398,15 +418,17 @@ class _Planned:
     hi: int
 
 
-def _planned(pool: FleetPool, settings: FleetSettings, spread: bool = True) -> _Planned:
-    curve = _Curve(pool.curve)
+def _planned(pool: FleetPool, settings: FleetSettings, spread: bool = True, scale: float = 1.0) -> _Planned:
+    curve = _Curve(pool.curve, scale)
     limit = pool.max_concurrency if pool.max_concurrency and pool.max_concurrency > 0 else curve.last
     feasible = curve.feasible_concurrency(limit, settings.tpot_slo_ms, settings.ttft_slo_ms)
     # The target utilisation applies to the load (tokens/s), as policy.replicas applies it to concurrency.
     capacity = curve.tokens_per_second(feasible) * settings.target_utilization_percent / 100 if feasible else 0.0
     if capacity and spread:
-        # requests in flight per replica are Poisson around the mean: keep its attainment quantile feasible
-        capacity = min(capacity, curve.tokens_per_second(usable_concurrency(feasible, settings.spread_z)))
+        # requests in flight per replica are Poisson around the mean: past the admission limit they queue and TTFT
+        # breaks, so the attainment quantile of them stays within it
+        usable = usable_concurrency(limit, settings.spread_z)
+        capacity = min(capacity, curve.tokens_per_second(min(feasible, usable)))
     at = curve.concurrency_for(capacity, feasible) if capacity else 0.0
     return _Planned(pool, curve, at, capacity, pool.lower, pool.upper)
 
@@ -629,6 +651,26 @@ def forecast_demand(history: Sequence[tuple[datetime, float]], observed: float, 
     return Forecast(max(observed, trend, spread), observed, trend, spread, peak, lead_s)
 
 
+TPOT_SCALE_BOUNDS = (0.8, 4.0)
+"""The calibration's range: a curve is trusted to within these factors of what runs."""
+TPOT_SCALE_WEIGHT = 0.2
+"""Weight of each observation in the smoothed calibration (about five control intervals' memory)."""
+TPOT_SCALE_MIN_CONCURRENCY = 2.0
+"""Below this many running requests per replica an observation says too little to calibrate by."""
+
+
+def _tpot_scale(pool: FleetPool, previous: float | None) -> float | None:
+    """The pool's calibration after this observation: its requests' p95 TPOT over the curve's TPOT at the
+    concurrency they ran at, smoothed."""
+    c, tpot = pool.observed_concurrency, pool.observed_tpot_p95_ms
+    if not pool.curve or c is None or tpot is None or not (math.isfinite(c) and math.isfinite(tpot)) \
+            or c < TPOT_SCALE_MIN_CONCURRENCY or tpot <= 0:
+        return previous
+    seen = tpot / _Curve(pool.curve).tpot_ms(c)
+    seen = min(max(seen, TPOT_SCALE_BOUNDS[0]), TPOT_SCALE_BOUNDS[1])
+    return seen if previous is None else previous + TPOT_SCALE_WEIGHT * (seen - previous)
+
+
 def _change_budget(pool: str, previous: FleetState, now: datetime) -> list[datetime]:
     hour_ago = now - timedelta(hours=1)
     return [t for t in previous.changes.get(pool, ()) if hour_ago < t <= now]
@@ -661,7 +703,9 @@ def plan_fleet(pools: Sequence[FleetPool], demand: FleetDemand, settings: FleetS
                 forecast = dataclasses.replace(forecast, tokens_per_second=total)
             forecast = dataclasses.replace(forecast, observed=total)
         sized = forecast.tokens_per_second
-    planned = [_planned(p, settings) for p in pools if p.curve]
+    scales = {p.name: _tpot_scale(p, previous.tpot_scale.get(p.name)) for p in pools if p.curve}
+    scales = {n: v for n, v in scales.items() if v is not None}
+    planned = [_planned(p, settings, scale=scales.get(p.name, 1.0)) for p in pools if p.curve]
     held = {p.name: _held_replicas(p) for p in pools if not p.curve}
     held_count = sum(held.values())
     # A pool the planner does not place takes its even per-pod share of the current fleet.
@@ -733,7 +777,7 @@ def plan_fleet(pools: Sequence[FleetPool], demand: FleetDemand, settings: FleetS
     fleet_cost = sum(replicas[p.name] * p.cost_per_hour for p in pools)
     cost_per_mtok = fleet_cost / (3600.0 * total) * 1e6 if total > 0 else None
     state = FleetState(targets=targets, replicas={p.pool.name: n for p, n in zip(planned, optimum, strict=True)},
-                       shares=shares, history=history, changes=changes)
+                       shares=shares, history=history, changes=changes, tpot_scale=scales)
     reason = _reason(placements, total, cost_per_mtok, feasible, kept, settings, forecast)
     return FleetPlan(routing=settings.routing, pools=tuple(placements), demand_tokens_per_second=total,
                      cost_per_hour=fleet_cost, cost_per_mtok=cost_per_mtok, slo_feasible=feasible,
@@ -754,10 +798,14 @@ def _shares(pools: Sequence[FleetPool], planned: Sequence[_Planned], replicas: M
     held_count = sum(held.values())
     for name, n in held.items():
         shares[name] = held_share * n / held_count if held_count else 0.0
-    capacity = sum(replicas[p.pool.name] * p.capacity for p in planned)
+    # a backlogged pool takes less new traffic while the others have room for it
+    room = sum(replicas[p.pool.name] * p.capacity_concurrency - (p.pool.requests_in_flight or 0.0) for p in planned)
+    weight = {p.pool.name: replicas[p.pool.name] * p.capacity
+              * (_drain_factor(p, replicas[p.pool.name]) if room > 0 else 1.0) for p in planned}
+    capacity = sum(weight.values())
     for p in planned:
         if capacity > 0:
-            shares[p.pool.name] = (1 - held_share) * replicas[p.pool.name] * p.capacity / capacity
+            shares[p.pool.name] = (1 - held_share) * weight[p.pool.name] / capacity
         else:
             count = sum(replicas[q.pool.name] for q in planned)
             shares[p.pool.name] = (1 - held_share) * replicas[p.pool.name] / count if count else 0.0
@@ -768,6 +816,17 @@ def _shares(pools: Sequence[FleetPool], planned: Sequence[_Planned], replicas: M
         for n in takers:
             shares[n] += spare / len(takers)
     return {p.name: shares[p.name] for p in pools}
+
+
+def _drain_factor(p: _Planned, serving: int) -> float:
+    """1, or the fraction of its planned concurrency a backlogged pool holds: with twice the requests in flight
+    its serving replicas are planned for, it takes half its capacity's share of new traffic until they drain
+    (at least a quarter: the observation lags, and a pool starved of traffic drains faster than it shows)."""
+    in_flight = p.pool.requests_in_flight
+    planned = serving * p.capacity_concurrency
+    if in_flight is None or not math.isfinite(in_flight) or in_flight <= planned or planned <= 0:
+        return 1.0
+    return max(planned / in_flight, 0.25)
 
 
 def _placement(pool: FleetPool, planned: Sequence[_Planned], replicas: Mapping[str, int],

@@ -86,6 +86,16 @@ def fleet_demand(statuses: Sequence[PoolStatus]) -> FleetDemand | None:
     return FleetDemand(tokens, in_flight) if seen else None
 
 
+def _observed(status: PoolStatus) -> dict:
+    """What the pool's metrics show the fleet planner: requests in flight (a backlog takes less new traffic),
+    running requests per replica and p95 TPOT (the curve's calibration)."""
+    observed = status.observed
+    if observed is None:
+        return {}
+    return {"requests_in_flight": observed.requests_in_flight, "observed_concurrency": observed.concurrency,
+            "observed_tpot_p95_ms": observed.tpot_p95_ms}
+
+
 def _curve(status: PoolStatus) -> tuple[CurvePoint, ...]:
     decision = status.decision
     if decision is None or decision.source in ("none", "prior") or not status.capacity_concurrency_per_replica:
@@ -122,7 +132,7 @@ def place_fleet(spec: SpeculativeDeploymentSpec, members: Sequence[FleetMember],
         return FleetOutcome(_stamped(FleetStatus(
             reason="waiting for load metrics: each pool scales on its own meanwhile"), previous, now), {})
     gpus_per_replica = spec.model.tensor_parallel_size * spec.model.data_parallel_size
-    pools, state_targets, incumbent, shares, changes = [], {}, {}, {}, {}
+    pools, state_targets, incumbent, shares, changes, scales = [], {}, {}, {}, {}, {}
     for m in members:
         lo, hi = _bounds(spec, m.spec)
         current = m.current_replicas if m.current_replicas is not None else lo
@@ -131,7 +141,7 @@ def place_fleet(spec: SpeculativeDeploymentSpec, members: Sequence[FleetMember],
             m.status.capacity_concurrency_per_replica, gpus_available=m.gpus_available,
             current_replicas=current, ready_replicas=m.ready_replicas,
             held_replicas=m.per_pool_replicas if m.per_pool_replicas is not None else current,
-            lead_time_seconds=m.lead_time_seconds))
+            lead_time_seconds=m.lead_time_seconds, **_observed(m.status)))
         before = m.previous or PoolStatus(name=m.spec.name)
         state_targets[m.spec.name] = ReplicaState(tuple((t.time, t.replicas) for t in before.fleet_targets))
         if before.fleet_target_replicas is not None:
@@ -140,6 +150,8 @@ def place_fleet(spec: SpeculativeDeploymentSpec, members: Sequence[FleetMember],
             shares[m.spec.name] = before.traffic_share
         if before.fleet_changes:
             changes[m.spec.name] = tuple(before.fleet_changes)
+        if before.fleet_tpot_scale is not None:
+            scales[m.spec.name] = before.fleet_tpot_scale
     settings = FleetSettings(
         routing=routing, tpot_slo_ms=spec.policy.tpot_slo_ms, ttft_slo_ms=spec.policy.ttft_slo_ms,
         target_utilization_percent=spec.serving.target_utilization_percent,
@@ -151,7 +163,7 @@ def place_fleet(spec: SpeculativeDeploymentSpec, members: Sequence[FleetMember],
     history = tuple((h.time, h.tokens_per_second) for h in previous.demand_history) if previous else ()
     state = FleetState(targets=state_targets,
                        replicas=incumbent if planned_names <= set(incumbent) else {}, shares=shares,
-                       history=history, changes=changes)
+                       history=history, changes=changes, tpot_scale=scales)
     plan = plan_fleet(pools, demand, settings, state, now)
     events = []
     moved_at = previous.shares_moved_at if previous else None
@@ -202,6 +214,8 @@ def write_plan(status: PoolStatus, plan: FleetPlan, external: bool) -> int:
     targets = plan.state.targets.get(status.name)
     status.fleet_targets = [ReplicaTarget(time=t, replicas=n) for t, n in targets.recent] if targets else []
     status.fleet_changes = list(plan.state.changes.get(status.name, ()))[-MAX_FLEET_CHANGES:]
+    scale = plan.state.tpot_scale.get(status.name)
+    status.fleet_tpot_scale = round(scale, 4) if scale is not None else None
     status.desired_replicas = placed.replicas
     if not external:
         status.replicas = placed.replicas
@@ -215,3 +229,4 @@ def clear_plan(status: PoolStatus) -> None:
     status.fleet_reason = ""
     status.fleet_targets = []
     status.fleet_changes = []
+    status.fleet_tpot_scale = None
