@@ -250,6 +250,7 @@ def test_slo_attainment_gauges_carry_only_a_judged_window():
     from specpilot.api.deployment_status import ObservedLoad, PoolStatus, SloAttainment, SpeculativeDeploymentStatus
     from specpilot.controller.reconcile import _record
     from specpilot.policy.plan import DeploymentPlan, DeploymentSnapshot, _slo_attained
+    from specpilot.policy.profiling import all_accepted
     from specpilot.policy.slo import MIN_REQUESTS
 
     metrics = OperatorMetrics()
@@ -263,8 +264,9 @@ def test_slo_attainment_gauges_carry_only_a_judged_window():
                             both_at_least_percent=50.0, both_at_most_percent=50.0)
         status = SpeculativeDeploymentStatus(pools=[PoolStatus(name="h100", observed=ObservedLoad(slo=slo))])
         events: list = []
+        now = datetime.now(UTC)
         snapshot = DeploymentSnapshot(spec=spec, name="chat", uid="u1", generation=1, old=SpeculativeDeploymentStatus(),
-                                      now=datetime.now(UTC), pools=[], needed=[], states={}, profiles={})
+                                      now=now, pools=[], profiling=all_accepted([], now), profiles={})
         _slo_attained(snapshot, status, events)
         _record(ctx, spec, snapshot, DeploymentPlan(status, [], events, {}, set()), "llm", "chat")
         return status, events

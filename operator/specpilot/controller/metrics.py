@@ -182,6 +182,13 @@ class OperatorMetrics:
         self.fleet_cost_per_mtok = Gauge(
             "specpilot_fleet_cost_per_million_tokens_dollars", "The fleet's $/Mtok under its placement at the "
             "observed demand (two or more pools).", ["namespace", "deployment"], registry=g)
+        self.fleet_demand = Gauge(
+            "specpilot_fleet_demand_tokens_per_second", "The deployment's observed demand in output tokens per "
+            "second, served plus backlog (two or more pools).", ["namespace", "deployment"], registry=g)
+        self.fleet_forecast = Gauge(
+            "specpilot_fleet_forecast_tokens_per_second", "The demand the fleet's replicas are sized for: the "
+            "highest expected within the scale-up lead time at policy.sloAttainmentPercent (two or more pools).",
+            ["namespace", "deployment"], registry=g)
         self.slo_attainment = Gauge(
             "specpilot_slo_attainment_ratio", "Share of the deployment's requests within its SLOs over the metrics "
             "window, from vLLM's histograms: slo=tpot, ttft, both_at_least, both_at_most (the share within both is "
@@ -214,8 +221,16 @@ class OperatorMetrics:
                 _discard(self.slo_attainment, (namespace, deployment, slo))
 
     def record_fleet(self, namespace: str, deployment: str, pools: list[PoolStatus],
-                     cost_per_mtok: float | None) -> None:
-        """The fleet placement's gauges: each pool's planned share and the fleet's $/Mtok (absent when unknown)."""
+                     cost_per_mtok: float | None, demand_tokens_per_second: float | None = None,
+                     forecast_tokens_per_second: float | None = None) -> None:
+        """The fleet placement's gauges: each pool's planned share, the fleet's $/Mtok, the observed demand and the
+        forecast the replicas are sized for (each absent when unknown)."""
+        for gauge, value in ((self.fleet_demand, demand_tokens_per_second),
+                             (self.fleet_forecast, forecast_tokens_per_second)):
+            if value is not None:
+                gauge.labels(namespace, deployment).set(value)
+            else:
+                _discard(gauge, (namespace, deployment))
         for pool in pools:
             labels = (namespace, deployment, pool.name)
             if pool.traffic_share is not None:
@@ -281,6 +296,8 @@ class OperatorMetrics:
                     (self.metrics_available, ["namespace", "deployment"]),
                     (self.tpot_slo_seconds, ["namespace", "deployment"]),
                     (self.fleet_cost_per_mtok, ["namespace", "deployment"]),
+                    (self.fleet_demand, ["namespace", "deployment"]),
+                    (self.fleet_forecast, ["namespace", "deployment"]),
                     (self.slo_attainment, ["namespace", "deployment", "slo"]),
                     (self.slo_attainment_target, ["namespace", "deployment"])]
         labelled += [(gauge, POOL_LABELS) for gauge in (

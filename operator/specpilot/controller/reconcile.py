@@ -201,7 +201,10 @@ def _record(ctx: Context, spec: SpeculativeDeploymentSpec, snapshot: DeploymentS
             if pool.decision and pool.decision.method else None
         ctx.metrics.record_pool(namespace, name, pool, profiled[0][0] if profiled and profiled[0] else None,
                                 spec.policy.tpot_slo_ms)
-    ctx.metrics.record_fleet(namespace, name, status.pools, status.fleet.cost_per_mtok if status.fleet else None)
+    fleet = status.fleet
+    ctx.metrics.record_fleet(namespace, name, status.pools, fleet.cost_per_mtok if fleet else None,
+                             fleet.demand_tokens_per_second if fleet else None,
+                             fleet.forecast_tokens_per_second if fleet else None)
     if snapshot.readings.problems:
         ctx.metrics.metrics_available.labels(namespace, name).set(0)
     elif snapshot.readings.fresh:
