@@ -10,7 +10,8 @@ import pytest
 from specpilot.api.deployment_spec import Policy
 from specpilot.api.profile import ProfilePhase
 from specpilot.perf import cost_per_million_tokens
-from specpilot.policy.choose import BASELINE_KEY, CandidatePlan, _pick, decide_pool
+from specpilot.policy.choose import BASELINE_KEY, _pick, decide_pool
+from specpilot.policy.comparison import CandidatePlan
 from specpilot.sim.synthetic import Scenario, synthetic_profiles
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
@@ -170,7 +171,7 @@ def test_the_served_option_stays_unless_another_beats_it_by_the_minimum_gain(obj
 
 
 def test_observed_load_level_is_the_weighted_median():
-    from specpilot.policy.choose import observed_load_level
+    from specpilot.policy.load_checks import observed_load_level
 
     assert observed_load_level(None) is None and observed_load_level([]) is None
     assert observed_load_level([(4, 10), (100, 1)]) == 4
@@ -181,7 +182,7 @@ def test_observed_load_level_is_the_weighted_median():
 def test_a_decision_is_revisited_when_load_is_first_seen_and_when_it_moves_a_factor_of_two(pool):
     from datetime import timedelta
 
-    from specpilot.policy.choose import revisit_for_load
+    from specpilot.policy.load_checks import revisit_for_load
 
     baseline, profiles, candidates = pool
     made = decide_pool(Policy(), candidates, baseline, profiles, 2.5, 1, now=NOW).decision

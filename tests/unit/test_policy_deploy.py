@@ -15,14 +15,8 @@ import yaml
 
 from specpilot.api.deployment_spec import Policy
 from specpilot.cli import main
-from specpilot.policy.choose import (
-    DeployCase,
-    _deploy_case,
-    _first_sweep,
-    _first_sweep_profile,
-    _Load,
-    decide_pool,
-)
+from specpilot.policy.choose import _deploy_case, _first_sweep, _first_sweep_profile, decide_pool
+from specpilot.policy.comparison import DeployCase, WeighedLoad
 from specpilot.sim.synthetic import Scenario, synthetic_profiles
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
@@ -98,10 +92,10 @@ def test_weights_are_levels_with_no_load_known_and_tokens_with_a_known_one():
     def option_at(c):
         return 1.0 + gain[c], gain[c] > 0, 0.02 if gain[c] > 0 else 0.0
 
-    unknown = _deploy_case(_Load(((1.0, 1.0), (128.0, 1.0)), "levels", per_level=True), option_at, plain.get)
+    unknown = _deploy_case(WeighedLoad(((1.0, 1.0), (128.0, 1.0)), "levels", per_level=True), option_at, plain.get)
     assert unknown.net == pytest.approx(0.08) and unknown.share_on == 0.5
     assert unknown.gain_where_on == pytest.approx(0.16) and unknown.gain_where_on_se == pytest.approx(0.02 * 1.16)
-    known = _deploy_case(_Load(((1.0, 1.0), (128.0, 1.0)), "observed load"), option_at, plain.get)
+    known = _deploy_case(WeighedLoad(((1.0, 1.0), (128.0, 1.0)), "observed load"), option_at, plain.get)
     assert known.net == pytest.approx(16.0 / 7100.0)
     assert known.share_on == pytest.approx(100.0 / 7100.0)
 
@@ -268,7 +262,8 @@ def test_a_verdict_refinement_did_not_move_beyond_its_uncertainty_is_held():
     """A refined profile is also decided on its first sweep alone; where the two deploy verdicts differ and
     neither the gain where it speculates nor the cost where it is off moved beyond its standard error, the
     first sweep's verdict stands, and the reason says so."""
-    from specpilot.policy.choose import CandidatePlan, _held
+    from specpilot.policy.choose import _held
+    from specpilot.policy.comparison import CandidatePlan
 
     then = DeployCase(gain=0.010, gain_se=0.004, cost=0.001, cost_se=0.001, share_on=0.5, points_on=6, points=12)
     row = CandidatePlan(key="m", method="ngram", ready=True, num_speculative_tokens=2,

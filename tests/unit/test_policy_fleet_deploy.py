@@ -12,7 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specpilot.api.deployment_spec import Autoscaling, GpuPool, Policy, Serving
-from specpilot.policy.choose import CandidatePlan, decide_pool, fleet_capacity_check, slo_capacity_tok_s
+from specpilot.policy.choose import decide_pool
+from specpilot.policy.comparison import CandidatePlan
+from specpilot.policy.load_checks import fleet_capacity_check, slo_capacity_tok_s
 from specpilot.policy.planner import fleet_placed
 from specpilot.sim.synthetic import Scenario, synthetic_profiles
 

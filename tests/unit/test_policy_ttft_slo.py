@@ -5,7 +5,8 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from specpilot.api.deployment_spec import Policy
-from specpilot.policy.choose import _ttft_p95_at, decide_pool
+from specpilot.policy.choose import decide_pool
+from specpilot.policy.load_checks import _ttft_p95_at
 from specpilot.sim.synthetic import Scenario, synthetic_profiles
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)

@@ -19,21 +19,25 @@ gpus_per_replica / (3600 * tokens/s per replica)).
 Strategy: dynamic puts the schedule in the engine; restart (policy says so, or auto when the method or
 engine cannot take a schedule) serves one fixed k and lets policy.restart toggle speculation around the
 crossover concurrency. `decide_pool` is pure: the operator passes in what it read and writes out the result.
+
+The rows it compares are policy.comparison's; the decision's words policy.choose_reasons; the memory, SLO
+capacity, TTFT and load checks policy.load_checks.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from ..api.deployment_spec import Objective, Policy, Strategy
-from ..api.deployment_status import Decision
 from ..api.methods import MODEL_FREE_METHODS, CandidateMethod, SpeculativeMethod
 from ..api.profile import ProfilePhase, Run, SpeculationProfile
-from ..api.schedule import summary
-from ..perf.cost import cost_per_million_tokens, tokens_per_second
+from ..perf.cost import cost_per_million_tokens
+from .choose_reasons import decision_for, no_data, percent_over
+from .comparison import CandidatePlan, DeployCase, PoolPlan, WeighedLoad, gain_margin
+from .load_checks import fleet_capacity_check, kv_max_concurrency, observed_load_level, slo_concurrency, within_ttft
 from .schedule import SchedulePlan, plan_schedule
 from .surface import (
     BaselineSurface,
@@ -44,109 +48,9 @@ from .surface import (
     with_live_acceptance,
 )
 
-__all__ = ["BASELINE_KEY", "CandidatePlan", "PoolPlan", "decide_pool", "tokens_per_request"]
+__all__ = ["BASELINE_KEY", "decide_pool"]
 
 BASELINE_KEY = "baseline"
-DEFAULT_PROMPT_TOKENS = 512
-"""Prompt length assumed for memory when neither the workload nor the profile's KV usage tells it."""
-
-
-@dataclasses.dataclass(frozen=True)
-class DeployCase:
-    """What deploying a method changes against no speculation, over the weighed load (see `_deploy_case`).
-
-    Each load point is on (the plan speculates there) or off (scheduled off: the method stays loaded, so the
-    engine pays the drafter's prefill and its share of KV memory). `gain` is the weighted gain over no
-    speculation where on, `cost` the weighted loss where off, both as shares of the total weight, with
-    standard errors (None where the surface has no estimate of its noise)."""
-
-    gain: float
-    gain_se: float | None
-    cost: float
-    cost_se: float | None
-    share_on: float
-    """Share of the weight where the plan speculates."""
-    points_on: int
-    points: int
-    held: bool | None = None
-    """The first sweep's verdict, held because refinement moved neither figure beyond its uncertainty
-    (`_held`); None: the verdict is this case's own."""
-
-    @property
-    def net(self) -> float:
-        """The weighted mean gain over no speculation: what deploying changes, all in all."""
-        return self.gain - self.cost
-
-    @property
-    def gain_where_on(self) -> float:
-        """The mean gain where the plan speculates (0 where it never does)."""
-        return self.gain / self.share_on if self.share_on > 0 else 0.0
-
-    @property
-    def gain_where_on_se(self) -> float | None:
-        return None if self.gain_se is None or self.share_on <= 0 else self.gain_se / self.share_on
-
-    @property
-    def cost_where_off(self) -> float:
-        """The mean loss where the plan is off (0 where it is never off)."""
-        off = 1.0 - self.share_on
-        return self.cost / off if off > 1e-12 else 0.0
-
-    @property
-    def cost_where_off_se(self) -> float | None:
-        off = 1.0 - self.share_on
-        return None if self.cost_se is None else (self.cost_se / off if off > 1e-12 else 0.0)
-
-    def pays(self, margin: float) -> bool:
-        """The deploy test: the gain where the plan speculates beats the cost where it does not by `margin`
-        (the minimum gain, a share) of the load it speculates on; no gain anywhere never pays, ties stay off."""
-        if self.share_on <= 0:
-            return False
-        return self.held if self.held is not None else self.net > margin * self.share_on
-
-    def loses(self, margin: float) -> bool:
-        """A served method goes when no speculation beats it by `margin` over the whole load: the hysteresis
-        band, wider than the deploy test's, so that a load swaying around the crossover rolls no pods."""
-        return (1.0 + self.net) * (1.0 + margin) < 1.0
-
-
-@dataclasses.dataclass(frozen=True)
-class CandidatePlan:
-    """One row of the comparison: a candidate (or the baseline) on this pool."""
-
-    key: str
-    method: str | None
-    ready: bool
-    note: str = ""
-    strategy: Strategy = Strategy.DYNAMIC
-    num_speculative_tokens: int = 0
-    schedule: SchedulePlan | None = None
-    crossover_concurrency: int | None = None
-    crossover_gain_se: float | None = None
-    """Relative standard error of the gain at the crossover (see SchedulePlan.crossover_gain_se)."""
-    kv_max_concurrency: int | None = None
-    expected_goodput_tok_s: float | None = None
-    cost_per_mtok: float | None = None
-    capacity_concurrency: float | None = None
-    tpot_ms_at: Callable[[float], float] | None = dataclasses.field(default=None, compare=False, repr=False)
-    """TPOT (ms) the option runs at with c concurrent requests per replica: what the replica planner scales
-    the observed demand by (policy.planner)."""
-    deploy: DeployCase | None = None
-    """What deploying the option changes against no speculation over the weighed load (the deploy test)."""
-
-    @property
-    def crossover_uncertainty_percent(self) -> float | None:
-        """crossover_gain_se in percent, as the decision and the plan report it."""
-        return None if self.crossover_gain_se is None else round(self.crossover_gain_se * 100, 2)
-
-
-@dataclasses.dataclass(frozen=True)
-class PoolPlan:
-    """The decision for a pool, the table behind it and the SLO-feasible concurrency per replica."""
-
-    decision: Decision
-    candidates: tuple[CandidatePlan, ...]
-    capacity_concurrency_per_replica: float | None
 
 
 def _ready(profile: SpeculationProfile | None) -> bool:
@@ -154,52 +58,19 @@ def _ready(profile: SpeculationProfile | None) -> bool:
                 and profile.status.runs)
 
 
-def tokens_per_request(profile: SpeculationProfile) -> float:
-    """KV tokens one request holds: the workload's prompt + output length, else read off the profile's KV
-    usage (peak usage * capacity / running requests at the largest level that did not wait), else a default
-    prompt of DEFAULT_PROMPT_TOKENS plus the output length."""
-    workload = profile.spec.workload
-    if workload.input_len:
-        return float(workload.input_len + workload.output_len)
-    status = profile.status
-    if status and status.kv_capacity_tokens:
-        for run in status.runs:
-            for point in sorted(run.points, key=lambda p: -p.concurrency):
-                if point.kv_cache_usage and point.mean_running and (point.mean_waiting or 0) < 1:
-                    # usage peaks when requests are at full length: prompt + output
-                    return max(1.0, point.kv_cache_usage * status.kv_capacity_tokens / point.mean_running)
-    return float(DEFAULT_PROMPT_TOKENS + workload.output_len)
-
-
-def _kv_max_concurrency(profile: SpeculationProfile) -> int | None:
-    if not profile.status or not profile.status.kv_capacity_tokens:
-        return None
-    return max(1, int(profile.status.kv_capacity_tokens // tokens_per_request(profile)))
-
-
-@dataclasses.dataclass(frozen=True)
-class _Load:
-    """The load a decision weighs: (concurrency per replica, weight) points, and how it was known."""
-
-    points: tuple[tuple[float, float], ...]
-    words: str
-    per_level: bool = False
-    """No load known: the points are the first sweep's levels, each weighing alike on the relative gain."""
-
-
 def _distribution(policy: Policy, histogram: Sequence[tuple[float, float]] | None,
-                  levels: Sequence[int]) -> _Load:
+                  levels: Sequence[int]) -> WeighedLoad:
     if histogram:
         points = [(float(c), float(w)) for c, w in histogram
                   if math.isfinite(c) and math.isfinite(w) and c > 0 and w > 0]
         if points:
-            return _Load(tuple(points), "observed load")
+            return WeighedLoad(tuple(points), "observed load")
     if policy.expected_concurrency:
-        return _Load(tuple((float(p.concurrency), float(p.weight)) for p in policy.expected_concurrency),
-                     "expected load")
-    return _Load(tuple((float(c), 1.0) for c in levels),
-                 f"profiled levels (no load known yet: the first sweep's {len(levels)} levels weighed alike, "
-                 f"on the gain over no speculation)", per_level=True)
+        return WeighedLoad(tuple((float(p.concurrency), float(p.weight)) for p in policy.expected_concurrency),
+                           "expected load")
+    return WeighedLoad(tuple((float(c), 1.0) for c in levels),
+                       f"profiled levels (no load known yet: the first sweep's {len(levels)} levels weighed alike, "
+                       f"on the gain over no speculation)", per_level=True)
 
 
 def _first_sweep(profile: SpeculationProfile | None, measured: Sequence[int]) -> tuple[int, ...]:
@@ -216,12 +87,12 @@ def _at(c: float, kv_max: int | None, max_batch_size: int) -> float:
     return max(1.0, min(c, float(kv_max or c), float(max_batch_size)))
 
 
-def _expected(goodput_at, load: _Load, kv_max: int | None, max_batch_size: int) -> float:
+def _expected(goodput_at, load: WeighedLoad, kv_max: int | None, max_batch_size: int) -> float:
     total = sum(w for _, w in load.points)
     return sum(w * goodput_at(_at(c, kv_max, max_batch_size)) for c, w in load.points) / total
 
 
-def _deploy_case(load: _Load, option_at, plain_at) -> DeployCase:
+def _deploy_case(load: WeighedLoad, option_at, plain_at) -> DeployCase:
     """What deploying an option changes over `load`. option_at(c) -> (goodput over no speculation's, whether
     it speculates at c, the standard error of that ratio or None); plain_at(c): no speculation's goodput.
 
@@ -252,20 +123,8 @@ def _deploy_case(load: _Load, option_at, plain_at) -> DeployCase:
                       len(load.points))
 
 
-def _capacity(tpot_at, slo_ms: float | None, limit: int) -> float:
-    """Largest c in 1..limit such that every c' <= c meets the TPOT SLO (limit when there is no SLO)."""
-    if slo_ms is None:
-        return float(limit)
-    capacity = 0
-    for c in range(1, limit + 1):
-        if not tpot_at(c) <= slo_ms:
-            break
-        capacity = c
-    return float(capacity)
-
-
 def _restart_plan(surface: MethodSurface, baseline: BaselineSurface, policy: Policy, max_batch_size: int,
-                  load: _Load, kv_max: int | None, base_kv: int | None):
+                  load: WeighedLoad, kv_max: int | None, base_kv: int | None):
     """Best fixed k for the restart strategy: on at k up to the crossover, off (baseline engine) above; with
     its (plan, k, crossover, deploy case), the case's net deciding between the k."""
     best = None
@@ -275,7 +134,7 @@ def _restart_plan(surface: MethodSurface, baseline: BaselineSurface, policy: Pol
         plan = plan_schedule(surface, policy.tpot_slo_ms, policy.min_gain_percent, max_batch_size, ks=[0, k])
         # Off here means rolling out the plain engine (no drafter): speculation stays on only while it beats
         # that engine by the minimum gain, not just the method engine's own k=0.
-        margin = _margin(policy.min_gain_percent)
+        margin = gain_margin(policy.min_gain_percent)
         off_at = next((c for c, kk in enumerate(plan.k_by_batch_size, start=1)
                        if kk == 0 or surface.goodput(k, float(c)) < margin * baseline.goodput(float(c))), None)
         crossover = None if off_at is None else off_at - 1
@@ -289,7 +148,7 @@ def _restart_plan(surface: MethodSurface, baseline: BaselineSurface, policy: Pol
     return best
 
 
-def _plain_at(surface: MethodSurface, baseline: BaselineSurface, load: _Load):
+def _plain_at(surface: MethodSurface, baseline: BaselineSurface, load: WeighedLoad):
     """No speculation's goodput at a batch, as the deploy test compares against it: with no load known the
     plain engine of the method's own fit (both sides of the ratio from one fit, so that the noise of the
     plain run's levels cancels and an engine that adds nothing when off costs exactly nothing); with a known
@@ -298,7 +157,7 @@ def _plain_at(surface: MethodSurface, baseline: BaselineSurface, load: _Load):
 
 
 def _restart_option(surface: MethodSurface, baseline: BaselineSurface, k: int, crossover: int | None,
-                    load: _Load, kv_max: int | None, base_kv: int | None, max_batch_size: int):
+                    load: WeighedLoad, kv_max: int | None, base_kv: int | None, max_batch_size: int):
     plain = _plain_at(surface, baseline, load)
 
     def option_at(c: float) -> tuple[float, bool, float | None]:
@@ -311,7 +170,7 @@ def _restart_option(surface: MethodSurface, baseline: BaselineSurface, k: int, c
     return option_at
 
 
-def _dynamic_option(surface: MethodSurface, baseline: BaselineSurface, plan: SchedulePlan, load: _Load,
+def _dynamic_option(surface: MethodSurface, baseline: BaselineSurface, plan: SchedulePlan, load: WeighedLoad,
                     kv_max: int | None, base_kv: int | None, max_batch_size: int):
     plain = _plain_at(surface, baseline, load)
 
@@ -335,20 +194,20 @@ def decide_pool(policy: Policy, candidates: list[CandidateMethod], baseline: Spe
 
     `fleet_placed`: the pool is one of a deployment's fleet placed by cost per token (policy.fleet), where a
     replica's SLO-feasible throughput sets what its tokens cost; under a TPOT SLO the method is then dropped
-    where it holds less within the SLO than no speculation (`fleet_capacity_check`)."""
+    where it holds less within the SLO than no speculation (`load_checks.fleet_capacity_check`)."""
     now = now or datetime.now(UTC)
     args = (policy, candidates, price_per_gpu_hour, gpus_per_replica, concurrency_histogram, live_acceptance or {},
             engine_supports_dynamic, max_batch_size)
     options = _options(baseline, profiles, *args)
     if isinstance(options, str):
-        return _no_data(now, options)
+        return no_data(now, options)
     rows, sources, load, base_expected = options
     first = _first_sweep_inputs(baseline, profiles)
     if first is not None:  # refined profiles: the deploy verdict holds unless refinement moved it beyond noise
         earlier = _options(*first, *args)
         if not isinstance(earlier, str):
             before = {r.key: r for r in earlier[0][1:]}
-            guard = _margin(policy.min_gain_percent) - 1.0
+            guard = gain_margin(policy.min_gain_percent) - 1.0
             rows = [rows[0], *(_held(r, before.get(r.key), guard) for r in rows[1:])]
     picked = chosen = _pick(rows, policy.objective, policy.min_gain_percent, incumbent)
     # Only under a TPOT SLO: it is the bound the fleet sizes replicas by. Without one a replica's capacity is
@@ -358,11 +217,11 @@ def decide_pool(policy: Policy, candidates: list[CandidateMethod], baseline: Spe
         if fleet_placed and policy.tpot_slo_ms is not None else None
     if fleet_note is not None:
         chosen = rows[0]
-    decision = _decision(chosen, rows, base_expected, load, sources.get(chosen.key, "profile"), now,
-                         policy.objective, policy.min_gain_percent)
+    decision = decision_for(chosen, rows, base_expected, load, sources.get(chosen.key, "profile"), now,
+                            policy.objective, policy.min_gain_percent)
     if fleet_note is not None:
         decision.reason = (f"{fleet_note} (on the pool's own {load.words} {picked.key} would get "
-                           f"{_pct(picked.expected_goodput_tok_s, base_expected)} goodput over no speculation)")
+                           f"{percent_over(picked.expected_goodput_tok_s, base_expected)} goodput over no speculation)")
     if load.words == "observed load":
         decision.load_concurrency = observed_load_level(concurrency_histogram)
     return PoolPlan(decision=decision, candidates=tuple(rows),
@@ -373,7 +232,7 @@ def _options(baseline: SpeculationProfile | None, profiles: dict[str, Speculatio
              candidates: list[CandidateMethod], price_per_gpu_hour: float, gpus_per_replica: int,
              concurrency_histogram: list[tuple[float, float]] | None,
              live_acceptance: dict[str, tuple[list[float], float]], engine_supports_dynamic: bool,
-             max_batch_size: int) -> tuple[list[CandidatePlan], dict[str, str], _Load, float] | str:
+             max_batch_size: int) -> tuple[list[CandidatePlan], dict[str, str], WeighedLoad, float] | str:
     """(the rows of the comparison, each candidate's source, the load weighed, no speculation's expected
     goodput), or why there is no decision to make from profiles yet."""
     baseline_run, baseline_profile = _find_baseline(baseline, profiles)
@@ -385,14 +244,14 @@ def _options(baseline: SpeculationProfile | None, profiles: dict[str, Speculatio
     except NotEnoughDataError as exc:
         return f"not enough data: {exc}"
     load = _distribution(policy, concurrency_histogram, _first_sweep(baseline_profile, base_surface.levels))
-    base_kv = _kv_max_concurrency(baseline_profile)
+    base_kv = kv_max_concurrency(baseline_profile)
     base_limit = min(max_batch_size, base_kv or max_batch_size)
     base_expected = _expected(base_surface.goodput, load, base_kv, max_batch_size)
     rows = [CandidatePlan(
         key=BASELINE_KEY, method=None, ready=True, note="no speculation",
         kv_max_concurrency=base_kv, expected_goodput_tok_s=base_expected,
         cost_per_mtok=_cost(price_per_gpu_hour, gpus_per_replica, base_expected),
-        capacity_concurrency=_capacity(base_surface.tpot_ms, policy.tpot_slo_ms, base_limit),
+        capacity_concurrency=slo_concurrency(base_surface.tpot_ms, policy.tpot_slo_ms, base_limit),
         tpot_ms_at=base_surface.tpot_ms)]
     sources: dict[str, str] = {}
     # every ready method's surface, fitted with what the pool's other methods measured of the shared knee;
@@ -410,7 +269,7 @@ def _options(baseline: SpeculationProfile | None, profiles: dict[str, Speculatio
         rows.append(row)
         sources[candidate.key] = source
     if policy.ttft_slo_ms is not None:
-        rows = [rows[0], *(_within_ttft(r, profiles.get(r.key), policy.ttft_slo_ms, load.points)
+        rows = [rows[0], *(within_ttft(r, profiles.get(r.key), policy.ttft_slo_ms, load.points)
                            for r in rows[1:])]
     return rows, sources, load, base_expected
 
@@ -492,8 +351,8 @@ def _cost(price_per_gpu_hour: float, gpus_per_replica: int, goodput: float | Non
 
 def _candidate_row(candidate: CandidateMethod, profile: SpeculationProfile | None,
                    built: MethodSurface | NotEnoughDataError | None, base: BaselineSurface,
-                   policy: Policy, load: _Load, base_expected: float, base_kv: int | None, price: float, gpus: int,
-                   live: dict[str, tuple[list[float], float]], engine_dynamic: bool,
+                   policy: Policy, load: WeighedLoad, base_expected: float, base_kv: int | None, price: float,
+                   gpus: int, live: dict[str, tuple[list[float], float]], engine_dynamic: bool,
                    max_batch_size: int) -> tuple[CandidatePlan, str]:
     key = candidate.key
     if not _ready(profile):
@@ -508,7 +367,7 @@ def _candidate_row(candidate: CandidateMethod, profile: SpeculationProfile | Non
         per_position, drafts_per_step = live[key]
         surface = with_live_acceptance(surface, per_position, drafts_per_step)
         source = "live-acceptance"
-    kv_max = _kv_max_concurrency(profile)
+    kv_max = kv_max_concurrency(profile)
     limit = min(max_batch_size, kv_max or max_batch_size)
     restart = (policy.strategy == Strategy.RESTART.value
                or (policy.strategy == Strategy.AUTO.value
@@ -526,7 +385,7 @@ def _candidate_row(candidate: CandidateMethod, profile: SpeculationProfile | Non
         def tpot_at(c: float) -> float:
             return surface.tpot_ms(k, c) if crossover is None or c <= crossover else base.tpot_ms(c)
 
-        capacity = _capacity(tpot_at, policy.tpot_slo_ms, limit)
+        capacity = slo_concurrency(tpot_at, policy.tpot_slo_ms, limit)
         return CandidatePlan(key=key, method=candidate.method, ready=True, note=note, strategy=Strategy.RESTART,
                              num_speculative_tokens=k, schedule=plan, crossover_concurrency=crossover,
                              crossover_gain_se=surface.speedup_se(k, crossover) if crossover else None,
@@ -542,13 +401,8 @@ def _candidate_row(candidate: CandidateMethod, profile: SpeculationProfile | Non
                          crossover_concurrency=plan.crossover_concurrency,
                          crossover_gain_se=plan.crossover_gain_se, kv_max_concurrency=kv_max,
                          expected_goodput_tok_s=expected, cost_per_mtok=_cost(price, gpus, expected),
-                         capacity_concurrency=_capacity(plan.tpot_ms_at, policy.tpot_slo_ms, limit),
+                         capacity_concurrency=slo_concurrency(plan.tpot_ms_at, policy.tpot_slo_ms, limit),
                          tpot_ms_at=plan.tpot_ms_at, deploy=case), source
-
-
-def _margin(min_gain_percent: float) -> float:
-    """Factor by which a method must beat no speculation: the minimum gain, 0.1% at least (ties stay off)."""
-    return 1.0 + max(1e-3, min_gain_percent / 100.0)
 
 
 def _case(row: CandidatePlan, baseline: CandidatePlan) -> DeployCase:
@@ -567,7 +421,7 @@ def _pick(rows: list[CandidatePlan], objective: str, min_gain_percent: float,
     served now (`incumbent`: a candidate key, or None for no speculation) stays unless another beats it by
     the minimum gain or no speculation beats it by that much over the whole load (DeployCase.loses)."""
     baseline = rows[0]
-    margin = _margin(min_gain_percent)
+    margin = gain_margin(min_gain_percent)
     usable = [r for r in rows[1:] if r.ready and r.num_speculative_tokens > 0 and r.expected_goodput_tok_s]
     by_cost = objective == Objective.COST.value and all(r.cost_per_mtok for r in [baseline, *usable])
 
@@ -586,206 +440,3 @@ def _pick(rows: list[CandidatePlan], objective: str, min_gain_percent: float,
         return current
     paying = [r for r in usable if _case(r, baseline).pays(margin - 1.0)]
     return max(paying, key=rank) if paying else baseline
-
-
-def slo_capacity_tok_s(row: CandidatePlan) -> float | None:
-    """Output tokens/s one replica delivers at its SLO-feasible concurrency (Little's law: c * 1000 / TPOT(c));
-    None when the row has no curve or no feasible concurrency."""
-    c = row.capacity_concurrency
-    if not row.ready or row.tpot_ms_at is None or not c or c <= 0:
-        return None
-    ms = float(row.tpot_ms_at(c))
-    return tokens_per_second(c, ms) if math.isfinite(ms) and ms > 0 else None
-
-
-def fleet_capacity_check(chosen: CandidatePlan, baseline: CandidatePlan, min_gain_percent: float) -> str | None:
-    """Whether a pool of a fleet placed by cost per token should serve without speculation after all.
-
-    The fleet planner (policy.fleet) pays for whole replicas and sizes each pool by its SLO-feasible throughput,
-    so a pool's tokens cost its price over that throughput wherever the fleet runs it above its minimum (at the
-    minimum the replicas are paid for whatever they serve). A drafter takes KV cache and step time even where
-    the schedule is off, so under a loose SLO an engine without speculation can hold more load within the SLO
-    than the same engine with it: then deploying the method makes the fleet's tokens dearer even though it
-    speeds up the pool's own load. Returns why to serve without speculation when that throughput beats the
-    chosen method's by the minimum gain, else None (the pool's own decision stands)."""
-    if chosen is baseline or chosen.method is None:
-        return None
-    with_sd, without = slo_capacity_tok_s(chosen), slo_capacity_tok_s(baseline)
-    if with_sd is None or without is None or not without > with_sd * _margin(min_gain_percent):
-        return None
-    return (f"no speculation: in a fleet placed by cost per token, a replica without speculation holds "
-            f"{without:.0f} tok/s within the SLO ({baseline.capacity_concurrency:.0f} requests) against "
-            f"{with_sd:.0f} with {chosen.key} ({chosen.capacity_concurrency:.0f}), {_pct(without, with_sd)}: "
-            f"its tokens cost less without the drafter")
-
-
-LOAD_REVISIT_FACTOR = 2.0
-"""The observed load must move this factor from the load a decision weighed before the method is revisited."""
-
-
-def observed_load_level(histogram: Sequence[tuple[float, float]] | None) -> float | None:
-    """The weighted median per-replica concurrency of an observed histogram, or None without one."""
-    points = sorted((float(c), float(w)) for c, w in histogram or []
-                    if math.isfinite(c) and math.isfinite(w) and c > 0 and w > 0)
-    total = sum(w for _, w in points)
-    if not total:
-        return None
-    seen = 0.0
-    for c, w in points:
-        seen += w
-        if seen >= total / 2:
-            return c
-    return points[-1][0]
-
-
-def revisit_for_load(decision: Decision | None, histogram: Sequence[tuple[float, float]] | None,
-                     now: datetime, cooldown_seconds: float) -> bool:
-    """Whether a standing decision should be re-made because the observed load moved.
-
-    Only decisions made from profiles; the first time load is observed (the decision weighed the expected
-    load or the profiled levels), and after that when the weighted median concurrency moved a factor of
-    LOAD_REVISIT_FACTOR from the one the decision weighed and the pool's cooldown has passed since it was
-    made. The re-made decision keeps the served method unless another beats it by the minimum gain, so a
-    revisit rolls the pods only for a clear win.
-    """
-    load = observed_load_level(histogram)
-    if decision is None or load is None or decision.source not in ("profile", "live-acceptance"):
-        return False
-    if decision.load_concurrency is None:
-        return True
-    moved = abs(math.log(load / decision.load_concurrency)) >= math.log(LOAD_REVISIT_FACTOR)
-    waited = decision.decided_at is None or (now - decision.decided_at).total_seconds() >= cooldown_seconds
-    return moved and waited
-
-
-def _pct(a: float, b: float) -> str:
-    return f"{(a / b - 1) * 100:+.0f}%"
-
-
-def _signed(share: float) -> str:
-    """A share in percent with its sign, one decimal (+0.0% for a rounding residue of either sign)."""
-    percent = round(share * 100, 1)
-    return f"{percent if percent != 0 else 0.0:+.1f}%"
-
-
-def _se(value: float | None) -> str:
-    return "" if value is None else f" (±{value * 100:.1f}%)"
-
-
-def _deploy_words(case: DeployCase, load: _Load) -> str:
-    """What the deploy test weighed, in words: the gain where the plan speculates, the cost where it does not."""
-    where = (f"at {case.points_on} of {case.points} levels" if load.per_level
-             else f"over {case.share_on:.0%} of the load")
-    words = f"{_signed(case.gain_where_on)}{_se(case.gain_where_on_se)} where it speculates ({where})"
-    if case.share_on < 1.0 - 1e-9:
-        words += f", {_signed(-case.cost_where_off)}{_se(case.cost_where_off_se)} where it is scheduled off"
-    if case.held is not None:
-        words += ("; as the first sweep decided: refinement moved neither by more than its uncertainty")
-    return words
-
-
-def _decision(chosen: CandidatePlan, rows: list[CandidatePlan], base_expected: float, load: _Load,
-              source: str, now: datetime, objective: str, min_gain_percent: float) -> Decision:
-    baseline = rows[0]
-    load_words = load.words
-    ranked = sorted((r for r in rows[1:] if r.ready and r.expected_goodput_tok_s),
-                    key=lambda r: -r.expected_goodput_tok_s)
-    not_ready = [r.key for r in rows[1:] if not r.ready]
-    tail = f"; not ready: {', '.join(not_ready)}" if not_ready else ""
-    if chosen is baseline:
-        if ranked:
-            best = ranked[0]
-            reason = (f"no speculation: the best candidate, {best.key}, gets "
-                      f"{_pct(best.expected_goodput_tok_s, base_expected)} goodput at the {load_words}")
-            case = best.deploy
-            if case is not None and case.share_on > 0:
-                reason += f": {_deploy_words(case, load)}"
-            elif case is not None:
-                reason += ", where its schedule never speculates"
-            if min_gain_percent > 0.1 and best.expected_goodput_tok_s > base_expected:
-                reason += (f" (a method must beat no speculation by {min_gain_percent:g}% where it speculates, "
-                           f"net of what it costs where it is off)")
-            reason += tail
-        else:
-            reason = f"no speculation: no candidate has a usable profile yet{tail}"
-        return Decision(method=None, num_speculative_tokens=0, schedule=[], schedule_summary="",
-                        strategy=Strategy.DYNAMIC, crossover_concurrency=None,
-                        cost_per_mtok_with_sd=baseline.cost_per_mtok, cost_per_mtok_without_sd=baseline.cost_per_mtok,
-                        expected_speedup=1.0, source="profile" if ranked else "none", reason=reason, decided_at=now)
-    others = [r for r in ranked if r.key != chosen.key]
-    if others:
-        lead = (f"{chosen.key} beats {others[0].key} by "
-                f"{(chosen.expected_goodput_tok_s / others[0].expected_goodput_tok_s - 1) * 100:.0f}% goodput")
-    else:
-        lead = f"{chosen.key} is the only ready candidate"
-    reason = f"{lead} at the {load_words} ({_pct(chosen.expected_goodput_tok_s, base_expected)} over no speculation"
-    if chosen.deploy is not None and (load.per_level or chosen.deploy.held is not None):
-        reason += f": {_deploy_words(chosen.deploy, load)}"
-    reason += ")"
-    if objective == Objective.COST.value and chosen.cost_per_mtok:
-        reason += f", ${chosen.cost_per_mtok:.3g}/Mtok"
-    if chosen.crossover_concurrency is not None:
-        reason += f"; SD off above {chosen.crossover_concurrency} concurrent requests"
-        if chosen.crossover_gain_se is not None:
-            reason += f" (its gain there known to ±{chosen.crossover_gain_se * 100:.1f}%)"
-    if chosen.strategy == Strategy.RESTART:
-        reason += f"; restart strategy: k={chosen.num_speculative_tokens}, toggled by rollout around the crossover"
-    reason += tail
-    dynamic = chosen.strategy == Strategy.DYNAMIC
-    ranges = list(chosen.schedule.ranges) if dynamic and chosen.schedule else []
-    return Decision(method=chosen.key, num_speculative_tokens=chosen.num_speculative_tokens, schedule=ranges,
-                    schedule_summary=summary(ranges) if ranges else "", strategy=chosen.strategy,
-                    crossover_concurrency=chosen.crossover_concurrency,
-                    crossover_uncertainty_percent=chosen.crossover_uncertainty_percent,
-                    cost_per_mtok_with_sd=chosen.cost_per_mtok, cost_per_mtok_without_sd=baseline.cost_per_mtok,
-                    expected_speedup=chosen.expected_goodput_tok_s / base_expected, source=source, reason=reason,
-                    decided_at=now)
-
-
-def _no_data(now: datetime, reason: str) -> PoolPlan:
-    return PoolPlan(decision=Decision(method=None, source="none", reason=reason, decided_at=now),
-                    candidates=(), capacity_concurrency_per_replica=None)
-
-
-def _within_ttft(row: CandidatePlan, profile: SpeculationProfile | None, slo_ms: float,
-                 distribution: Sequence[tuple[float, float]]) -> CandidatePlan:
-    """policy.ttftSloMs: a method whose profiled TTFT p95 at the operating load (the load-weighted mean
-    concurrency per replica), at the K it would run there, exceeds the SLO is infeasible (not ready)."""
-    if not row.ready or row.num_speculative_tokens <= 0 or profile is None or profile.status is None:
-        return row
-    total = sum(w for _, w in distribution)
-    load = sum(c * w for c, w in distribution) / total if total > 0 else 1.0
-    ks = row.schedule.k_by_batch_size if row.schedule is not None else ()
-    k = ks[min(len(ks), max(1, round(load))) - 1] if ks else row.num_speculative_tokens
-    runs = [r for r in profile.status.runs if r.points]
-    if not runs:
-        return row
-    run = min(runs, key=lambda r: abs(r.num_speculative_tokens - k))
-    ttft = _ttft_p95_at(run, load)
-    if ttft is None or ttft <= slo_ms:
-        return row
-    return dataclasses.replace(row, ready=False, note=(
-        f"TTFT p95 {ttft:.0f} ms at {load:.0f} concurrent requests per replica (K={run.num_speculative_tokens}) "
-        f"exceeds policy.ttftSloMs {slo_ms:g} ms"))
-
-
-def _ttft_p95_at(run: Run, concurrency: float) -> float | None:
-    """Profiled TTFT p95 (ms) at `concurrency`, linear between the measured levels (clamped at the ends); p95
-    as the mean of p90 and p99 where both were measured, else the nearest statistic there is."""
-    points = []
-    for point in sorted(run.points, key=lambda p: p.concurrency):
-        stats = point.ttft_ms
-        if stats.p90 is not None and stats.p99 is not None:
-            value = (stats.p90 + stats.p99) / 2
-        else:
-            value = next((v for v in (stats.p99, stats.p90, stats.p50, stats.mean) if v is not None), None)
-        if value is not None and math.isfinite(value):
-            points.append((float(point.concurrency), value))
-    if not points:
-        return None
-    if concurrency <= points[0][0]:
-        return points[0][1]
-    for (c0, v0), (c1, v1) in zip(points, points[1:]):
-        if concurrency <= c1:
-            return v0 + (v1 - v0) * (concurrency - c0) / (c1 - c0)
-    return points[-1][1]

@@ -50,8 +50,10 @@ from ..api.methods import CandidateMethod
 from ..api.profile import SpeculationProfile
 from ..observe.model import PoolObservation
 from ..manifests.names import refine_job_name
-from .choose import BASELINE_KEY, PoolPlan, decide_pool, revisit_for_load
+from .choose import BASELINE_KEY, decide_pool
+from .comparison import PoolPlan
 from .events import Event
+from .load_checks import revisit_for_load
 from .refine import UNPROFILED_SOURCES, level_budget, refine_pool_plan
 from .replicas import ReplicaState, demand_at_capacity, plan_replicas
 from .restart import Observation as RestartObservation
@@ -452,7 +454,7 @@ def _refine(inputs: PoolInputs, status: PoolStatus, plan: PoolPlan | None, metho
 def fleet_placed(spec: SpeculativeDeploymentSpec) -> bool:
     """Whether the deployment's pools are placed by the fleet planner (policy.placement): two or more pools
     and replicas not fixed. Its pools then weigh speculation by what it does to the fleet's cost per token
-    (policy.choose.fleet_capacity_check)."""
+    (policy.load_checks.fleet_capacity_check)."""
     return len(spec.gpu_pools) >= 2 and spec.serving.autoscaling != Autoscaling.NONE.value
 
 

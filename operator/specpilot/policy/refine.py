@@ -62,7 +62,8 @@ from typing import Any
 from ..api.deployment_spec import Policy, Profiling, Strategy
 from ..api.methods import CandidateMethod
 from ..api.profile import SpeculationProfile
-from .choose import BASELINE_KEY, PoolPlan, decide_pool
+from .choose import BASELINE_KEY, decide_pool
+from .comparison import PoolPlan
 from .schedule import SchedulePlan
 from .surface import MethodSurface
 

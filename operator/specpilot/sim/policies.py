@@ -49,7 +49,8 @@ from ..api.methods import CandidateMethod
 from ..api.profile import SpeculationProfile
 from ..config import OperatorConfig
 from ..observe.model import PoolObservation
-from ..policy.choose import BASELINE_KEY, CandidatePlan, PoolPlan, decide_pool
+from ..policy.choose import BASELINE_KEY, decide_pool
+from ..policy.comparison import CandidatePlan, PoolPlan
 from ..policy.needs import needed_profiles
 from ..policy.plan import ApplyDeployment, DeploymentSnapshot, PoolSnapshot, plan_deployment
 from ..policy.planner import PoolProfiles, Serve
