@@ -116,6 +116,7 @@ class OperatorMetrics:
             ["namespace", "outcome"], registry=r)
         self._declare_pool_gauges(r, g)
         self._declare_dashboard_gauges(g)
+        self._declare_fleet_gauges(g)
         self._decision_labels: dict[tuple[str, str, str], tuple[str, str, str]] = {}
 
     def _declare_pool_gauges(self, r: CollectorRegistry, g: CollectorRegistry) -> None:
@@ -138,6 +139,15 @@ class OperatorMetrics:
             ["verb", "resource"], registry=r)
         self.metrics_available = Gauge(
             "specpilot_metrics_available", "1 when the load metrics for a deployment are fresh.",
+            ["namespace", "deployment"], registry=g)
+
+    def _declare_fleet_gauges(self, g: CollectorRegistry) -> None:
+        self.fleet_demand = Gauge(
+            "specpilot_fleet_demand_tokens_per_second", "The deployment's observed demand in output tokens per "
+            "second, served plus backlog (two or more pools).", ["namespace", "deployment"], registry=g)
+        self.fleet_forecast = Gauge(
+            "specpilot_fleet_forecast_tokens_per_second", "The demand the fleet's replicas are sized for: the "
+            "highest expected within the scale-up lead time at policy.sloAttainmentPercent (two or more pools).",
             ["namespace", "deployment"], registry=g)
 
     def _declare_dashboard_gauges(self, g: CollectorRegistry) -> None:
@@ -182,13 +192,6 @@ class OperatorMetrics:
         self.fleet_cost_per_mtok = Gauge(
             "specpilot_fleet_cost_per_million_tokens_dollars", "The fleet's $/Mtok under its placement at the "
             "observed demand (two or more pools).", ["namespace", "deployment"], registry=g)
-        self.fleet_demand = Gauge(
-            "specpilot_fleet_demand_tokens_per_second", "The deployment's observed demand in output tokens per "
-            "second, served plus backlog (two or more pools).", ["namespace", "deployment"], registry=g)
-        self.fleet_forecast = Gauge(
-            "specpilot_fleet_forecast_tokens_per_second", "The demand the fleet's replicas are sized for: the "
-            "highest expected within the scale-up lead time at policy.sloAttainmentPercent (two or more pools).",
-            ["namespace", "deployment"], registry=g)
         self.slo_attainment = Gauge(
             "specpilot_slo_attainment_ratio", "Share of the deployment's requests within its SLOs over the metrics "
             "window, from vLLM's histograms: slo=tpot, ttft, both_at_least, both_at_most (the share within both is "
