@@ -32,7 +32,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Generator, Mapping
 from typing import Protocol
 
 import numpy as np
@@ -45,6 +45,7 @@ from .workloads import RequestLengths, request_lengths
 __all__ = [
     "DEFAULT_SLO_TTFT_MS",
     "Action",
+    "ArrivalChunks",
     "EngineTables",
     "FleetConfig",
     "FleetPolicy",
@@ -52,6 +53,8 @@ __all__ = [
     "Mode",
     "Observation",
     "SimResult",
+    "engine_tables",
+    "fleet_run",
     "simulate",
 ]
 
@@ -158,6 +161,8 @@ class Observation:
     weights summing to 1, one sample per slice (what the pool's Prometheus samples show)."""
     window_s: float = 0.0
     """Length of the window the averages cover."""
+    tpot_p95_ms: float | None = None
+    """p95 TPOT of the requests that completed within the window (None: none did), as vLLM's histogram shows."""
 
     @property
     def concurrency_per_replica(self) -> float:
@@ -439,6 +444,7 @@ class _Fleet:
         self.queue = _Queue()
         self._lifecycle_changed = True
         self._freed = (_NO_INT, _NO_INT, _NO_FLOAT)  # slots the last completions freed, and when
+        self._slice_tpot: list[np.ndarray] = []  # TPOTs of the requests completed in the current slice
         self.series = _Series(1, 1.0)
         self.bin = 0
 
@@ -649,6 +655,7 @@ class _Fleet:
     def _complete(self, t0: float, rows: np.ndarray, cols: np.ndarray, finish_off: np.ndarray) -> None:
         tpot = (t0 + finish_off - self.first_token[rows, cols]) / (self.output[rows, cols] - 1.0)
         self.tpot_hist.add(tpot)
+        self._slice_tpot.append(tpot)
         tpot_ok = tpot <= self.slo_tpot_s
         ttft_ok = self.ttft_ok[rows, cols]
         both = tpot_ok & ttft_ok
@@ -668,6 +675,19 @@ class _Fleet:
 
     # ---- the loop ----------------------------------------------------------------------------------------
     def run(self, progress: Callable[[float], None] | None = None) -> SimResult:
+        """Serve the trace, the policy acting at every control tick."""
+        steps = self.steps(progress)
+        try:
+            observation = next(steps)
+            while True:
+                observation = steps.send(self.policy.control(observation))
+        except StopIteration as done:
+            return done.value
+
+    def steps(self, progress: Callable[[float], None] | None = None
+              ) -> Generator[Observation, Action, SimResult]:
+        """Serve the trace slice by slice, yielding the observation at every control tick and applying the action
+        sent back (`run` sends the policy's; a driver of several fleets sends its own); returns the result."""
         cfg = self.config
         dt = cfg.slice_s
         duration = self.trace.duration_s
@@ -684,7 +704,9 @@ class _Fleet:
         for _ in range(self.target_replicas):
             self._start_replica(0.0, self.target_mode, warm=True)
         next_control = cfg.control_interval_s
-        arrivals = (_LogArrivals(self.trace, self.lengths, self.rng, dt) if isinstance(self.trace, RequestLog)
+        live = getattr(self.trace, "arrivals", None)  # a trace routed while it runs makes its own arrivals
+        arrivals = (live(self.lengths, self.rng, dt) if callable(live)
+                    else _LogArrivals(self.trace, self.lengths, self.rng, dt) if isinstance(self.trace, RequestLog)
                     else _ArrivalChunks(self.trace, self.lengths, self.rng, dt))
         serving = self.state == SERVING
         billed = n_serving = 0
@@ -695,7 +717,8 @@ class _Fleet:
             tokens_before = self.tokens
             if t0 >= next_control - 1e-9:
                 next_control += cfg.control_interval_s
-                self._apply(t0, self.policy.control(self._observe(t0, window)))
+                action = yield self._observe(t0, window)
+                self._apply(t0, action)
             if self.ready_at.min() <= t0:
                 ready = self.ready_at <= t0
                 self.state[ready] = SERVING
@@ -774,7 +797,9 @@ class _Fleet:
             k_weighted = float((k * running).sum()) if k is not None else 0.0
             series.add(t0, dt, n_arrived, self.tokens - tokens_before, billed, n_serving, running_total,
                        len(self.queue), k_weighted)
-            window.append((n_arrived, running_total, len(self.queue), n_serving))
+            tpots = np.concatenate(self._slice_tpot) if self._slice_tpot else _NO_FLOAT
+            self._slice_tpot = []
+            window.append((n_arrived, running_total, len(self.queue), n_serving, tpots))
             if progress is not None:
                 progress(t0 + dt)
 
@@ -800,6 +825,8 @@ class _Fleet:
         live = (self.state == STARTING) | (self.state == SERVING)
         samples = collections.Counter(round(w[1] / w[3], 1) for w in window if w[3])
         weight = sum(samples.values())
+        tpots = [w[4] for w in window if len(w) > 4 and w[4].size]
+        tpot_p95 = float(np.percentile(np.concatenate(tpots), 95) * 1e3) if tpots else None
         return Observation(
             t_s=t, arrival_rate_rps=arrivals / (n * self.config.slice_s),
             running_per_replica=running / serving_sum if serving_sum else 0.0, waiting=waiting,
@@ -807,7 +834,7 @@ class _Fleet:
             mode=self.mode_names[self.target_mode],
             rollout_in_progress=bool((live & (self.mode != self.target_mode)).any()),
             concurrency_histogram=tuple((c, count / weight) for c, count in sorted(samples.items())),
-            window_s=n * self.config.slice_s)
+            window_s=n * self.config.slice_s, tpot_p95_ms=tpot_p95)
 
 
 _NO_INT = np.empty(0, dtype=np.int64)
@@ -863,8 +890,11 @@ class _ArrivalChunks:
 
     CHUNK = 512
 
-    def __init__(self, trace: LoadTrace, lengths: RequestLengths, rng: np.random.Generator, dt: float) -> None:
+    def __init__(self, trace: LoadTrace, lengths: RequestLengths, rng: np.random.Generator, dt: float,
+                 chunk: int | None = None) -> None:
         self.trace, self.lengths, self.rng, self.dt = trace, lengths, rng, dt
+        if chunk is not None:
+            self.CHUNK = max(int(chunk), 1)  # a trace whose future rate is not decided yet: one tick at a time
         self.first = -self.CHUNK
         self.bounds = np.zeros(1, dtype=np.int64)
         self.columns: tuple[np.ndarray, ...] = ()
@@ -924,6 +954,22 @@ def engine_tables(setup: FleetSetup, config: FleetConfig, method: str | None, ma
         _TABLE_CACHE[key] = EngineTables(setup.twin(method), config.max_num_seqs, max_k,
                                          config.gpu_memory_utilization)
     return _TABLE_CACHE[key]
+
+
+ArrivalChunks = _ArrivalChunks
+
+
+def fleet_run(policy: FleetPolicy, trace: LoadTrace, setup: FleetSetup, config: FleetConfig,
+              slo_tpot_ms: float | None, max_replicas: int, seed: int, slo_ttft_ms: float | None = None
+              ) -> Generator[Observation, Action, SimResult]:
+    """`simulate`'s run as a generator (`_Fleet.steps`): it yields the observation at every control tick and takes
+    the action sent back, so a driver can run several pools in step (sim.mixed's closed loop); returns the result.
+    The policy's `start()` sets the first replicas and mode."""
+    if max_replicas < 1:
+        raise ValueError(f"max_replicas must be >= 1 (got {max_replicas})")
+    fleet = _Fleet(policy, trace, setup, config, slo_tpot_ms, max_replicas, seed,
+                   lambda method, max_k: engine_tables(setup, config, method, max_k), slo_ttft_ms)
+    return fleet.steps()
 
 
 def simulate(policy: FleetPolicy, trace: LoadTrace, setup: FleetSetup, config: FleetConfig | None = None,

@@ -5,8 +5,10 @@ Each pool is profiled synthetically and decided by the operator's own pool plann
 (`sim.policies.profile_and_decide_pool`: method and speculation schedule per GPU type), which gives its curve:
 TPOT per replica at each concurrency
 under the decided schedule, and the SLO-feasible concurrency. Every control interval each placement policy
-sees the deployment's demand (arrival rate over the observation window x mean output tokens) and sets the
-replicas per pool and the share of arrivals each pool gets:
+sees the deployment's demand as the operator does (arrival rate over the observation window x mean output
+tokens, and the requests in flight of its own fleet from a fluid model of it, `FluidFleet`; the planner's
+`demand_tokens_per_second` of both) and sets the replicas per pool and the share of arrivals each pool gets
+(specpilot's planners forecast the demand over the lead time from their history, as in the operator):
 
 - `even-split`: today's operator: one Service (an even split per pod) and every pool scaled alone by
   policy.replicas on the load that split gives it (its SLO-feasible capacity under its schedule; the fixed
@@ -16,8 +18,10 @@ replicas per pool and the share of arrivals each pool gets:
   on profiles without speculation, engines without speculation, as such an optimiser deploys them;
 - `specpilot-service`: the fleet planner under the one-Service constraint, engines on their schedules;
 - `specpilot`: the fleet planner with gateway routing (HTTPRoute weights), engines on their schedules;
-- `oracle`: the same planner told the true demand one lead time ahead (the lead time is the replica
-  start-up), so its replicas serve when the load arrives: the cost reference no forecaster can beat by much;
+- `oracle`: the same planner told the true demand within the lead time (the peak arrival rate per control
+  interval between now and when the next decision's replicas serve; the lead time is the replica start-up)
+  instead of forecasting it, so its replicas serve when the load arrives: the cost reference no forecaster can
+  beat by much;
 - `even-split-hpa`: the even split with each pool's autoscaler target utilisation tuned (bisection,
   `tune_even_split`) until the fleet reaches specpilot's SLO attainment: what today's routing costs at the
   same service.
@@ -61,7 +65,18 @@ from ..policy.fleet import (
 )
 from ..policy.replicas import ReplicaState, plan_replicas
 from .connector import EPOCH
-from .fleet import DEFAULT_SLO_TTFT_MS, Action, FleetConfig, FleetSetup, Mode, Observation, SimResult, simulate
+from .fleet import (
+    DEFAULT_SLO_TTFT_MS,
+    Action,
+    ArrivalChunks,
+    FleetConfig,
+    FleetSetup,
+    Mode,
+    Observation,
+    SimResult,
+    fleet_run,
+    simulate,
+)
 from .joining import Joining, plan_joining, with_refinement
 from .policies import Candidate, PlanningInputs, PoolPlanning, profile_and_decide_pool
 from .requestlog import RATE_BIN_S, RequestLog
@@ -91,7 +106,7 @@ PLACEMENT_WORDS = {
     "cost-optimal-no-sd": "cost-optimal placement on profiles without SD (free weights), served without SD",
     "specpilot-service": "specpilot fleet planner, one Service (even per-pod split), with SD schedules",
     "specpilot": "specpilot fleet planner, gateway routing (HTTPRoute weights), with SD schedules",
-    "oracle": "specpilot's planner told the true demand one start-up ahead (clairvoyant): the cost reference",
+    "oracle": "specpilot's planner told the true demand within one start-up (clairvoyant): the cost reference",
 }
 DEFAULT_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 ATTAINMENT_TOLERANCE_POINTS = 0.1
@@ -404,11 +419,138 @@ def true_peak_rps(trace: LoadTrace, t0_s: float, t1_s: float, step_s: float) -> 
 
 def place(placement: str, prepared: Sequence[PreparedPool], trace: LoadTrace, output_tokens: float,
           config: FleetConfig, scenario: MixedScenario, utilization_percent: float | None = None) -> Timeline:
-    """Run one placement policy over the trace: every placement sees the observed demand (the arrival rate over
-    the observation window x the mean output length) and the requests in flight of its own fleet (`FluidFleet`),
-    the planners' `demand_tokens_per_second` of both; specpilot's planners forecast from its history over the
-    lead time (the replica start-up), the oracle is told the true peak within it instead.
+    """Run one placement policy over the trace open loop: the requests in flight come from a fluid model of the
+    placed fleet (`FluidFleet`), not from serving it (`run_placement` serves it in the loop). Every placement sees
+    the observed demand (the arrival rate over the observation window x the mean output length) and the requests
+    in flight, the planners' `demand_tokens_per_second` of both; specpilot's planners forecast from their history
+    over the lead time (the replica start-up), the oracle is told the true peak within it instead.
     `utilization_percent`: the even splits' autoscaler target (None: the planner's default)."""
+    timeline, _ = _drive(placement, prepared, trace, output_tokens, config, scenario, utilization_percent)
+    return timeline
+
+
+def run_placement(placement: str, prepared: Sequence[PreparedPool], trace: LoadTrace, output_tokens: float,
+                  config: FleetConfig, scenario: MixedScenario, utilization_percent: float | None = None,
+                  seed: int = 0) -> PlacementResult:
+    """One placement policy closed loop, as the operator runs: every pool served request by request in step
+    (`sim.fleet.fleet_run`), and at every control tick the placement sees what the operator's metrics show (the
+    arrival rate over the observation window x the mean output length, and the pools' running + waiting requests
+    over the window), plans, and its replicas and shares act on the next tick's arrivals."""
+    timeline, runs = _drive(placement, prepared, trace, output_tokens, config, scenario, utilization_percent,
+                            seed=seed, closed=True)
+    joinings = [p.joining for p in prepared if p.joining is not None]
+    return PlacementResult(placement, timeline, runs, sum(j.cost_usd for j in joinings),
+                           sum(j.gpu_hours for j in joinings))
+
+
+def _pool_in_flight(observation: Observation | None) -> float | None:
+    """Running + waiting requests of one pool over the window, as its vLLM metrics show them."""
+    if observation is None:
+        return None
+    return observation.running_per_replica * observation.serving_replicas + observation.waiting
+
+
+def _observed(observation: Observation | None, output_tokens: float) -> dict[str, float | None]:
+    """What a pool's metrics show the fleet planner: its requests in flight, its running requests per serving
+    replica and its requests' p95 TPOT over the window."""
+    if observation is None:
+        return {}
+    serving = observation.serving_replicas
+    return {"requests_in_flight": _pool_in_flight(observation),
+            "observed_concurrency": observation.running_per_replica if serving else None,
+            "observed_tpot_p95_ms": observation.tpot_p95_ms}
+
+
+class _LiveLog:
+    """A request log routed request by request as the closed loop decides the shares: each request to the pool its
+    draw (`route_log`'s, the same under every placement) picks by the shares of its arrival's control tick."""
+
+    def __init__(self, log: RequestLog, names: Sequence[str], tick_s: float, ticks: int, seed: int) -> None:
+        self.log, self.names, self.tick_s = log, list(names), tick_s
+        self.u = np.random.default_rng(seed).random(log.requests)
+        self.tick = np.clip((log.arrival_s // tick_s).astype(np.int64), 0, ticks - 1)
+        self.table = np.zeros((ticks, len(self.names)))
+
+    def pool_of(self, index: np.ndarray) -> np.ndarray:
+        rows = self.table[self.tick[index]]
+        total = rows.sum(axis=1, keepdims=True)
+        rows = np.where(total > 0, rows / np.where(total > 0, total, 1.0), 0.0)
+        rows[total[:, 0] <= 0, 0] = 1.0  # no share anywhere: the first pool takes it
+        cumulative = np.cumsum(rows, axis=1)
+        return np.minimum((self.u[index][:, None] >= cumulative).sum(axis=1), len(self.names) - 1)
+
+
+class _LiveLogArrivals:
+    """One pool's requests of a `_LiveLog`, slice by slice (each draws its acceptance factor, as a log's do)."""
+
+    def __init__(self, live: _LiveLog, column: int, lengths, rng: np.random.Generator, dt: float) -> None:
+        log = live.log
+        self.live, self.column = live, column
+        output = np.maximum(np.asarray(log.output_tokens, dtype=float), 2.0)
+        prompt = np.asarray(log.input_tokens, dtype=float)
+        sigma = lengths.acceptance_sigma
+        factor = rng.lognormal(-sigma**2 / 2, sigma, log.requests)
+        self.columns = (np.asarray(log.arrival_s, dtype=float), prompt + output, output, factor)
+        n_slices = int(math.ceil(log.duration_s / dt)) + 1
+        self.bounds = np.searchsorted(log.arrival_s, np.arange(n_slices + 1) * dt, side="left")
+
+    def slice(self, i: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        i = min(i, self.bounds.size - 2)
+        index = np.arange(self.bounds[i], self.bounds[i + 1])
+        index = index[self.live.pool_of(index) == self.column] if index.size else index
+        return tuple(c[index] for c in self.columns)  # type: ignore[return-value]
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class _LiveRoutedTrace(LoadTrace):
+    """The deployment's arrivals thinned by a pool's share as the closed loop decides it, tick by tick."""
+
+    base: LoadTrace | None = None
+    tick_s: float = 15.0
+    table: np.ndarray | None = None
+    column: int = 0
+    live_log: _LiveLog | None = None
+
+    def rate_rps(self, t_s: np.ndarray) -> np.ndarray:
+        t = np.asarray(t_s, dtype=float)
+        table = self.live_log.table if self.live_log is not None else self.table
+        index = np.clip((t // self.tick_s).astype(int), 0, len(table) - 1)
+        return self.base.rate_rps(t) * table[index, self.column]
+
+    def arrivals(self, lengths, rng: np.random.Generator, dt: float):
+        if self.live_log is not None:
+            return _LiveLogArrivals(self.live_log, self.column, lengths, rng, dt)
+        ratio = self.tick_s / dt
+        chunk = int(round(ratio)) if abs(ratio - round(ratio)) < 1e-9 and ratio >= 1 else 1
+        return ArrivalChunks(self, lengths, rng, dt, chunk=chunk)
+
+    def describe(self) -> str:
+        return f"{self.base.describe()}, routed share"
+
+
+@dataclasses.dataclass
+class _LivePool:
+    """A pool's engines in the closed loop: the driver sends its replicas; this only names the mode."""
+
+    name: str
+    method: str | None
+    mode: Mode
+    first: int = 0
+
+    @property
+    def modes(self) -> dict[str, Mode]:
+        return {self.mode.name: self.mode}
+
+    def start(self) -> Action:
+        return Action(self.first, self.mode.name)
+
+    def control(self, observation: Observation) -> Action:  # the driver acts instead
+        raise RuntimeError("a closed-loop pool is driven by its placement")
+
+
+def _drive(placement: str, prepared: Sequence[PreparedPool], trace: LoadTrace, output_tokens: float,
+           config: FleetConfig, scenario: MixedScenario, utilization_percent: float | None = None, seed: int = 0,
+           closed: bool = False) -> tuple[Timeline, dict[str, SimResult | None]]:
     if placement not in PLACEMENTS:
         raise ValueError(f"unknown placement {placement!r}; use one of {', '.join(PLACEMENTS)}")
     dt, window = config.control_interval_s, config.observation_window_s
@@ -432,14 +574,30 @@ def place(placement: str, prepared: Sequence[PreparedPool], trace: LoadTrace, ou
     windows = {n: ReplicaState() for n in names}
     current = {n: 0 for n in names}
     asked: dict[str, list[tuple[float, int]]] = {n: [] for n in names}
+    # closed loop: every pool served in step, its observation read at each tick
+    steps: dict[str, object] = {}
+    observed: dict[str, Observation] = {}
+    results: dict[str, SimResult | None] = {}
+    live_log = table = None
+    if closed:
+        table = np.zeros((len(times), len(names)))
+        if isinstance(trace, RequestLog):
+            live_log = _LiveLog(trace, names, dt, len(times), seed + 99)
+            table = live_log.table
     for i, t in enumerate(times):
         # the oracle is told the highest rate between now and the next decision's replicas serving
         told = (true_peak_rps(trace, float(t), float(t) + config.startup_s + dt, dt) * output_tokens
                 if oracle else None)
-        demand = FleetDemand(arrival_rate_rps(trace, t - window, t) * output_tokens, fluid.requests_in_flight(),
+        if closed and i:
+            in_flight = sum(_pool_in_flight(o) for o in observed.values())
+            ready = {n: observed[n].serving_replicas if n in observed else 0 for n in names}
+        else:
+            in_flight = fluid.requests_in_flight()
+            ready = {n: _ready(asked[n], t, config.startup_s, current[n]) for n in names}
+        demand = FleetDemand(arrival_rate_rps(trace, t - window, t) * output_tokens, in_flight,
                              forecast_tokens_per_second=told)
-        ready = {n: _ready(asked[n], t, config.startup_s, current[n]) for n in names}
-        pools = [dataclasses.replace(v, current_replicas=current[v.name], ready_replicas=ready[v.name] if i else None)
+        pools = [dataclasses.replace(v, current_replicas=current[v.name], ready_replicas=ready[v.name] if i else None,
+                                     **_observed(observed.get(v.name), output_tokens))
                  for v in views]
         # a pool that has not joined yet, or is still profiling, has no GPUs to place replicas on
         pools = [p if pool.serving_at(float(t)) else dataclasses.replace(p, min_replicas=0, max_replicas=0,
@@ -471,10 +629,36 @@ def place(placement: str, prepared: Sequence[PreparedPool], trace: LoadTrace, ou
             replicas[n][i] = current[n]
             if not asked[n] or asked[n][-1][1] != current[n]:
                 asked[n].append((float(t), current[n]))
-        serving_next = {n: _ready(asked[n], t, config.startup_s, current[n]) if i else current[n] for n in names}
-        fluid.advance(arrival_rate_rps(trace, t, t + dt) * output_tokens, {n: shares[n][i] for n in names},
-                      serving_next, dt)
-    return Timeline(times, replicas, shares, cost, reasons, float(trace.duration_s))
+        if not closed:
+            serving_next = {n: _ready(asked[n], t, config.startup_s, current[n]) if i else current[n] for n in names}
+            fluid.advance(arrival_rate_rps(trace, t, t + dt) * output_tokens, {n: shares[n][i] for n in names},
+                          serving_next, dt)
+            continue
+        for j, (n, pool) in enumerate(zip(names, prepared, strict=True)):
+            table[i, j] = shares[n][i]
+            if i == 0:
+                plain_mode = Mode("no-sd", False, (0,) * config.max_num_seqs) if plain else pool.sd_mode
+                routed = _LiveRoutedTrace(trace.duration_s, base=trace, tick_s=dt, table=table, column=j,
+                                          live_log=live_log)
+                steps[n] = fleet_run(_LivePool(f"{placement}/{n}", None if plain else pool.sd_method, plain_mode,
+                                               current[n]), routed, pool.setup, config, scenario.slo_tpot_ms,
+                                     pool.max_replicas, seed + 1000 * j, scenario.slo_ttft_ms)
+        for n in names:
+            if n in results:
+                continue
+            try:
+                observed[n] = next(steps[n]) if i == 0 else steps[n].send(Action(current[n], observed[n].mode))
+            except StopIteration as done:
+                results[n] = done.value
+    if closed:
+        for n, step in steps.items():
+            while n not in results:  # the last ticks' slices
+                try:
+                    observed[n] = step.send(Action(current[n], observed[n].mode))
+                except StopIteration as done:
+                    results[n] = done.value
+        results = {n: (results[n] if replicas[n].any() else None) for n in names}
+    return Timeline(times, replicas, shares, cost, reasons, float(trace.duration_s)), results
 
 
 def _ready(asked: list[tuple[float, int]], t: float, startup_s: float, current: int) -> int:
@@ -754,8 +938,10 @@ def compare(scenario: MixedScenario, config: FleetConfig | None = None, seed: in
     output_tokens = _mean_output_tokens(trace, prepared)
 
     def run(placement: str, utilization_percent: float | None = None) -> PlacementResult:
-        timeline = place(placement, prepared, trace, output_tokens, config, scenario, utilization_percent)
-        return serve(placement, timeline, prepared, trace, config, scenario, seed, progress)
+        if progress:
+            progress(placement)
+        return run_placement(placement, prepared, trace, output_tokens, config, scenario, utilization_percent,
+                             seed)
 
     done: dict[str, PlacementResult] = {}
     for placement in placements:
