@@ -10,7 +10,13 @@ import pytest
 
 from specpilot.cli import main
 from specpilot.sim.fleet import FleetConfig, FleetSetup
-from specpilot.sim.joining import BENCH_ENGINE_START_S, plan_joining, profile_seconds, run_profiling
+from specpilot.sim.joining import (
+    BENCH_ENGINE_START_S,
+    joining_spec,
+    plan_joining,
+    profile_seconds,
+    run_profiling,
+)
 from specpilot.sim.mixed import SCENARIOS, compare
 from specpilot.sim.policies import Candidate
 
@@ -64,9 +70,11 @@ def test_a_job_lasts_its_engine_starts_and_sweeps():
 
 
 def test_parallel_jobs_finish_sooner_and_never_exceed_the_bound():
-    seconds = {"baseline": 100.0, "a": 200.0, "b": 300.0}
-    one, jobs_one = run_profiling("p", "H200", seconds, 0.0, 10_000.0, max_parallel_jobs=1)
-    two, jobs_two = run_profiling("p", "H200", seconds, 0.0, 10_000.0, max_parallel_jobs=2)
+    seconds = {"baseline": 100.0, "ngram": 200.0, "eagle3": 300.0}
+    one, jobs_one = run_profiling(joining_spec("p", "H200", MODEL, CANDIDATES, max_parallel_jobs=1), seconds,
+                                  0.0, 10_000.0)
+    two, jobs_two = run_profiling(joining_spec("p", "H200", MODEL, CANDIDATES, max_parallel_jobs=2), seconds,
+                                  0.0, 10_000.0)
     assert one == pytest.approx(600.0)
     assert two == pytest.approx(400.0)  # baseline and a, then b when baseline's slot frees
     for jobs, bound in ((jobs_one, 1), (jobs_two, 2)):

@@ -1,5 +1,6 @@
-"""A GPU type joining a simulated fleet: its profiling Jobs, decided by the operator's profiling planner
-(`policy.profiling`), each taking the time its benchmark sweep takes on the twin, then its refinement.
+"""A GPU type joining a simulated fleet: its profiling Jobs, decided by the operator's own decision
+(`policy.plan.plan_deployment`, which runs the profiling planner, on a `sim.cluster.VirtualCluster`), each taking
+the time its benchmark sweep takes on the twin, then its refinement.
 
 What a benchmark Job does (benchmark-job/specpilot_bench/cli.py and sweep.py, manifests/benchmark.py), and how
 it is timed here, by the bench's own numbers (`perf.bench_model`):
@@ -13,8 +14,8 @@ it is timed here, by the bench's own numbers (`perf.bench_model`):
 - a run stops early once its output throughput gained under 5% at each of two steps, the bench's
   saturation stop (`saturated`; its SLO stop is not modelled: a run may take longer here than it would);
 - Jobs run one at a time per pool (profilingDefaults.maxParallelJobsPerPool = 1) on one replica's GPUs: the
-  profiling planner starts them, follows them and accepts each result when its Job completes (the result
-  reaches the profile with the Job's completion);
+  operator's decision starts them, follows them and accepts each result when its Job completes (the result, the
+  twin's synthetic profile, reaches the profile with the Job's completion);
 - refinement (`policy.refine.pool_refinement`, what the operator asks of the pool's decision, at the default
   refineBudgetPercent): its first round's Jobs, each an engine start per k and its levels x repeats; Jobs of
   one profile run one after another (appends go one Job at a time), different profiles' side by side. The
@@ -29,20 +30,26 @@ profiles give).
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 from collections.abc import Sequence
 from datetime import timedelta
 
-from ..api.deployment_spec import DEFAULT_CONCURRENCY_LEVELS, Policy, Strategy
+from ..api.deployment_spec import DEFAULT_CONCURRENCY_LEVELS, Policy, SpeculativeDeploymentSpec, Strategy
 from ..perf.bench_model import DEFAULT_REQUESTS_PER_LEVEL, ENGINE_START_S, level_wall_s, saturated
 from ..perf.twin import Twin
 from ..policy import profiling
 from ..policy.refine import pool_refinement
+from .cluster import VirtualCluster
 from .connector import EPOCH
+from .synthetic import Scenario, synthetic_profiles
 
-__all__ = ["BENCH_ENGINE_START_S", "Joining", "JobRecord", "plan_joining", "profile_seconds", "run_seconds"]
+__all__ = ["BENCH_ENGINE_START_S", "Joining", "JobRecord", "joining_spec", "plan_joining", "profile_seconds",
+           "run_profiling", "run_seconds"]
 
+JOINING_LABEL = "specpilot.io/simulated-pool"
+"""The label of a joining pool's simulated node, which its nodeSelector matches."""
 BENCH_ENGINE_START_S = ENGINE_START_S
 """`perf.bench_model.ENGINE_START_S`, by the name this module has exported it under."""
 
@@ -147,53 +154,70 @@ class Joining:
                 "jobs": [dataclasses.asdict(j) for j in self.jobs]}
 
 
-def run_profiling(pool: str, sku: str, seconds: dict[str, float], joined_at_s: float, horizon_s: float,
-                  max_parallel_jobs: int = 1) -> tuple[float, list[JobRecord]]:
-    """Drive the profiling planner over simulated Jobs from `joined_at_s`: `seconds` is each needed profile's
-    Job time by key (baseline first). A Job's result reaches its profile when the Job completes. Returns
-    (when every profile was Ready, or math.inf; the Jobs run)."""
-    needed = [profiling.Need(f"{pool}-{key}", pool, key, sku) for key in seconds]
-    key_of = {n.name: n.key for n in needed}
-    profiles: dict[str, profiling.ProfileView] = {}
+def joining_spec(pool: str, sku: str, model_id: str, candidates, max_parallel_jobs: int = 1,
+                 tensor_parallel_size: int = 1) -> SpeculativeDeploymentSpec:
+    """The SpeculativeDeployment of a joining pool: its model on `sku`, the `candidates` (`sim.policies.Candidate`s;
+    one of a method twice is named method-K), profiled `max_parallel_jobs` at a time."""
+    methods = []
+    counts = collections.Counter(c.method for c in candidates)
+    for candidate in candidates:
+        method = Scenario(sku, model_id, candidate.method, max_k=candidate.max_k,
+                          tensor_parallel_size=tensor_parallel_size).candidate()
+        if counts[candidate.method] > 1:
+            method = method.model_copy(update={"name": f"{candidate.method}-{candidate.max_k}"})
+        methods.append(method.dump())
+    return SpeculativeDeploymentSpec.model_validate({
+        "model": {"id": model_id, "tensorParallelSize": tensor_parallel_size},
+        "gpuPools": [{"name": pool, "sku": sku, "nodeSelector": {JOINING_LABEL: pool}}],
+        "methods": methods, "profiling": {"maxParallelJobsPerPool": max_parallel_jobs}})
+
+
+def run_profiling(spec: SpeculativeDeploymentSpec, seconds: dict[str, float], joined_at_s: float,
+                  horizon_s: float) -> tuple[float, list[JobRecord]]:
+    """The operator's decision (`policy.plan.plan_deployment`, through `sim.cluster.VirtualCluster`) on the pool
+    of `spec` from `joined_at_s`, when its node appears: `seconds` is each needed profile's Job time by its key
+    (baseline or the candidate's). A Job's result (the twin's synthetic profile) reaches its profile when the
+    Job completes. Returns (when every profile was Ready, or math.inf; the Jobs run)."""
+    [pool] = spec.gpu_pools
+    cluster = VirtualCluster(spec=spec, name=pool.name)
+    cluster.add_node(f"{pool.name}-node", {JOINING_LABEL: pool.name})
+    key_of = {n.name: n.key for n in cluster.snapshot(EPOCH).profiling.needed}
     running: dict[str, tuple[float, float]] = {}
     records: list[JobRecord] = []
+    results: dict[str, dict] = {}
     t = joined_at_s
     while t <= horizon_s:
         now = EPOCH + timedelta(seconds=t)
-        jobs = {}
-        for name, (start, end) in running.items():
-            if t >= end:
-                jobs[name] = profiling.JobView(f"bench-{name}", "Complete", completed_at=EPOCH + timedelta(seconds=end))
-                if profiles[name].phase in profiling.MEASURING:  # the bench publishes before it exits
-                    profiles[name] = profiling.ProfileView("Succeeded", completed_at=jobs[name].completed_at)
-            else:
-                jobs[name] = profiling.JobView(f"bench-{name}", "Active", active=1)
-        plan = profiling.plan_profiling(profiling.ProfilingInputs(needed, profiles, jobs, now,
-                                                                  max_parallel_jobs=max_parallel_jobs))
-        for action in plan.actions:
-            name = getattr(action, "name", None)
-            if isinstance(action, (profiling.CreateProfile, profiling.Restart)):
-                profiles[name] = profiling.ProfileView("Pending")
-                running.pop(name, None)
-            elif isinstance(action, profiling.StartJob):
-                running[name] = (t, t + seconds[key_of[name]])
-                records.append(JobRecord(key_of[name], "profile", t, t + seconds[key_of[name]]))
-            elif isinstance(action, profiling.MarkRunning):
-                profiles[name] = dataclasses.replace(profiles[name], phase="Running")
-            elif isinstance(action, profiling.Accept):
-                profiles[name] = dataclasses.replace(profiles[name], verdict=True)
-            elif isinstance(action, profiling.MarkFailed):
-                profiles[name] = profiling.ProfileView("Failed", verdict=True)
-        if plan.rollup.failed:
+        for name, (_, end) in running.items():
+            if t >= end and cluster.jobs.get(name) != profiling.COMPLETE:  # the bench publishes before it exits
+                cluster.publish(name, results.setdefault(name, _result(spec, cluster.profiles[name])),
+                                EPOCH + timedelta(seconds=end))
+        plan = cluster.reconcile(now)
+        for start in plan.profiling.of(profiling.StartJob):
+            key = key_of[start.name]
+            running[start.name] = (t, t + seconds[key])
+            records.append(JobRecord(key, "profile", t, t + seconds[key]))
+        rollup = plan.profiling.rollup
+        if rollup.failed:
             return math.inf, records
-        if plan.rollup.ready == plan.rollup.total:
+        if rollup.ready == rollup.total:
             return t, records
         # the next change: a Job completing (the watch wakes the operator), else a Wait's end, else a second on
         ends = [end for _, end in running.values() if end > t]
-        wake = plan.next_wake
-        later = [s for s in [*ends, *([(wake - EPOCH).total_seconds()] if wake is not None else [])] if s > t]
+        wake = plan.profiling.next_wake
+        later = [x for x in [*ends, *([(wake - EPOCH).total_seconds()] if wake is not None else [])] if x > t]
         t = min(later, default=t + 1.0)
     return math.inf, records
+
+
+def _result(spec: SpeculativeDeploymentSpec, profile: dict) -> dict:
+    """What the profile's benchmark Job writes: the twin's synthetic measurement of it (noise-free)."""
+    method = (profile.get("spec") or {}).get("method") or {}
+    scenario = Scenario(spec.gpu_pools[0].sku, spec.model.id, method.get("method") or "eagle3",
+                        max_k=int(method.get("numSpeculativeTokens") or 4),
+                        tensor_parallel_size=spec.model.tensor_parallel_size)
+    baseline, measured = synthetic_profiles(scenario, noise=0.0)
+    return (measured if method else baseline).status.dump()
 
 
 def refinement_records(planning, setup, slo_tpot_ms: float, start_s: float, time_scale: float,
@@ -224,14 +248,13 @@ def refinement_records(planning, setup, slo_tpot_ms: float, start_s: float, time
 def plan_joining(pool: str, sku: str, setup, candidates, joined_at_s: float, horizon_s: float,
                  time_scale: float = 1.0, max_parallel_jobs: int = 1) -> Joining:
     """The pool's profiling from `joined_at_s` (`candidates`: `sim.policies.Candidate`s; `time_scale` shrinks
-    every Job's time with a compressed trace), without refinement (`with_refinement` adds it). A profile is
-    named by its method (method:K when two candidates share one)."""
+    every Job's time with a compressed trace), without refinement (`with_refinement` adds it). A Job's record
+    names its profile by the candidate's key (method-K when two candidates share one method)."""
+    spec = joining_spec(pool, sku, setup.model_id, candidates, max_parallel_jobs, setup.tensor_parallel_size)
     seconds = {"baseline": profile_seconds(setup, None, 0) * time_scale}
-    methods = [c.method for c in candidates]
-    for candidate in candidates:
-        key = candidate.method if methods.count(candidate.method) == 1 else f"{candidate.method}:{candidate.max_k}"
-        seconds[key] = profile_seconds(setup, candidate.method, candidate.max_k) * time_scale
-    serving_at, records = run_profiling(pool, sku, seconds, joined_at_s, horizon_s, max_parallel_jobs)
+    for candidate, method in zip(candidates, spec.methods, strict=True):
+        seconds[method.key] = profile_seconds(setup, candidate.method, candidate.max_k) * time_scale
+    serving_at, records = run_profiling(spec, seconds, joined_at_s, horizon_s)
     return Joining(pool, sku, joined_at_s, serving_at, tuple(records), setup.tensor_parallel_size,
                    setup.gpu_price_per_hour, max_parallel_jobs)
 
