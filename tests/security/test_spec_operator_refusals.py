@@ -4,8 +4,6 @@ result is physically impossible instead of deciding on it."""
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
 from specpilot.api import seal
@@ -48,7 +46,7 @@ async def test_a_hostile_spec_gets_a_condition_and_an_event_and_reaches_no_pod(s
     warning = await sandbox.wait_for(lambda: events(sandbox, "InvalidSpec"), what="an InvalidSpec Event")
     assert warning[0]["type"] == "Warning" and "hostNetwork" in warning[0]["message"]
 
-    await asyncio.sleep(2)  # timer ticks: still nothing created, one Event, the operator alive
+    await operator.wait_periodic_runs(sandbox, 2)  # reconciliations: still nothing created, one Event, alive
     assert sandbox.objects("deployments", NAMESPACE) == []
     assert jobs(sandbox) == [] and profiles(sandbox) == []
     assert len(events(sandbox, "InvalidSpec")) == 1
@@ -146,7 +144,7 @@ async def test_a_forged_failed_phase_is_ignored_reported_and_the_decision_kept(s
         lambda: (sandbox.get("speculationprofiles", NAMESPACE, name)["status"].get("phase") == "Succeeded"
                  and sandbox.get("speculationprofiles", NAMESPACE, name)["status"]), what="the phase restored")
     assert restored["message"] != "forged"
-    await asyncio.sleep(2)  # timer ticks: the decision stays, nothing failed
+    await operator.wait_periodic_runs(sandbox, 2)  # reconciliations: the decision stays, nothing failed
     assert ((status(sandbox).get("pools") or [{}])[0].get("decision") or {}).get("method") == "eagle3"
     assert events(sandbox, "ProfilingFailed") == []
     assert len(events(sandbox, "UnsealedStatusChange")) == 1

@@ -5,8 +5,6 @@ nothing is created for it."""
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
 from tests.operator.conftest import operator, operator_config, sandbox  # noqa: F401  (fixtures)
@@ -58,7 +56,7 @@ async def test_the_paths_past_the_tenancy_check_are_closed(sandbox, operator):  
     warning = await sandbox.wait_for(lambda: events(sandbox, "InvalidSpec"), what="an InvalidSpec Event")
     assert warning[0]["type"] == "Warning" and "OPENSSL_CONF" in warning[0]["message"]
 
-    await asyncio.sleep(2)  # timer ticks: still nothing created, one Event, the operator alive
+    await operator.wait_periodic_runs(sandbox, 2)  # reconciliations: still nothing created, one Event, alive
     assert sandbox.objects("deployments", NAMESPACE) == []
     assert jobs(sandbox) == [] and profiles(sandbox) == []
     assert len(events(sandbox, "InvalidSpec")) == 1
