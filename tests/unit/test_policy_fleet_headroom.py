@@ -190,10 +190,14 @@ def test_the_curve_is_calibrated_by_the_observed_p95_tpot():
     fast = [dataclasses_replace(p, observed_concurrency=32.0, observed_tpot_p95_ms=p.curve[5].tpot_ms) for p in pools]
     after = plan_fleet(fast, FleetDemand(5000.0), settings(), plan.state, T0 + timedelta(seconds=15))
     assert all(abs(v - 1.8) < 1e-9 for v in after.state.tpot_scale.values())
-    # too little load to say anything: the calibration stays
+    # too little load to say anything, or a queue: the calibration fades towards the curve (2% of the way)
     idle = [dataclasses_replace(p, observed_concurrency=1.0, observed_tpot_p95_ms=99.0) for p in pools]
     kept = plan_fleet(idle, FleetDemand(500.0), settings(), after.state, T0 + timedelta(seconds=30))
-    assert kept.state.tpot_scale == after.state.tpot_scale
+    assert all(abs(v - (1 + 0.8 * 0.98)) < 1e-9 for v in kept.state.tpot_scale.values())
+    queued = [dataclasses_replace(p, observed_concurrency=32.0, observed_tpot_p95_ms=99.0, current_replicas=1,
+                                  requests_in_flight=200.0) for p in pools]
+    waited = plan_fleet(queued, FleetDemand(500.0), settings(), after.state, T0 + timedelta(seconds=30))
+    assert waited.state.tpot_scale == kept.state.tpot_scale
 
 
 def test_a_backlog_is_sized_for_now_but_not_remembered_as_demand():

@@ -102,6 +102,9 @@ _SEARCH_NODES = 200_000
 of the usual sizes; it keeps the planner's time bounded for any input)."""
 DEFAULT_LEAD_TIME_S = 120.0
 """A pool's scale-up lead time (pod created -> serving: image pull, model load, CUDA graphs) when none is known."""
+NEW_HIGH = 0.05
+"""The observed demand within this fraction of the history's peak, and above what the history reached before the
+last two lead times by as much, is a new high, whose trend may go past the peak."""
 HISTORY_SAMPLES = 64
 """Samples of the demand history kept (one per history_seconds / HISTORY_SAMPLES, its largest value)."""
 
@@ -620,8 +623,9 @@ def forecast_demand(history: Sequence[tuple[datetime, float]], observed: float, 
                     quantile: float) -> Forecast:
     """The demand to size for within `lead_s` seconds from the history (the last sample is now's): the observed
     demand times the `quantile` of the history's spread within one lead time (the largest over the smallest
-    demand of each lead-time window: a rise or a fall), up to the higher of the history's peak and the trend
-    over the last two lead times extrapolated one lead time ahead; never below the observed demand. A swing
+    demand of each lead-time window: a rise or a fall), up to the higher of the history's peak and (at a new
+    high: within NEW_HIGH of the peak, and above all the history before the last two lead times) the trend over
+    the last two lead times extrapolated one lead time ahead; never below the observed demand. A swing
     never seen is not forecast (a trend steeper than the swings seen is cut to them): a burst is held for
     through the quiet minutes once one has come and gone, a load that only drifts gets its drift."""
     peak = max([observed, *(d for _, d in history)])
@@ -645,8 +649,12 @@ def forecast_demand(history: Sequence[tuple[datetime, float]], observed: float, 
     if len(rises) >= 2:
         rises.sort()
         rise = max(rises[min(len(rises) - 1, math.ceil(quantile * len(rises)) - 1)], 1.0)
-    # a rise as large as the history's quantile, up to the history's peak or (a new high) the trend's
+    # a rise as large as the history's quantile, up to the history's peak or (a new high) the trend's: below a
+    # peak seen, a steep trend (a burst's edge) rises to the peak, not past it
     trend = min(trend, observed * rise)
+    older = max((d for t, d in history if now is not None and (now - t).total_seconds() > 2 * lead_s), default=0.0)
+    if observed < (1 - NEW_HIGH) * peak or older >= (1 - NEW_HIGH) * observed:
+        trend = min(trend, peak)  # below a peak seen, or as high as the load has been before: no new high
     spread = min(observed * rise, peak)
     return Forecast(max(observed, trend, spread), observed, trend, spread, peak, lead_s)
 
@@ -657,15 +665,24 @@ TPOT_SCALE_WEIGHT = 0.2
 """Weight of each observation in the smoothed calibration (about five control intervals' memory)."""
 TPOT_SCALE_MIN_CONCURRENCY = 2.0
 """Below this many running requests per replica an observation says too little to calibrate by."""
+TPOT_SCALE_QUEUE = 0.1
+"""Waiting requests beyond this fraction of the running ones: a backlog, no observation to calibrate by."""
+TPOT_SCALE_FADE = 0.02
+"""Without an observation to calibrate by, the calibration moves this fraction of the way back to 1 per plan."""
 
 
 def _tpot_scale(pool: FleetPool, previous: float | None) -> float | None:
     """The pool's calibration after this observation: its requests' p95 TPOT over the curve's TPOT at the
-    concurrency they ran at, smoothed."""
+    concurrency they ran at, smoothed. Only a pool serving without a queue says how its replicas run (requests
+    that waited, or ran through a backlog, carry its TPOT, not the concurrency's); without such an observation
+    the calibration fades back towards the curve (a pool it has starved of traffic would never correct it)."""
     c, tpot = pool.observed_concurrency, pool.observed_tpot_p95_ms
+    serving = pool.ready_replicas if pool.ready_replicas is not None else pool.current_replicas
+    queued = (pool.requests_in_flight is not None and c is not None and math.isfinite(pool.requests_in_flight)
+              and pool.requests_in_flight > c * max(serving, 1) * (1 + TPOT_SCALE_QUEUE) + 1)
     if not pool.curve or c is None or tpot is None or not (math.isfinite(c) and math.isfinite(tpot)) \
-            or c < TPOT_SCALE_MIN_CONCURRENCY or tpot <= 0:
-        return previous
+            or c < TPOT_SCALE_MIN_CONCURRENCY or tpot <= 0 or queued:
+        return None if previous is None else 1.0 + (previous - 1.0) * (1 - TPOT_SCALE_FADE)
     seen = tpot / _Curve(pool.curve).tpot_ms(c)
     seen = min(max(seen, TPOT_SCALE_BOUNDS[0]), TPOT_SCALE_BOUNDS[1])
     return seen if previous is None else previous + TPOT_SCALE_WEIGHT * (seen - previous)
