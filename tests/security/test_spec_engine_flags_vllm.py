@@ -1,13 +1,10 @@
 """The spellings of owned flags specpilot refuses are real: vLLM's own parser reads each of them as setting an
 owned option (or refuses the line), and the ordinary flags specpilot lets through change no owned option.
-Runs vLLM's parser in a subprocess (importing vLLM pulls in torch)."""
+Runs vLLM's parser in a subprocess (`vllm_parser`: importing vLLM pulls in torch)."""
 
 from __future__ import annotations
 
 import importlib.util
-import json
-import subprocess
-import sys
 
 import pytest
 
@@ -24,40 +21,16 @@ OWNED_DESTS = ["model", "served_model_name", "revision", "tensor_parallel_size",
                "gpu_memory_utilization", "port", "host", "uds", "speculative_config", "spec_method", "spec_model",
                "spec_tokens", "headless", "nnodes", "node_rank", "hf_token", "model_tag"]
 
-PARSE = """
-import json, sys, contextlib, io
-from vllm.entrypoints.launchers.cli_args import make_arg_parser
-from vllm.utils.argparse_utils import FlexibleArgumentParser
-base, cases, dests = json.load(sys.stdin)
-def parse(extra):
-    parser = make_arg_parser(FlexibleArgumentParser())
-    try:
-        with contextlib.redirect_stderr(io.StringIO()):
-            ns = parser.parse_args(base + extra)
-    except BaseException as exc:
-        return {"error": type(exc).__name__}
-    return {d: repr(getattr(ns, d, None)) for d in dests}
-print(json.dumps({"base": parse([]), "cases": [parse(c) for c in cases]}))
-"""
-
 BASE = ["--model", "meta-llama/Llama-3.1-8B-Instruct", "--served-model-name", "llama", "--tensor-parallel-size",
         "1", "--port", "8000"]
 
 
-def _parse(cases: list[list[str]]) -> tuple[dict, list[dict]]:
-    result = subprocess.run([sys.executable, "-c", PARSE], input=json.dumps([BASE, cases, OWNED_DESTS]),
-                            capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    out = json.loads(result.stdout.strip().splitlines()[-1])
-    return out["base"], out["cases"]
-
-
-def test_vllm_reads_every_refused_spelling_as_an_owned_option_or_refuses_it():
+def test_vllm_reads_every_refused_spelling_as_an_owned_option_or_refuses_it(vllm_parser):
     # Left out: a config file that does not exist here, a newline (refused as such), and a bare `--` (refused as
     # a precaution: whatever followed it would be positional).
     flag_cases = [c for c in OWNED_SPELLINGS if "\n" not in "".join(c) and c != ["--"]
                   and c not in (["--config", "/models/evil.yaml"], ["--config=/models/evil.yaml"])]
-    base, parsed = _parse([["--enable-prefix-caching", *c] for c in flag_cases])
+    base, parsed = vllm_parser.parse(BASE, [["--enable-prefix-caching", *c] for c in flag_cases], OWNED_DESTS)
     assert "error" not in base
     for case, owned in zip(flag_cases, parsed, strict=True):
         assert extra_args_problems(["--enable-prefix-caching", *case]), case
@@ -65,8 +38,8 @@ def test_vllm_reads_every_refused_spelling_as_an_owned_option_or_refuses_it():
         assert changed, f"{case}: vLLM changes no owned option, so specpilot need not refuse it"
 
 
-def test_vllm_changes_no_owned_option_for_the_flags_specpilot_lets_through():
+def test_vllm_changes_no_owned_option_for_the_flags_specpilot_lets_through(vllm_parser):
     assert extra_args_problems(ALLOWED_ARGS) == []
-    base, (parsed,) = _parse([ALLOWED_ARGS])
+    base, (parsed,) = vllm_parser.parse(BASE, [ALLOWED_ARGS], OWNED_DESTS)
     assert "error" not in parsed
     assert {d: parsed[d] for d in OWNED_DESTS} == {d: base[d] for d in OWNED_DESTS}
