@@ -206,8 +206,8 @@ def run_routing(spec, old: SpeculativeDeploymentStatus, route: RouteReading):
     status = SpeculativeDeploymentStatus(pools=[pool("a100", 0.25, 1), pool("h100", 0.75, 1)])
     events: list = []
     body = {"metadata": {"namespace": NAMESPACE, "name": "llama", "uid": UID}}
-    asyncio.run(reconcile_routing(SimpleNamespace(kube=kube), body, spec, status, old, route, {"a100", "h100"}, 1,
-                                   NOW, events))
+    weights = route_backends(status.pools, False, {"a100", "h100"}) if route.available else {}
+    asyncio.run(reconcile_routing(SimpleNamespace(kube=kube), body, spec, status, old, route, weights, 1, NOW, events))
     return status, events, kube
 
 
