@@ -396,9 +396,9 @@ class Policy(ApiModel):
     request from the serving pods' vLLM histograms over the metrics window (status.sloAttainment, condition
     SloAttained, alert SpecpilotSloAttainmentLow). With two or more pools the fleet planner sizes for it: the
     demand it forecasts over the scale-up lead time is this quantile of the demand's swings seen, and each replica
-    runs at the mean concurrency whose requests in flight stay within the SLO at this quantile (status.fleet
-    .forecastTokensPerSecond, headroomPercent). A single pool's replica planner still sizes by
-    serving.targetUtilizationPercent."""
+    runs at the mean concurrency whose requests in flight stay within its admission limit at this quantile
+    (status.fleet.forecastTokensPerSecond and headroomPercent show it). A single pool's replica planner still
+    sizes by serving.targetUtilizationPercent."""
     min_gain_percent: float = Field(default=2, ge=0, le=100)
     """Noise guard, in percent. Per batch size, the schedule speculates only where k > 0 beats k = 0 on the
     method's own engine (drafter still loaded) by this much; the method is deployed at all only when its gain
