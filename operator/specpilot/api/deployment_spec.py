@@ -479,8 +479,8 @@ class Serving(ApiModel):
     target_utilization_percent: float = Field(default=80, gt=0, le=100)
     """Share of a replica's SLO-feasible concurrency to plan for (headroom for bursts). With two or more pools it
     is an upper bound: the fleet planner derives each replica's load from policy.sloAttainmentPercent (requests in
-    flight within the SLO at that quantile) and sizes for the demand forecast over the scale-up lead time, and
-    takes this share only where it is lower."""
+    flight within the admission limit at that quantile, on the curve calibrated by the pool's observed p95 TPOT)
+    and sizes for the demand forecast over the scale-up lead time, and takes this share only where it is lower."""
     port: int = Field(default=8000, ge=1, le=65535)
     """Port of the OpenAI-compatible API."""
     service_monitor: bool = False
