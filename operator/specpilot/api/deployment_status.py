@@ -159,6 +159,7 @@ class ReplicaTarget(StatusModel):
 
 MAX_REPLICA_TARGETS = 64
 MAX_FLEET_CHANGES = 32
+MAX_LEAD_TIMES = 5
 MAX_DEMAND_SAMPLES = 64
 
 
@@ -277,6 +278,14 @@ class PoolStatus(StatusModel):
     fleet_changes: list[datetime] = Field(default_factory=list, max_length=MAX_FLEET_CHANGES)
     """Fleet placement: when this pool's replicas changed within the last hour, oldest first (a scale-down waits
     while it would leave no room under the bound on changes per hour for a scale-up)."""
+    scale_up_started_at: datetime | None = None
+    """When the operator asked for more replicas than were ready, while they are not all ready yet (the start
+    of the scale-up lead time being measured)."""
+    scale_up_to: int | None = Field(default=None, ge=0)
+    """The replicas that scale-up asked for: it is measured once this many are ready."""
+    scale_up_lead_times: list[float] = Field(default_factory=list, max_length=MAX_LEAD_TIMES)
+    """The pool's last scale-up lead times in seconds (asked -> every replica ready), oldest first: the fleet
+    planner forecasts demand over the longest (status.fleet.leadTimeSeconds)."""
 
 
 class FleetStatus(StatusModel):

@@ -27,6 +27,7 @@ from ..observe.model import PoolObservation
 from .conditions import set_condition, truncated_condition
 from .deployment import decision_changed, fleet_capacity, summarize
 from .events import Event
+from .leadtime import measured_lead_time, track_scale_up
 from .placement import FleetMember, FleetOutcome, clear_plan, place_fleet, write_plan
 from .planner import PoolInputs, PoolOutcome, PoolProfiles, Serve, plan_pool
 from .pools import PoolView
@@ -170,6 +171,7 @@ def plan_deployment(snapshot: DeploymentSnapshot) -> DeploymentPlan:
     status.pools = []
     for pool, previous, outcome in steps:
         status.pools.append(outcome.status)
+        _track_scale_up(pool, previous, outcome, s.now)
         if outcome.serve is not None:
             plan.served.add(pool.view.pool.name)
             plan.actions.append(ApplyDeployment(pool.view.pool.name, outcome.serve))
@@ -257,6 +259,17 @@ def pool_profiles(needed: Sequence[Need], view: PoolView, states: Mapping[str, s
         names=tuple(sorted({n.name for n in pool_needed})))
 
 
+def _track_scale_up(pool: PoolSnapshot, previous: PoolStatus, outcome: PoolOutcome, now: datetime) -> None:
+    """The pool's scale-up lead time (`policy.leadtime`): the replicas this plan asks for (an external autoscaler's,
+    as its Deployment says) against those ready."""
+    current = pool.current or {}
+    asked = outcome.serve.replicas if outcome.serve is not None else None
+    if asked is None and outcome.serve is not None:
+        asked = (current.get("spec") or {}).get("replicas")
+    ready = int((current.get("status") or {}).get("readyReplicas") or 0)
+    track_scale_up(outcome.status, previous, int(asked) if asked is not None else None, ready, now)
+
+
 # --- the fleet ------------------------------------------------------------------------------------------------
 
 def _place_fleet(s: DeploymentSnapshot, steps: list[tuple[PoolSnapshot, PoolStatus, PoolOutcome]],
@@ -274,6 +287,7 @@ def _place_fleet(s: DeploymentSnapshot, steps: list[tuple[PoolSnapshot, PoolStat
         members.append(FleetMember(
             spec=pool.view.pool, status=outcome.status, previous=previous,
             price_per_gpu_hour=pool.price_per_gpu_hour, gpus_available=pool.gpus_available,
+            lead_time_seconds=measured_lead_time(previous),
             current_replicas=int(replicas) if replicas is not None else None, ready_replicas=int(ready or 0),
             per_pool_replicas=serve.replicas if serve is not None and serve.replicas is not None
             else outcome.status.desired_replicas))

@@ -1,0 +1,44 @@
+"""A pool's scale-up lead time, measured from its own Deployment (pure): from the reconciliation that asked for more
+replicas than were ready until the one that found them all ready (pods created, images pulled, weights loaded,
+the engine's readiness probe passed). The fleet planner forecasts demand over it (`policy.fleet`: how far ahead
+the replicas must be asked for).
+
+What a measurement needs between reconciliations is kept in the pool's status (`scaleUpStartedAt`,
+`scaleUpTo`, `scaleUpLeadTimes`), so a restarted operator goes on measuring. A reading is as fine as the
+reconciliations that see it (the timer's interval, or sooner on a watched change), so it errs long, which is the
+safe side for a forecast.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from ..api.deployment_status import MAX_LEAD_TIMES, PoolStatus
+
+__all__ = ["measured_lead_time", "track_scale_up"]
+
+
+def measured_lead_time(pool: PoolStatus | None) -> float | None:
+    """The longest of the pool's recent scale-up lead times (None: none measured yet)."""
+    if pool is None or not pool.scale_up_lead_times:
+        return None
+    return max(pool.scale_up_lead_times)
+
+
+def track_scale_up(pool: PoolStatus, previous: PoolStatus, asked: int | None, ready: int, now: datetime) -> None:
+    """Carry the pool's scale-up measurement into its next status: a scale-up pending in `previous` that `ready`
+    replicas complete records its lead time; replicas `asked` for beyond those ready start one (or raise the
+    one pending); asking for no more than are ready drops a pending one unmeasured."""
+    since, to = previous.scale_up_started_at, previous.scale_up_to
+    samples = list(previous.scale_up_lead_times)
+    if since is not None and to is not None and ready >= to:
+        samples = [*samples, round(max((now - since).total_seconds(), 0.0), 1)][-MAX_LEAD_TIMES:]
+        since = to = None
+    if asked is not None and asked > ready:
+        if since is None:
+            since, to = now, asked
+        else:
+            to = max(to or 0, asked)
+    elif since is not None:
+        since = to = None
+    pool.scale_up_started_at, pool.scale_up_to, pool.scale_up_lead_times = since, to, samples
