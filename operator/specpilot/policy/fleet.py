@@ -640,11 +640,17 @@ def forecast_demand(history: Sequence[tuple[datetime, float]], observed: float, 
             if var > 0:
                 slope = sum((x - mx) * (y - my) for x, y in recent) / var
                 trend = observed + max(slope, 0.0) * lead_s
+    # the history is a step function (a sample where the demand changed): the windows whose extremes matter start
+    # or end at a sample, and one that ends there starts on the value carried from before it
     rises = []
-    for i, (t, d) in enumerate(history[:-1]):
-        window = [d, *(e for u, e in history[i + 1:] if (u - t).total_seconds() <= lead_s)]
-        if len(window) > 1 and min(window) > 0:
-            rises.append(max(window) / min(window))
+    for i, (t, d) in enumerate(history):
+        after = [d, *(e for u, e in history[i + 1:] if (u - t).total_seconds() <= lead_s)]
+        before = [e for u, e in history[:i] if (t - u).total_seconds() < lead_s]
+        carried = next((e for u, e in reversed(history[:i]) if (t - u).total_seconds() >= lead_s), None)
+        ending = [*(() if carried is None else (carried,)), *before, d]
+        for window in (after, ending):
+            if len(window) > 1 and min(window) > 0:
+                rises.append(max(window) / min(window))
     rise = 1.0
     if len(rises) >= 2:
         rises.sort()
