@@ -37,6 +37,9 @@ def hostile_page(running: str = "3.0") -> bytes:
     return page.encode()
 
 
+ROUND_GAP_S = 2.0
+"""A query this long after the one before it begins a new observation (the operator's are 5 s apart at least)."""
+
 MODES = {
     "not-json": lambda: web.Response(text=f"<html>{SECRET}</html>", content_type="application/json"),
     "no-result-list": lambda: web.json_response({"status": "success", "data": {"result": SECRET}}),
@@ -55,7 +58,19 @@ async def test_hostile_numbers_from_pods_and_prometheus_never_reach_the_status(s
     async def pod(_: web.Request) -> web.Response:
         return web.Response(body=hostile_page(mode["running"]), headers={"Content-Type": "text/plain"})
 
+    queued: list[str] = []
+    """Answers to give the coming observations of the Prometheus source, one each, in turn."""
+    rounds: list[str] = []
+    """Per observation of the Prometheus source (a burst of queries every intervalSeconds), its answer."""
+    last_query = [float("-inf")]
+
     async def prometheus(_: web.Request) -> web.Response:
+        now = asyncio.get_running_loop().time()
+        if now - last_query[0] > ROUND_GAP_S:  # a new observation: the next answer in line, if any
+            if queued:
+                mode["now"] = queued.pop(0)
+            rounds.append(mode["now"])
+        last_query[0] = now
         return MODES[mode["now"]]()
 
     async with LoopbackServer(prometheus) as prom, LoopbackServer(pod, port, host=ip):
@@ -89,20 +104,24 @@ async def test_hostile_numbers_from_pods_and_prometheus_never_reach_the_status(s
             mode["running"] = "3.0"
             await sandbox.wait_for(lambda: (condition(sandbox, "MetricsAvailable") or {}).get("status") == "True",
                                    timeout_s=60, what="MetricsAvailable=True")
-            for _ in range(6):
-                await asyncio.sleep(0.5)
-                current = status(sandbox)
-                assert finite(current)
-                for pool in current.get("pools") or []:
-                    observed = pool.get("observed") or {}
-                    assert all(v >= 0 for v in observed.values() if isinstance(v, (int, float)))
-                assert (current.get("observedConcurrency") or 0) >= 0
+            # (the status that says so holds that observation: the next comes intervalSeconds later)
+            current = status(sandbox)
+            assert finite(current)
+            for pool in current.get("pools") or []:
+                observed = pool.get("observed") or {}
+                assert all(v >= 0 for v in observed.values() if isinstance(v, (int, float)))
+            assert (current.get("observedConcurrency") or 0) >= 0
             await reconciled(sandbox, phase=None)
 
             # Prometheus: each broken answer in turn is reported, never echoed, never raised out of a reconcile.
-            for name in MODES:
-                mode["now"] = name
-                await asyncio.sleep(2.5)
+            # The operator asks at most every intervalSeconds: each answer is given to one whole observation, and
+            # the status is read once the next observation began (the reconciliation that read it has ended).
+            first = len(rounds)
+            queued.extend(MODES)
+            for i, name in enumerate(MODES):
+                await sandbox.wait_for(lambda i=i: len(rounds) >= first + i + 2, timeout_s=30,
+                                       what=f"the observation after the one answered {name}")
+                assert rounds[first + i] == name
                 current = status(sandbox, "viaprom")
                 assert finite(current), name
                 assert SECRET not in str(current), name
