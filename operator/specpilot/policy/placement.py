@@ -22,7 +22,7 @@ from datetime import datetime
 from ..api.deployment_spec import Autoscaling, GpuPool, SpeculativeDeploymentSpec
 from ..api.deployment_status import MAX_FLEET_CHANGES, DemandSample, FleetStatus, PoolStatus, ReplicaTarget
 from .events import Event
-from .replicas import ReplicaState
+from .replicas import ReplicaState, replica_bounds
 from .fleet import (
     SHARE_MOVE,
     CurvePoint,
@@ -108,12 +108,6 @@ def _curve(status: PoolStatus) -> tuple[CurvePoint, ...]:
     return tuple(points)
 
 
-def _bounds(spec: SpeculativeDeploymentSpec, pool: GpuPool) -> tuple[int, int]:
-    lo = pool.min_replicas if pool.min_replicas is not None else spec.serving.min_replicas
-    hi = pool.max_replicas if pool.max_replicas is not None else spec.serving.max_replicas
-    return lo, max(lo, hi)
-
-
 def place_fleet(spec: SpeculativeDeploymentSpec, members: Sequence[FleetMember], previous: FleetStatus | None,
                 now: datetime, routing: Routing = Routing.SERVICE) -> FleetOutcome | None:
     """The fleet's placement, or None when the deployment has fewer than two pools with a GPU type or its
@@ -134,7 +128,7 @@ def place_fleet(spec: SpeculativeDeploymentSpec, members: Sequence[FleetMember],
     gpus_per_replica = spec.model.tensor_parallel_size * spec.model.data_parallel_size
     pools, state_targets, incumbent, shares, changes, scales = [], {}, {}, {}, {}, {}
     for m in members:
-        lo, hi = _bounds(spec, m.spec)
+        lo, hi = replica_bounds(spec, m.spec)
         current = m.current_replicas if m.current_replicas is not None else lo
         pools.append(FleetPool(
             m.spec.name, m.price_per_gpu_hour, gpus_per_replica, lo, hi, _curve(m.status),

@@ -55,7 +55,7 @@ from .comparison import PoolPlan
 from .events import Event
 from .load_checks import revisit_for_load
 from .refine import UNPROFILED_SOURCES, level_budget, refine_pool_plan
-from .replicas import ReplicaState, demand_at_capacity, plan_replicas
+from .replicas import ReplicaState, demand_at_capacity, plan_replicas, replica_bounds
 from .restart import Observation as RestartObservation
 from .restart import RestartState
 from .restart import step as restart_step
@@ -502,9 +502,8 @@ def _speculation_state(inputs: PoolInputs, pool: PoolStatus, outcome: PoolOutcom
 
 def _replicas(inputs: PoolInputs, pool: PoolStatus) -> int | None:
     """Replicas to write: None in external mode (HPA/KEDA owns spec.replicas; the status only publishes)."""
-    spec, view = inputs.spec, inputs.pool
-    lo = view.min_replicas if view.min_replicas is not None else spec.serving.min_replicas
-    hi = view.max_replicas if view.max_replicas is not None else spec.serving.max_replicas
+    spec = inputs.spec
+    lo, hi = replica_bounds(spec, inputs.pool)
     now_replicas = inputs.current_replicas if inputs.current_replicas is not None else lo
     external = spec.serving.autoscaling == Autoscaling.EXTERNAL.value
     if spec.serving.autoscaling == Autoscaling.NONE.value:

@@ -14,7 +14,9 @@ import math
 from collections.abc import Callable
 from datetime import datetime, timedelta
 
-__all__ = ["ReplicaPlan", "ReplicaState", "demand_at_capacity", "plan_replicas"]
+from ..api.deployment_spec import GpuPool, SpeculativeDeploymentSpec
+
+__all__ = ["ReplicaPlan", "ReplicaState", "demand_at_capacity", "plan_replicas", "replica_bounds"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,3 +102,11 @@ def demand_at_capacity(demand: float, replicas: int, tpot_ms_at: Callable[[float
     if not (now_ms > 0 and math.isfinite(now_ms) and math.isfinite(at_capacity_ms)):
         return demand
     return demand * max(1.0, at_capacity_ms / now_ms)
+
+
+def replica_bounds(spec: SpeculativeDeploymentSpec, pool: GpuPool) -> tuple[int, int]:
+    """(min, max) replicas of a pool: its own minReplicas/maxReplicas where set, else the deployment's
+    spec.serving ones; max is never below min."""
+    lo = pool.min_replicas if pool.min_replicas is not None else spec.serving.min_replicas
+    hi = pool.max_replicas if pool.max_replicas is not None else spec.serving.max_replicas
+    return lo, max(lo, hi)
