@@ -89,3 +89,16 @@ def test_the_calibration_is_kept_per_pool_and_cleared_with_the_plan():
     placed = next(iter(pools.values())).model_copy()
     clear_plan(placed)
     assert placed.fleet_tpot_scale is None and placed.fleet_changes == []
+
+
+def test_a_metrics_outage_keeps_the_demand_history_for_the_forecast_after_it():
+    outcome, fleet, pools = run([2000.0] * 6 + [6000.0] * 4)[-1]
+    assert fleet.demand_history
+    unobserved = [PoolStatus(name=n, sku=n.upper(), replicas=1) for n, *_ in POOLS]
+    members = [FleetMember(spec=GpuPool(name=st.name, node_selector={"pool": st.name}), status=st,
+                           previous=pools[st.name], price_per_gpu_hour=price, gpus_available=None, current_replicas=1,
+                           ready_replicas=1, per_pool_replicas=None)
+               for st, (_, _, _, price) in zip(unobserved, POOLS, strict=True)]
+    waiting = place_fleet(spec(), members, fleet, T0 + timedelta(minutes=10))
+    assert waiting.fleet.reason.startswith("waiting for load metrics")
+    assert reread(waiting.fleet).demand_history == fleet.demand_history

@@ -120,11 +120,13 @@ def place_fleet(spec: SpeculativeDeploymentSpec, members: Sequence[FleetMember],
     if unpriced:
         return FleetOutcome(_stamped(FleetStatus(
             reason=f"no price for pool(s) {', '.join(unpriced)}: set spec.gpuPools[].pricePerGpuHour (or the "
-                   f"operator's gpuPricesPerHour); each pool scales on its own meanwhile"), previous, now), {})
+                   f"operator's gpuPricesPerHour); each pool scales on its own meanwhile",
+            demand_history=_kept_history(previous)), previous, now), {})
     demand = fleet_demand([m.status for m in members])
     if demand is None:
         return FleetOutcome(_stamped(FleetStatus(
-            reason="waiting for load metrics: each pool scales on its own meanwhile"), previous, now), {})
+            reason="waiting for load metrics: each pool scales on its own meanwhile",
+            demand_history=_kept_history(previous)), previous, now), {})
     gpus_per_replica = spec.model.tensor_parallel_size * spec.model.data_parallel_size
     pools, state_targets, incumbent, shares, changes, scales = [], {}, {}, {}, {}, {}
     for m in members:
@@ -180,6 +182,12 @@ def _forecast_fields(plan: FleetPlan) -> dict:
     return {"forecast_tokens_per_second": round(forecast.tokens_per_second, 3),
             "headroom_percent": round(forecast.headroom * 100, 1), "lead_time_seconds": forecast.lead_s,
             "demand_history": [DemandSample(time=t, tokens_per_second=round(d, 3)) for t, d in plan.state.history]}
+
+
+def _kept_history(previous: FleetStatus | None) -> list:
+    """The demand history through a placement that cannot run (no load metrics, a pool without a price): kept, so
+    a metrics outage does not make the next forecast start cold."""
+    return list(previous.demand_history) if previous is not None else []
 
 
 def _stamped(fleet: FleetStatus, previous: FleetStatus | None, now: datetime) -> FleetStatus:
