@@ -1,4 +1,4 @@
-"""The refinement Job (issue 14): benchmark_job(..., refine_round, levels, ks, repeat, append) and its name.
+"""The refinement Job: benchmark_job(..., refine=RefineRun(round, levels, ks, repeat, append, part)) and its name.
 
 The builder turns the parameters into specpilot-bench flags that the bench's own parser reads back, names
 the Job per round (never the profile's benchmark Job), and refuses parameters that make no round."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 from specpilot.manifests import names
-from specpilot.manifests.benchmark import benchmark_job
+from specpilot.manifests.benchmark import RefineRun, benchmark_job
 from specpilot_bench.cli import build_parser as build_bench_parser
 from tests.unit.test_manifests_objects import (
     BENCH_IMAGE,
@@ -22,14 +22,14 @@ from tests.unit.test_manifests_objects import (
 )
 
 
-def refine_job(method_index: int | None = 0, **kw) -> tuple[dict, str]:
+def refine_job(method_index: int | None = 0, refine: RefineRun | None = None) -> tuple[dict, str]:
     spec = spec_of("realistic")
     method = None if method_index is None else spec.methods[method_index]
     profile = profile_spec_for(spec, method)
     name = profile.object_name()
     job = benchmark_job(profile_name=name, namespace=NAMESPACE, profile_spec=profile, spec=spec,
                         pool=spec.gpu_pools[0], bench_image=BENCH_IMAGE, owner=profile_owner(name),
-                        sdep_name=sdep_name_of("realistic"), **kw)
+                        sdep_name=sdep_name_of("realistic"), refine=refine)
     return job, name
 
 
@@ -48,7 +48,7 @@ def test_refine_job_names_are_per_round_and_distinct_from_the_benchmark_job():
 
 
 def test_a_refinement_job_carries_the_bench_flags_and_its_own_name():
-    job, name = refine_job(0, refine_round=2, levels=[64, 32, 64], ks=[1, 0], repeat=3, append=True)
+    job, name = refine_job(0, RefineRun(round=2, levels=[64, 32, 64], ks=[1, 0], repeat=3))
     validate(job)
     assert job["metadata"]["name"] == names.refine_job_name(name, 2)
     labels = job["spec"]["template"]["metadata"]["labels"]
@@ -70,7 +70,7 @@ def test_without_a_round_the_job_is_the_profiles_benchmark_job():
     assert "specpilot.io/refine-round" not in plain["metadata"]["labels"]
     parsed = build_bench_parser().parse_args(bench_of(plain["spec"]["template"]["spec"])["args"])
     assert (parsed.ks, parsed.repeat, parsed.append) == (None, 1, False)
-    only_round, _ = refine_job(None, refine_round=1, append=True)  # a baseline round at the profile's levels
+    only_round, _ = refine_job(None, RefineRun(round=1))  # a baseline round at the profile's levels
     parsed = build_bench_parser().parse_args(bench_of(only_round["spec"]["template"]["spec"])["args"])
     assert parsed.append and parsed.levels == plain_levels(plain)
 
@@ -79,31 +79,28 @@ def plain_levels(job: dict) -> list[int]:
     return [int(c) for c in flag_value(bench_of(job["spec"]["template"]["spec"])["args"], "--levels").split(",")]
 
 
-@pytest.mark.parametrize(("kw", "match"), [
-    ({"levels": [8]}, "give refine_round"),
-    ({"append": True}, "give refine_round"),
-    ({"refine_round": 0}, "counts from 1"),
-    ({"refine_round": 1, "repeat": 0}, "repeat must be"),
-    ({"refine_round": 1, "levels": [0, 4]}, "levels must be"),
-    ({"refine_round": 1, "levels": [4, 10**9]}, r"levels must be concurrencies in 1..4096"),
-    ({"refine_round": 1, "levels": ["--rm"]}, r"levels must be concurrencies in 1..4096"),
-    ({"refine_round": 1, "ks": [9]}, "ks must lie in 0..4"),
+@pytest.mark.parametrize(("run", "match"), [
+    (RefineRun(round=0), "counts from 1"),
+    (RefineRun(round=1, part=0), "from 1"),
+    (RefineRun(round=1, repeat=0), "repeat must be"),
+    (RefineRun(round=1, levels=[0, 4]), "levels must be"),
+    (RefineRun(round=1, levels=[4, 10**9]), r"levels must be concurrencies in 1..4096"),
+    (RefineRun(round=1, levels=["--rm"]), r"levels must be concurrencies in 1..4096"),
+    (RefineRun(round=1, ks=[9]), "ks must lie in 0..4"),
 ])
-def test_parameters_that_make_no_round_are_refused(kw, match):
+def test_parameters_that_make_no_round_are_refused(run, match):
     with pytest.raises(ValueError, match=match):
-        refine_job(0, **kw)
+        refine_job(0, run)
 
 
 def test_a_baseline_round_measures_only_k0():
     with pytest.raises(ValueError, match=r"ks must lie in 0..0"):
-        refine_job(None, refine_round=1, ks=[1])
+        refine_job(None, RefineRun(round=1, ks=[1]))
 
 
 def test_the_jobs_of_one_profile_in_one_round_have_names_of_their_own():
-    first, name = refine_job(0, refine_round=1, levels=[64], ks=[1], repeat=5, append=True, refine_part=1)
-    second, _ = refine_job(0, refine_round=1, levels=[64, 96], ks=[4], repeat=3, append=True, refine_part=2)
+    first, name = refine_job(0, RefineRun(round=1, levels=[64], ks=[1], repeat=5, part=1))
+    second, _ = refine_job(0, RefineRun(round=1, levels=[64, 96], ks=[4], repeat=3, part=2))
     assert first["metadata"]["name"] == names.refine_job_name(name, 1, 1) != second["metadata"]["name"]
     parsed = build_bench_parser().parse_args(bench_of(second["spec"]["template"]["spec"])["args"])
     assert parsed.job_name == second["metadata"]["name"] and (parsed.ks, parsed.repeat) == ([4], 3)
-    with pytest.raises(ValueError, match="refine_part"):
-        refine_job(0, refine_part=1)

@@ -7,6 +7,7 @@ import json
 import pytest
 from specpilot.api.deployment_spec import Policy
 from specpilot.api.profile import SpeculationProfile
+from specpilot.manifests.benchmark import RefineRun
 from specpilot.policy import refine
 from specpilot.policy.refine import (
     CONFIDENCE_Z,
@@ -70,8 +71,8 @@ def test_jobs_group_requests_per_profile_and_turn_into_bench_flags():
     covered = {(j.profile_key, k, c) for j in jobs for k in j.ks for c in j.levels}
     assert by_run <= covered
     job = jobs[0]
-    assert job.job_parameters() == {"levels": list(job.levels), "ks": list(job.ks), "repeat": job.repeat,
-                                    "append": True, **({"refine_part": job.part} if job.part else {})}
+    assert job.run(1) == RefineRun(round=1, levels=list(job.levels), ks=list(job.ks), repeat=job.repeat,
+                                   append=True, part=job.part)
     # a profile with several Jobs in the round numbers them, so each gets a name of its own
     for key in {j.profile_key for j in jobs}:
         parts = [j.part for j in jobs if j.profile_key == key]

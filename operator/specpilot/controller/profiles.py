@@ -22,7 +22,7 @@ from ..api.deployment_spec import GpuPool, SpeculativeDeploymentSpec
 from ..api.deployment_status import RefinementJob
 from ..api.profile import SpeculationProfile
 from ..manifests import names
-from ..manifests.benchmark import benchmark_job
+from ..manifests.benchmark import RefineRun, benchmark_job
 from ..manifests.rbac import bench_rbac
 from ..manifests.serving import serving_service_account
 from ..perf.plausibility import REFINE_LEVELS_ANNOTATION, checked_result_problems, refine_levels_annotation
@@ -563,9 +563,8 @@ async def start_refinement(ctx: Context, spec: SpeculativeDeploymentSpec, namesp
                 names.LABEL_PROFILE) == label and job_state(other) == "Active":
             return
     await _record_refine_levels(ctx, namespace, need.name, job.levels or need.spec.concurrency_levels)
-    created, nonce = await _create_sealed_job(ctx, spec, namespace, sdep_name, pool, need, profile,
-                                              refine_round=round_index, refine_part=job.part, levels=job.levels,
-                                              ks=job.ks, repeat=job.repeat, append=True)
+    created, nonce = await _create_sealed_job(ctx, spec, namespace, sdep_name, pool, need, profile, RefineRun(
+        round=round_index, levels=job.levels, ks=job.ks, repeat=job.repeat, append=True, part=job.part))
     if created is None:
         return  # created by an earlier reconciliation (or another deployment's), which recorded its nonce
     sealing = seal.sealing_nonce(ctx.result_key, namespace, profile)
@@ -587,8 +586,8 @@ async def _record_refine_levels(ctx: Context, namespace: str, name: str, levels:
 
 async def _create_sealed_job(ctx: Context, spec: SpeculativeDeploymentSpec, namespace: str, sdep_name: str,
                              pool: GpuPool, need: Need, profile: dict,
-                             **refinement) -> tuple[dict | None, str]:
-    """Create a benchmark Job of the profile (`refinement`: benchmark_job's refinement parameters) owned by
+                             refine: RefineRun | None = None) -> tuple[dict | None, str]:
+    """Create a benchmark Job of the profile (`refine`: one Job of a refinement round) owned by
     it, with a fresh result nonce (api.seal) in its annotation and its token in the bench container: a token
     of an earlier Job, or another profile's, seals nothing here. Returns (the created Job, or None when one
     of that name exists; the nonce); the caller records the nonce in the profile only once the Job exists,
@@ -608,7 +607,7 @@ async def _create_sealed_job(ctx: Context, spec: SpeculativeDeploymentSpec, name
     job = benchmark_job(profile_name=need.name, namespace=namespace, profile_spec=need.spec, spec=spec, pool=pool,
                         bench_image=ctx.config.benchmark_image, owner=owner, sdep_name=sdep_name,
                         tenancy=ctx.config.tenancy,
-                        result_token=seal.job_token(ctx.result_key, namespace, need.name, nonce), **refinement)
+                        result_token=seal.job_token(ctx.result_key, namespace, need.name, nonce), refine=refine)
     job["metadata"].setdefault("annotations", {})[seal.NONCE_ANNOTATION] = nonce
     try:
         created = await ctx.kube.create(job)

@@ -21,6 +21,7 @@ every Job's arguments with the bench's own parser, so the two cannot drift apart
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -160,12 +161,27 @@ def supervisor_args(profile_spec: SpeculationProfileSpec, engine_model: ModelSpe
     return [*args, "--", *ENGINE_COMMAND, *engine, "--host", ENGINE_HOST]
 
 
+@dataclasses.dataclass(frozen=True)
+class RefineRun:
+    """One Job of a refinement round (`policy.refine.RefineJob.run`): it re-measures some levels of a profile
+    that is already measured, `levels` (default: the profile's), only at `ks` (default: every run the profile
+    has), `repeat` times each, and with `append` adds the points to the profile's stored runs (`specpilot-bench
+    --levels --ks --repeat --append`). `part` tells apart the Jobs of one profile in one round (runs asking for
+    different levels or repeats)."""
+
+    round: int
+    """The round, from 1."""
+    levels: Sequence[int] | None = None
+    ks: Sequence[int] | None = None
+    repeat: int = 1
+    append: bool = True
+    part: int | None = None
+
+
 def benchmark_job(*, profile_name: str, namespace: str, profile_spec: SpeculationProfileSpec,
                   spec: SpeculativeDeploymentSpec, pool: GpuPool, bench_image: str, owner: dict[str, str],
-                  sdep_name: str | None = None, tenancy: TenancyPolicy | None = None,
-                  refine_round: int | None = None, levels: Sequence[int] | None = None,
-                  ks: Sequence[int] | None = None, repeat: int = 1, append: bool = False,
-                  refine_part: int | None = None, result_token: str | None = None) -> dict[str, Any]:
+                  sdep_name: str | None = None, tenancy: TenancyPolicy | None = None, refine: RefineRun | None = None,
+                  result_token: str | None = None) -> dict[str, Any]:
     """batch/v1 Job measuring `profile_spec` on `pool`, owned by the SpeculationProfile `owner`
     (apiVersion, kind, name, uid) so it is collected with it. `sdep_name`, when given, labels the Job with
     the SpeculativeDeployment that asked for it. `bench_image` is the operator's benchmark image;
@@ -173,20 +189,14 @@ def benchmark_job(*, profile_name: str, namespace: str, profile_spec: Speculatio
     config's policy; its defaults when None) allows, with the ServiceAccount token mounted into the bench
     container only; a spec it refuses raises TenancyViolation.
 
-    A refinement round (`refine_round` from 1) re-measures some levels of a profile that is already
-    measured: `levels` (default: the profile's), only at `ks` (default: every run the profile has),
-    `repeat` times each, and with `append` adds the points to the profile's stored runs (`specpilot-bench
-    --levels --ks --repeat --append`). Its Job is named `names.refine_job_name(profile_name, refine_round,
-    refine_part)` and labelled with the round, so it never collides with the profile's benchmark Job or an
-    earlier round; `refine_part` tells apart the Jobs of one profile in one round (runs asking for different
-    levels or repeats). The parameters come from `policy.refine.RefineJob.job_parameters()`.
+    A refinement round's Job (`refine`, see `RefineRun`) is named `names.refine_job_name(profile_name, round,
+    part)` and labelled with the round, so it never collides with the profile's benchmark Job or an earlier
+    round.
 
     `result_token` (api.seal.job_token) goes into the bench container's environment only: the benchmark
     seals its results with it, and the operator uses no result without a matching seal."""
-    _check_refinement(profile_spec, refine_round, levels, ks, repeat, append)
-    if refine_part is not None and (refine_round is None or refine_part < 1):
-        raise ValueError(f"refine_part numbers the Jobs of one refinement round from 1 (got {refine_part} "
-                         f"with refine_round={refine_round})")
+    if refine is not None:
+        _check_refinement(profile_spec, refine)
     policy = tenancy or TenancyPolicy()
     refuse(serving_problems(spec, policy) + profiling_problems(spec, policy, benchmark_image=bench_image))
     bench_image = spec.profiling.image or bench_image
@@ -196,9 +206,9 @@ def benchmark_job(*, profile_name: str, namespace: str, profile_spec: Speculatio
     gpu_count = model.tensor_parallel_size
     args = bench_args(profile_name=profile_name, namespace=namespace, profile_spec=profile_spec, port=port)
     job_name = names.bench_job_name(profile_name)
-    if refine_round is not None:
-        job_name = names.refine_job_name(profile_name, refine_round, refine_part)
-        args = _refinement_args(args, job_name, levels, ks, repeat, append)
+    if refine is not None:
+        job_name = names.refine_job_name(profile_name, refine.round, refine.part)
+        args = _refinement_args(args, job_name, refine)
 
     # The bench: the operator's image, the tokens, nothing of the tenant's.
     bench_env = [*identity_env(security), {"name": "POD_NAMESPACE", "value": namespace}]
@@ -255,8 +265,8 @@ def benchmark_job(*, profile_name: str, namespace: str, profile_spec: Speculatio
     harden(pod_spec, policy)
 
     labels = names.bench_labels(profile_name, pool.name, sdep_name)
-    if refine_round is not None:
-        labels[names.LABEL_REFINE_ROUND] = str(refine_round)
+    if refine is not None:
+        labels[names.LABEL_REFINE_ROUND] = str(refine.round)
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -291,30 +301,28 @@ def _keep_tokens_in_bench(pod_spec: dict[str, Any]) -> None:
             container["env"] = [e for e in container.get("env") or [] if e.get("name") != seal.TOKEN_ENV]
 
 
-def _check_refinement(profile_spec: SpeculationProfileSpec, refine_round: int | None, levels: Sequence[int] | None,
-                      ks: Sequence[int] | None, repeat: int, append: bool) -> None:
-    if refine_round is None:
-        if levels is not None or ks is not None or repeat != 1 or append:
-            raise ValueError("levels, ks, repeat and append describe a refinement round: give refine_round too")
-        return
-    if refine_round < 1:
-        raise ValueError(f"refine_round counts from 1 (got {refine_round})")
+def _check_refinement(profile_spec: SpeculationProfileSpec, run: RefineRun) -> None:
+    if run.round < 1:
+        raise ValueError(f"the refinement round counts from 1 (got {run.round})")
+    if run.part is not None and run.part < 1:
+        raise ValueError(f"the part numbers the Jobs of one refinement round from 1 (got {run.part})")
+    levels = run.levels
     if levels is not None and (not levels or not all(isinstance(c, int) and 1 <= c <= MAX_CONCURRENCY_LEVEL
                                                      for c in levels)):
         raise ValueError(f"levels must be concurrencies in 1..{MAX_CONCURRENCY_LEVEL} (got {list(levels)[:32]})")
-    if repeat < 1:
-        raise ValueError(f"repeat must be at least 1 (got {repeat})")
+    if run.repeat < 1:
+        raise ValueError(f"repeat must be at least 1 (got {run.repeat})")
     top = profile_spec.method.num_speculative_tokens if profile_spec.method else 0
-    if ks is not None and (not ks or min(ks) < 0 or max(ks) > top):
-        raise ValueError(f"ks must lie in 0..{top} for this profile (got {list(ks)})")
+    if run.ks is not None and (not run.ks or min(run.ks) < 0 or max(run.ks) > top):
+        raise ValueError(f"ks must lie in 0..{top} for this profile (got {list(run.ks)})")
 
 
-def _refinement_args(args: list[str], job_name: str, levels: Sequence[int] | None, ks: Sequence[int] | None,
-                     repeat: int, append: bool) -> list[str]:
+def _refinement_args(args: list[str], job_name: str, run: RefineRun) -> list[str]:
     """`args` of the profile's benchmark Job turned into a refinement round's: its own --job-name, the levels
     to measure in place of the profile's, and --ks / --repeat / --append."""
     out = list(args)
     out[out.index("--job-name") + 1] = job_name
+    levels, ks, repeat, append = run.levels, run.ks, run.repeat, run.append
     if levels is not None:
         out[out.index("--levels") + 1] = ",".join(str(c) for c in sorted(set(levels)))
     extra: list[str] = []

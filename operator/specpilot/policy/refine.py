@@ -39,9 +39,9 @@ For the controller (the operator's side of refinement):
     plan = plan_refinement(policy, candidates, baseline, profiles, price_per_gpu_hour=...,
                            gpus_per_replica=..., concurrency_histogram=..., budget_levels=None)
     if not plan.done:
-        for job in plan.jobs():       # one refinement Job per entry (refine_round=1)
-            benchmark_job(profile_name=job.profile_name, ..., refine_round=1, **job.job_parameters())
-            # (job_parameters() carries refine_part when a profile has several Jobs in the round)
+        for job in plan.jobs():       # one refinement Job per entry (round 1)
+            benchmark_job(profile_name=job.profile_name, ..., refine=job.run(1))
+            # (the run carries its part when a profile has several Jobs in the round)
     # when the Jobs succeed (their points are appended to the profiles), decide again; plan_refinement
     # then says done (plan.reason says why, and what is still uncertain).
 
@@ -62,6 +62,7 @@ from typing import Any
 from ..api.deployment_spec import Policy, Profiling, Strategy
 from ..api.methods import CandidateMethod
 from ..api.profile import SpeculationProfile
+from ..manifests.benchmark import RefineRun
 from .choose import BASELINE_KEY, decide_pool
 from .comparison import PoolPlan
 from .schedule import SchedulePlan
@@ -255,12 +256,11 @@ class RefineJob:
     def measured_levels(self) -> int:
         return len(self.ks) * len(self.levels) * self.repeat
 
-    def job_parameters(self) -> dict[str, Any]:
-        """Keyword arguments of `manifests.benchmark.benchmark_job` for this round (with refine_round)."""
-        parameters = {"levels": list(self.levels), "ks": list(self.ks), "repeat": self.repeat, "append": True}
-        if self.part is not None:
-            parameters["refine_part"] = self.part
-        return parameters
+    def run(self, round_index: int) -> RefineRun:
+        """This Job as round `round_index` of the profile's refinement (`manifests.benchmark.benchmark_job`'s
+        `refine`): its points appended to the profile."""
+        return RefineRun(round=round_index, levels=list(self.levels), ks=list(self.ks), repeat=self.repeat,
+                         append=True, part=self.part)
 
     def bench_args(self) -> list[str]:
         """The same as `specpilot-bench` flags (a refinement by hand, next to --profile-name or --model)."""
