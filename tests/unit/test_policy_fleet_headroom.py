@@ -4,11 +4,10 @@ allows it, and a bound on replica changes per pool per hour."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 from specpilot.policy.fleet import (
     DEFAULT_LEAD_TIME_S,
-    CurvePoint,
     FleetDemand,
     FleetPool,
     FleetSettings,
@@ -18,13 +17,7 @@ from specpilot.policy.fleet import (
     plan_fleet,
     usable_concurrency,
 )
-
-T0 = datetime(2026, 1, 1, tzinfo=UTC)
-LEVELS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
-
-
-def curve(base_ms: float, slope: float) -> tuple[CurvePoint, ...]:
-    return tuple(CurvePoint(c, base_ms * (1 + slope * c)) for c in LEVELS)
+from tests.unit.test_policy_fleet import T0, curve
 
 
 def fleet(current=(0, 0), lead=None) -> list[FleetPool]:
