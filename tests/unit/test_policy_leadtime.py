@@ -81,3 +81,11 @@ def test_the_plan_measures_each_pools_scale_up_and_the_fleet_forecasts_over_the_
     again = plan_deployment(dataclasses.replace(_snapshot(spec, _nodes("h100", "a100"), old=status),
                                                 now=first.now + timedelta(seconds=600)))
     assert again.status.fleet is not None and again.status.fleet.lead_time_seconds == 420.0
+
+
+def test_samples_that_are_no_measurement_never_reach_the_planner():
+    """The samples come back from a status anyone who may patch it can write: a negative, infinite, NaN or
+    absurd one is left out (the fleet planner refuses such a lead time, and the reconciliation would fail)."""
+    forged = PoolStatus.model_validate({"name": "a100", "scaleUpLeadTimes": [-5, "inf", "nan", 1e300, 90.0]})
+    assert measured_lead_time(forged) == 90.0
+    assert measured_lead_time(PoolStatus.model_validate({"name": "a100", "scaleUpLeadTimes": ["-inf"]})) is None

@@ -15,14 +15,18 @@ from datetime import datetime
 
 from ..api.deployment_status import MAX_LEAD_TIMES, PoolStatus
 
-__all__ = ["measured_lead_time", "track_scale_up"]
+__all__ = ["MAX_LEAD_TIME_S", "measured_lead_time", "track_scale_up"]
+
+
+MAX_LEAD_TIME_S = 3600.0
+"""The longest lead time the planner looks ahead by. The samples come back from the status, which whoever may patch
+it can write: one that is not a finite number of seconds in [0, this] is not a measurement, and is left out."""
 
 
 def measured_lead_time(pool: PoolStatus | None) -> float | None:
     """The longest of the pool's recent scale-up lead times (None: none measured yet)."""
-    if pool is None or not pool.scale_up_lead_times:
-        return None
-    return max(pool.scale_up_lead_times)
+    samples = [s for s in (pool.scale_up_lead_times if pool is not None else []) if 0 <= s <= MAX_LEAD_TIME_S]
+    return max(samples) if samples else None
 
 
 def track_scale_up(pool: PoolStatus, previous: PoolStatus, asked: int | None, ready: int, now: datetime) -> None:
