@@ -36,7 +36,6 @@ from ..policy.plan import (
     RestartProfile,
     StartRefinement,
     plan_deployment,
-    pool_profiles,
     settle,
 )
 from ..policy.planner import profiled_acceptance
@@ -145,8 +144,9 @@ async def read_snapshot(ctx: Context, body: dict, spec: SpeculativeDeploymentSpe
         pools.append(PoolSnapshot(
             view=view, current=current, observation=observation,
             price_per_gpu_hour=price_per_gpu_hour(view, ctx.config.gpu_prices_per_hour, ctx.catalog),
-            gpus_available=allocatable_gpus(view, {name: node_allocatable(n, view.pool.gpu_resource_name)
-                                                   for name, n in by_name.items()}),
+            gpus_available=allocatable_gpus(view, {info.name: node_allocatable(by_name.get(info.name) or {},
+                                                                               view.pool.gpu_resource_name)
+                                                   for info in view.nodes}),
             refine_jobs=_refine_job_states(old_pools.get(view.pool.name), namespace, jobs)))
     return DeploymentSnapshot(
         spec=spec, name=name, uid=uid, generation=meta.get("generation"), old=old, now=now, pools=pools,
@@ -191,12 +191,10 @@ def _record(ctx: Context, spec: SpeculativeDeploymentSpec, snapshot: DeploymentS
         ctx.metrics.decisions.labels(namespace, name, pool, method).inc()
     for pool, state in plan.toggled.items():
         ctx.metrics.toggles.labels(namespace, name, pool, state).inc()
-    bodies = {p.view.pool.name: p for p in snapshot.pools}
     for pool in status.pools:
         if pool.name not in plan.served:
             continue
-        methods = pool_profiles(snapshot.profiling.needed, bodies[pool.name].view, plan.states, snapshot.profiles,
-                                snapshot.profile_users, snapshot.uid).unvalidated()[1]
+        methods = plan.pool_profiles[pool.name].unvalidated()[1]
         profiled = profiled_acceptance(methods.get(pool.decision.method)) \
             if pool.decision and pool.decision.method else None
         ctx.metrics.record_pool(namespace, name, pool, profiled[0][0] if profiled and profiled[0] else None,

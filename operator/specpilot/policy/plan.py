@@ -143,6 +143,8 @@ class DeploymentPlan:
     """The profiling planner's actions (create, restart, follow and start Jobs), executed first."""
     states: dict[str, str] = dataclasses.field(default_factory=dict)
     """Profile name -> phase once the plan's actions ran."""
+    pool_profiles: dict[str, PoolProfiles] = dataclasses.field(default_factory=dict)
+    """Each pool's profiles as its planner decided from them."""
 
     def of(self, kind: type) -> list:
         return [a for a in self.actions if isinstance(a, kind)]
@@ -216,7 +218,8 @@ def _plan_pool(s: DeploymentSnapshot, pool: PoolSnapshot, previous: PoolStatus, 
     Pending for the pools planned after it and for the roll-up."""
     view = pool.view
     existing = (pool.current or {}).get("spec", {}).get("replicas")
-    profiles = pool_profiles(s.profiling.needed, view, states, s.profiles, s.profile_users, s.uid)
+    profiles = plan.pool_profiles[view.pool.name] = pool_profiles(s.profiling.needed, view, states, s.profiles,
+                                                                  s.profile_users, s.uid)
     outcome = plan_pool(PoolInputs(
         spec=s.spec, generation=s.generation, pool=view.pool, sku=view.primary_sku,
         gpu_products=tuple(view.products), nodes=len(view.nodes), previous=previous, profiles=profiles,
