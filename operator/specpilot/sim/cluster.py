@@ -34,6 +34,7 @@ from ..policy.plan import (
 )
 from ..policy.planner import Serve
 from ..policy.pools import NodeInfo, allocatable_gpus, pool_views, price_per_gpu_hour
+from ..policy.profiling import Need
 
 __all__ = ["CREATED", "VirtualCluster"]
 
@@ -64,6 +65,8 @@ class VirtualCluster:
     """Pool -> how its Deployment's engines run."""
     observations: dict[str, PoolObservation] = dataclasses.field(default_factory=dict)
     status: SpeculativeDeploymentStatus = dataclasses.field(default_factory=SpeculativeDeploymentStatus)
+    needs: dict[str, Need] = dataclasses.field(default_factory=dict)
+    """The profiles the last snapshot needed, by name (what a CreateProfile creates)."""
 
     # --- what the caller simulates ----------------------------------------------------------------------------
 
@@ -100,6 +103,7 @@ class VirtualCluster:
     def snapshot(self, now: datetime) -> DeploymentSnapshot:
         views = pool_views(self.spec, self.nodes)
         needed = needed_profiles(self.spec, views, self.config)
+        self.needs = {n.name: n for n in needed}
         pools = []
         for view in views:
             current = self.deployments.get(view.pool.name) if view.primary_sku is not None else None
@@ -146,9 +150,8 @@ class VirtualCluster:
 
     def _profiling_action(self, action: profiling.Action) -> None:
         if isinstance(action, profiling.CreateProfile):
-            need = next(n for n in needed_profiles(self.spec, pool_views(self.spec, self.nodes), self.config)
-                        if n.name == action.name)
-            self.profiles[action.name] = {"metadata": {"name": action.name}, "spec": need.spec.dump(),
+            spec = self.needs[action.name].spec.dump()
+            self.profiles[action.name] = {"metadata": {"name": action.name}, "spec": spec,
                                           "status": {"phase": profiling.PENDING}}
         elif isinstance(action, profiling.Restart):
             self._restart(action.name)
