@@ -185,12 +185,35 @@ def test_the_curve_is_calibrated_by_the_observed_p95_tpot():
     assert all(abs(v - 1.8) < 1e-9 for v in after.state.tpot_scale.values())
     # too little load to say anything, or a queue: the calibration fades towards the curve (2% of the way)
     idle = [dataclasses_replace(p, observed_concurrency=1.0, observed_tpot_p95_ms=99.0) for p in pools]
-    kept = plan_fleet(idle, FleetDemand(500.0), settings(), after.state, T0 + timedelta(seconds=30))
+    kept = plan_fleet(idle, FleetDemand(5000.0), settings(), after.state, T0 + timedelta(seconds=30))
     assert all(abs(v - (1 + 0.8 * 0.98)) < 1e-9 for v in kept.state.tpot_scale.values())
     queued = [dataclasses_replace(p, observed_concurrency=32.0, observed_tpot_p95_ms=99.0, current_replicas=1,
                                   requests_in_flight=200.0) for p in pools]
-    waited = plan_fleet(queued, FleetDemand(500.0), settings(), after.state, T0 + timedelta(seconds=30))
+    waited = plan_fleet(queued, FleetDemand(5000.0), settings(), after.state, T0 + timedelta(seconds=30))
     assert waited.state.tpot_scale == kept.state.tpot_scale
+    # a demand that moved since the last observation (a burst ending): the requests finishing ran at another
+    # concurrency than the window's mean, so the calibration holds where it was
+    for moved in (500.0, 9000.0):
+        held = plan_fleet(slow, FleetDemand(moved), settings(), after.state, T0 + timedelta(seconds=30))
+        assert held.state.tpot_scale == after.state.tpot_scale
+
+
+def test_a_ramp_over_consecutive_reconciliations_is_one_change():
+    pools = fleet()
+    state, counted = None, []
+    # h100 replicas: 1 at 2000 tok/s, 4 at 20000, 8 at 45000, 15 at 90000 (an a100 beside some)
+    for i, (demand, current, ready) in enumerate([(2000.0, 0, None), (20000.0, 1, 1), (45000.0, 4, 1),
+                                                  (60000.0, 8, 1), (60000.0, 10, 10), (90000.0, 10, 10)]):
+        ps = [dataclasses_replace(p, current_replicas=current, ready_replicas=ready,
+                                  max_replicas=64) for p in pools]
+        plan = plan_fleet(ps, FleetDemand(demand), settings(max_changes_per_hour=6.0), state,
+                          T0 + timedelta(seconds=15 * i))
+        state = plan.state
+        counted.append(len(state.changes.get("h100", ())))
+        if i in (1, 2, 3):
+            assert plan.pool("h100").replicas > current  # each step of the ramp scales up
+    # the first placement, one ramp while its replicas start, and a scale-up once they all serve: three changes
+    assert counted == [1, 2, 2, 2, 2, 3]
 
 
 def test_a_backlog_is_sized_for_now_but_not_remembered_as_demand():
@@ -203,3 +226,20 @@ def dataclasses_replace(pool, **kw):
     import dataclasses
 
     return dataclasses.replace(pool, **kw)
+
+
+def test_a_history_from_before_the_planner_is_kept_as_its_own():
+    from specpilot.policy.fleet import history_from
+
+    s = settings(history_seconds=600.0)
+    samples = [(T0 - timedelta(seconds=15 * i), 1000.0 + (3000.0 if i % 40 < 8 else 0.0)) for i in range(80)]
+    samples += [(T0, float("nan")), (T0 - timedelta(seconds=5), -1.0)]  # unreadable samples are left out
+    seeded = history_from(samples, s)
+    assert [t for t, _ in seeded] == sorted(t for t, _ in seeded)
+    assert seeded[-1][0] <= T0 and all(d >= 0 for _, d in seeded)
+    assert max(d for _, d in seeded) == 4000.0  # the burst within the window is there
+    assert (T0 - seeded[1][0]).total_seconds() <= 600.0  # within the history window (one sample carried in)
+    # the planner then forecasts from it as from its own: the burst's level is held from the first plan
+    cold = plan_fleet(fleet(), FleetDemand(1000.0), settings(history_seconds=600.0), None, T0)
+    warm = plan_fleet(fleet(), FleetDemand(1000.0), settings(history_seconds=600.0), FleetState(history=seeded), T0)
+    assert cold.forecast.tokens_per_second == 1000.0 and warm.forecast.tokens_per_second == 4000.0

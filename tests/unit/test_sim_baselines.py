@@ -8,7 +8,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-from specpilot.policy.fleet import CurvePoint, FleetPool
+from specpilot.policy.fleet import CurvePoint, FleetPool, FleetSettings
+from specpilot.sim.connector import EPOCH
 from specpilot.sim.fleet import FleetConfig, FleetSetup
 from specpilot.sim.mixed import (
     ATTAINMENT_TOLERANCE_POINTS,
@@ -19,6 +20,7 @@ from specpilot.sim.mixed import (
     arrival_rate_rps,
     compare,
     place,
+    prior_history,
     tune_even_split,
 )
 from specpilot.sim.requestlog import RequestLog
@@ -41,7 +43,9 @@ def _first_scale_up(replicas: np.ndarray) -> int:
 def test_the_oracle_sees_the_demand_one_start_up_ahead():
     config = FleetConfig(startup_s=120.0)
     trace = BurstTrace(duration_s=1200.0, base_rps=5.0, burst_rps=150.0, every_s=600.0, burst_s=300.0)
-    scenario = MixedScenario("t", "test", (MixedPool("h100", "H100-SXM", 8),), "bursts:5:150:600:300", 15.0)
+    # a cold start: the burst at 10 minutes is the first the planner sees
+    scenario = MixedScenario("t", "test", (MixedPool("h100", "H100-SXM", 8),), "bursts:5:150:600:300", 15.0,
+                             warm=False)
     prepared = [_pool("h100")]
     seen = place("specpilot", prepared, trace, 256.0, config, scenario)
     oracle = place("oracle", prepared, trace, 256.0, config, scenario)
@@ -55,6 +59,24 @@ def test_the_oracle_sees_the_demand_one_start_up_ahead():
     assert 600.0 - config.startup_s - tick <= first <= 600.0 - config.startup_s
     assert first < _first_scale_up(seen.replicas["h100"]) * tick - lead_ticks * tick + tick
     assert 1 < oracle.replicas["h100"].max() <= seen.replicas["h100"].max()
+
+
+def test_a_warm_start_holds_the_bursts_the_history_before_the_trace_shows():
+    config = FleetConfig(startup_s=120.0)
+    trace = BurstTrace(duration_s=1200.0, base_rps=5.0, burst_rps=150.0, every_s=600.0, burst_s=300.0)
+    scenario = MixedScenario("t", "test", (MixedPool("h100", "H100-SXM", 8),), "bursts:5:150:600:300", 15.0)
+    settings = FleetSettings(tpot_slo_ms=15.0)
+    history = prior_history(trace, 256.0, settings, config.observation_window_s, config.control_interval_s)
+    # the trace continued backwards: the bursts of the half-hour before it, at 150 req/s over the base 5
+    assert history[0][0] < EPOCH and history[-1][0] < EPOCH
+    assert max(d for _, d in history) == pytest.approx(150.0 * 256.0)
+    assert min(d for _, d in history) == pytest.approx(5.0 * 256.0)
+    warm = place("specpilot", [_pool("h100")], trace, 256.0, config, scenario)
+    cold = place("specpilot", [_pool("h100")], trace, 256.0, config, dataclasses.replace(scenario, warm=False))
+    # the warm planner holds the burst's replicas from the start; the cold one follows the burst when it comes
+    assert warm.replicas["h100"][0] >= cold.replicas["h100"].max() - 1
+    assert warm.replicas["h100"][0] > cold.replicas["h100"][0]
+    assert warm.replicas["h100"][0] >= warm.replicas["h100"][int(600 / config.control_interval_s) + 1]
 
 
 def test_the_observed_rate_of_a_log_counts_its_arrivals():

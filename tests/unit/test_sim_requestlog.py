@@ -118,3 +118,29 @@ def test_any_trace_runs_on_a_fleet_scenario(tmp_path, capsys):
     for placement in report["placements"].values():
         assert placement["requests_arrived"] == 1500  # each logged request routed to exactly one pool
         assert 0 <= placement["slo_attainment"] <= placement["tpot_attainment"] <= 1
+
+
+def test_a_logs_pools_are_profiled_on_its_own_lengths():
+    from specpilot.sim.fleet import FleetConfig
+    from specpilot.sim.mixed import SCENARIOS, prepare
+    from specpilot.sim.workloads import request_lengths
+
+    rng = np.random.default_rng(5)
+    log = RequestLog(duration_s=100.0, arrival_s=np.sort(rng.uniform(0, 90, 400)),
+                     input_tokens=rng.lognormal(np.log(1500), 0.5, 400).astype(int),
+                     output_tokens=rng.lognormal(np.log(1200), 0.4, 400).astype(int))
+    sharegpt = request_lengths("sharegpt")
+    lengths = log.lengths(sharegpt)
+    assert lengths.prompt.mean == pytest.approx(log.input_tokens.mean())
+    assert lengths.output.mean == pytest.approx(log.output_tokens.mean())
+    assert lengths.prompt.sigma == pytest.approx(0.5, abs=0.05) and lengths.output.sigma == pytest.approx(0.4, abs=0.05)
+    assert lengths.acceptance_sigma == sharegpt.acceptance_sigma  # a log records lengths, not predictability
+    # the shipped log's pools: profiled on its long requests, so their curves are slower than ShareGPT's
+    scenario = SCENARIOS["log"].fast()
+    trace = scenario.load_trace()
+    config = FleetConfig(startup_s=15.0)
+    logged = prepare(scenario, trace, config)
+    chat = prepare(scenario, parse_trace("diurnal:40:10:0.25"), config)
+    for mine, theirs in zip(logged, chat, strict=True):
+        assert mine.setup.lengths.mean_prompt_tokens > 4 * theirs.setup.lengths.mean_prompt_tokens
+        assert mine.sd_pool.curve[-1].tpot_ms > theirs.sd_pool.curve[-1].tpot_ms

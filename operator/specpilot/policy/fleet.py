@@ -51,7 +51,8 @@ more than the new optimum; each pool then scales up at once and down only to the
 forecast holds the history's swings, a pool scales down only when the forecast allows it. Replica changes are
 bounded per pool: at most `max_changes_per_hour` in any hour, a scale-down only while it leaves room for a
 scale-up after it (scale-ups are never held: the SLO comes first); each change's reason is in the pool's
-reason text.
+reason text. A scale-up while the last one's replicas are still starting is the same scaling (a ramp planned
+over consecutive reconciliations).
 
 Calibration: a curve is what the profiles measured; replicas serving the deployment's traffic run slower at
 their tail (prefill between decode steps, longer contexts than profiled, requests whose drafts are seldom
@@ -67,7 +68,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from statistics import NormalDist
 
@@ -91,6 +92,7 @@ __all__ = [
     "demand_tokens_per_second",
     "even_split_replicas",
     "forecast_demand",
+    "history_from",
     "plan_fleet",
     "route_weights",
 ]
@@ -619,6 +621,18 @@ def _remember(history: Sequence[tuple[datetime, float]], now: datetime, value: f
     return tuple(kept[-HISTORY_SAMPLES:])
 
 
+def history_from(samples: Iterable[tuple[datetime, float]], settings: FleetSettings
+                 ) -> tuple[tuple[datetime, float], ...]:
+    """A demand history from observations made before the planner ran (oldest first): what the metrics hold
+    from before a cold start (the operator reads it from Prometheus on a deployment's first placement), kept as
+    the planner keeps its own (`_remember`: a sample per bucket, within `history_seconds` of the last)."""
+    history: tuple[tuple[datetime, float], ...] = ()
+    for t, d in sorted(samples, key=lambda s: s[0]):
+        if math.isfinite(d) and d >= 0:
+            history = _remember(history, t, d, settings)
+    return history
+
+
 def forecast_demand(history: Sequence[tuple[datetime, float]], observed: float, lead_s: float,
                     quantile: float) -> Forecast:
     """The demand to size for within `lead_s` seconds from the history (the last sample is now's): the observed
@@ -673,15 +687,22 @@ TPOT_SCALE_MIN_CONCURRENCY = 2.0
 """Below this many running requests per replica an observation says too little to calibrate by."""
 TPOT_SCALE_QUEUE = 0.1
 """Waiting requests beyond this fraction of the running ones: a backlog, no observation to calibrate by."""
+TPOT_SCALE_STEADY = 0.1
+"""The demand moved by more than this fraction since the last observation: no calibration (its window mixes
+requests that ran at other concurrencies)."""
 TPOT_SCALE_FADE = 0.02
 """Without an observation to calibrate by, the calibration moves this fraction of the way back to 1 per plan."""
 
 
-def _tpot_scale(pool: FleetPool, previous: float | None) -> float | None:
+def _tpot_scale(pool: FleetPool, previous: float | None, steady: bool = True) -> float | None:
     """The pool's calibration after this observation: its requests' p95 TPOT over the curve's TPOT at the
-    concurrency they ran at, smoothed. Only a pool serving without a queue says how its replicas run (requests
-    that waited, or ran through a backlog, carry its TPOT, not the concurrency's); without such an observation
-    the calibration fades back towards the curve (a pool it has starved of traffic would never correct it)."""
+    concurrency they ran at, smoothed. Only a pool serving without a queue, under a steady demand, says how its
+    replicas run: requests that waited, or ran through a backlog, carry its TPOT, not the concurrency's; and
+    while the demand moves, the requests finishing ran at another concurrency than the window's mean (higher as
+    it falls, lower as it rises). Without such an observation the calibration holds, and fades back towards the
+    curve once the pool carries no measurable load (a pool it has starved of traffic would never correct it)."""
+    if not steady and previous is not None:
+        return previous
     c, tpot = pool.observed_concurrency, pool.observed_tpot_p95_ms
     serving = pool.ready_replicas if pool.ready_replicas is not None else pool.current_replicas
     queued = (pool.requests_in_flight is not None and c is not None and math.isfinite(pool.requests_in_flight)
@@ -692,6 +713,15 @@ def _tpot_scale(pool: FleetPool, previous: float | None) -> float | None:
     seen = tpot / _Curve(pool.curve).tpot_ms(c)
     seen = min(max(seen, TPOT_SCALE_BOUNDS[0]), TPOT_SCALE_BOUNDS[1])
     return seen if previous is None else previous + TPOT_SCALE_WEIGHT * (seen - previous)
+
+
+def _steady(history: Sequence[tuple[datetime, float]], arriving: float) -> bool:
+    """Whether the demand is where the last observation saw it (within TPOT_SCALE_STEADY): a calibration's
+    window then holds requests that ran at the concurrency it reports."""
+    if not history or not math.isfinite(arriving):
+        return True
+    last = history[-1][1]
+    return abs(arriving - last) <= TPOT_SCALE_STEADY * max(last, arriving, 1e-9)
 
 
 def _change_budget(pool: str, previous: FleetState, now: datetime) -> list[datetime]:
@@ -726,7 +756,8 @@ def plan_fleet(pools: Sequence[FleetPool], demand: FleetDemand, settings: FleetS
                 forecast = dataclasses.replace(forecast, tokens_per_second=total)
             forecast = dataclasses.replace(forecast, observed=total)
         sized = forecast.tokens_per_second
-    scales = {p.name: _tpot_scale(p, previous.tpot_scale.get(p.name)) for p in pools if p.curve}
+    steady = _steady(previous.history, demand.tokens_per_second)
+    scales = {p.name: _tpot_scale(p, previous.tpot_scale.get(p.name), steady) for p in pools if p.curve}
     scales = {n: v for n, v in scales.items() if v is not None}
     planned = [_planned(p, settings, scale=scales.get(p.name, 1.0)) for p in pools if p.curve]
     held = {p.name: _held_replicas(p) for p in pools if not p.curve}
@@ -781,7 +812,11 @@ def plan_fleet(pools: Sequence[FleetPool], demand: FleetDemand, settings: FleetS
                                                               else " for the demand")
         elif n < current_n:
             changed[p.pool.name] = f"down from {current_n}: the forecast allows it"
-        if n != current_n:
+        ramp = (n > current_n and recent and p.pool.ready_replicas is not None
+                and p.pool.ready_replicas < current_n)
+        if n != current_n and not ramp:
+            # a scale-up while the last one's replicas are still starting extends it: a ramp planned over
+            # consecutive reconciliations is one scaling, not one per step
             recent.append(now)
         if recent:
             changes[p.pool.name] = tuple(recent)

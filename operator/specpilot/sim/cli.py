@@ -68,6 +68,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "even split, SD-unaware cost-optimal, specpilot's fleet planner; one of "
                         f"{', '.join(FLEET_SCENARIOS)} or all (with --fast: a quarter of the load and GPUs "
                         "over a quarter-hour)")
+    p.add_argument("--cold-start", action="store_true",
+                   help="--fleet: the planners start with no demand history (a deployment that has never served); "
+                        "by default they start with the history the metrics hold from before the trace (the trace "
+                        "continued backwards), as the operator reads it from Prometheus")
     p.set_defaults(func=cmd_simulate)
 
 
@@ -171,13 +175,18 @@ def _run_fleet(args: argparse.Namespace) -> int:
             scenario = dataclasses.replace(scenario, slo_ttft_ms=_slo_ttft_ms(args))
         if args.duration:
             scenario = dataclasses.replace(scenario, duration_s=parse_duration(args.duration))
+        if args.cold_start:
+            scenario = dataclasses.replace(scenario, warm=False)
         start = time.perf_counter()
         comparison = compare(scenario, config, seed=args.seed)
         comparisons.append(comparison)
         if args.quiet:
             continue
         given = " (--trace, in place of the scenario's)" if args.trace else ""
-        console.print(f"[bold]mixed fleet {scenario.name}[/]: {scenario.description}; trace {scenario.trace}{given}")
+        start_words = ("cold start: no demand history" if not scenario.warm
+                       else "the planners start with the demand history of the trace continued backwards")
+        console.print(f"[bold]mixed fleet {scenario.name}[/]: {scenario.description}; trace {scenario.trace}{given}; "
+                      f"{start_words}")
         if scenario.trace.lower().endswith(".csv"):
             console.print(f"  trace: {comparison.trace.describe()}")
         for pool in comparison.prepared:

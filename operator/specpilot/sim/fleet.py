@@ -77,10 +77,14 @@ class FleetSetup:
     tensor_parallel_size: int = 1
     price_per_gpu_hour: float | None = None
     """USD per GPU-hour; the catalog's on-demand price when unset."""
+    request_lengths: RequestLengths | None = None
+    """The traffic's prompt and output lengths when they are not the workload's: a request log's own
+    (`RequestLog.lengths`), so its pools are profiled on the requests they serve, as a custom workload made
+    of the logged prompts would be."""
 
     @property
     def lengths(self) -> RequestLengths:
-        return request_lengths(self.workload)
+        return self.request_lengths or request_lengths(self.workload)
 
     @property
     def gpu_price_per_hour(self) -> float:

@@ -45,7 +45,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import numpy as np
@@ -61,6 +61,7 @@ from ..policy.fleet import (
     ReplicaCurve,
     Routing,
     even_split_replicas,
+    history_from,
     plan_fleet,
 )
 from ..policy.replicas import ReplicaState, plan_replicas
@@ -81,6 +82,7 @@ from .joining import Joining, plan_joining, with_refinement
 from .policies import Candidate, PlanningInputs, PoolPlanning, profile_and_decide_pool
 from .requestlog import RATE_BIN_S, RequestLog
 from .traces import LoadTrace, parse_trace
+from .workloads import request_lengths
 
 __all__ = [
     "PLACEMENTS",
@@ -149,6 +151,10 @@ class MixedScenario:
     """Simulated time (None: the trace's own)."""
     thin_log: int = 1
     """A request log keeps every n-th request (--fast: a quarter of the load, the same bursts)."""
+    warm: bool = True
+    """The planners start with the demand history the deployment's metrics hold from before the trace (the
+    trace continued backwards, `prior_history`), as the operator seeds its history from Prometheus; False (
+    `--cold-start`): a deployment that has never served, no history."""
 
     def load_trace(self) -> LoadTrace:
         """The scenario's trace; `data/...` names a log shipped in the specpilot package unless such a file
@@ -333,7 +339,9 @@ def _prepare(scenario: MixedScenario, trace: LoadTrace, config: FleetConfig, see
         hi = pool.gpus // tp
         if hi < 1:
             raise ValueError(f"pool {pool.name}: {pool.gpus} GPUs hold no replica of {tp} GPUs")
-        setup = FleetSetup(scenario.model_id, pool.sku, scenario.workload, tp, pool.price_per_gpu_hour)
+        # a request log's pools are profiled on its own lengths (a custom workload of the logged prompts)
+        logged = trace.lengths(request_lengths(scenario.workload)) if isinstance(trace, RequestLog) else None
+        setup = FleetSetup(scenario.model_id, pool.sku, scenario.workload, tp, pool.price_per_gpu_hour, logged)
         inputs = PlanningInputs(setup, candidates, replicas=max(1, hi // 2), min_replicas=1, max_replicas=hi,
                                 slo_tpot_ms=scenario.slo_tpot_ms, max_num_seqs=config.max_num_seqs,
                                 seed=seed + 17 * i, fleet_placed=True)
@@ -409,6 +417,20 @@ class FluidFleet:
             served = min(arriving + self.backlog[name] / seconds, most)
             self.backlog[name] = max(self.backlog[name] + (arriving - served) * seconds, 0.0)
             self.running[name] = ready * curve.concurrency_for(served / ready, limit) if served > 0 else 0.0
+
+
+def prior_history(trace: LoadTrace, output_tokens: float, settings: FleetSettings, window_s: float,
+                  step_s: float) -> tuple[tuple[datetime, float], ...]:
+    """The demand history the deployment's metrics hold at the trace's start, as the operator reads it from
+    Prometheus on its first placement: the trace continued backwards (periodic: the day before was this day,
+    a log's traffic went on as logged) over the planner's `history_seconds`, observed every `step_s` over
+    `window_s` as at every tick after."""
+    period = trace.duration_s
+    samples = []
+    for t in np.arange(-settings.history_seconds, 0.0, step_s):
+        grid = np.mod(np.linspace(t - window_s, t, 16), period)
+        samples.append((EPOCH + timedelta(seconds=float(t)), float(trace.rate_rps(grid).mean()) * output_tokens))
+    return history_from(samples, settings)
 
 
 def true_peak_rps(trace: LoadTrace, t0_s: float, t1_s: float, step_s: float) -> float:
@@ -571,6 +593,8 @@ def _drive(placement: str, prepared: Sequence[PreparedPool], trace: LoadTrace, o
     cost = np.full(len(times), np.nan)
     reasons: list[str] = []
     state: FleetState | None = None
+    if not even and scenario.warm:
+        state = FleetState(history=prior_history(trace, output_tokens, settings, window, dt))
     windows = {n: ReplicaState() for n in names}
     current = {n: 0 for n in names}
     asked: dict[str, list[tuple[float, int]]] = {n: [] for n in names}

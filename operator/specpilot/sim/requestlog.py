@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from .traces import LoadTrace, TraceError
+from .workloads import LengthDistribution, RequestLengths
 
 __all__ = ["DRAIN_S", "LogLimits", "RequestLog", "is_request_log", "read_request_log"]
 
@@ -72,6 +73,14 @@ class RequestLog(LoadTrace):
     def mean_output_tokens(self) -> float:
         return float(self.output_tokens.mean()) if self.requests else 0.0
 
+    def lengths(self, base: RequestLengths) -> RequestLengths:
+        """The log's prompt and output lengths as distributions (log-normal, fitted to the log's mean and spread),
+        with `base`'s acceptance spread (a log records lengths, not how predictable the text was)."""
+        if not self.requests:
+            return base
+        return dataclasses.replace(base, prompt=_fitted(self.input_tokens, base.prompt),
+                                   output=_fitted(self.output_tokens, base.output))
+
     def arrivals_between(self, t0_s: float, t1_s: float) -> int:
         """Requests arriving in [t0_s, t1_s)."""
         lo, hi = np.searchsorted(self.arrival_s, [t0_s, t1_s], side="left")
@@ -113,6 +122,13 @@ class RequestLog(LoadTrace):
         counts = np.bincount((self.arrival_s // window_s).astype(np.int64), minlength=int(last // window_s) + 1)
         counts = counts[: int(last // window_s)] if last >= window_s else counts  # whole windows only
         return float(counts.std() / counts.mean()) if counts.mean() > 0 else 0.0
+
+
+def _fitted(tokens: np.ndarray, like: LengthDistribution) -> LengthDistribution:
+    """A log-normal with the tokens' mean and log-spread, within `like`'s bounds."""
+    values = np.maximum(tokens.astype(float), 1.0)
+    sigma = float(np.log(values).std()) if values.size > 1 else 0.0
+    return dataclasses.replace(like, mean=float(values.mean()), sigma=sigma, uniform=False)
 
 
 def _column(header: list[str], names: tuple[str, ...]) -> int | None:
