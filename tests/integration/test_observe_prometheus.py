@@ -175,6 +175,39 @@ async def test_pods_that_stop_drop_out_then_the_pool_goes_stale(exporters, prome
     assert reason is not None and reason.startswith("stale: newest sample "), reason
 
 
+async def test_the_demand_history_of_a_deployments_pools(exporters, prometheus_server):  # noqa: F811
+    pods = {"chat-a100-6b7c8d9f5-aaaaa": 20, "chat-h100-7c8d9f5b6-bbbbb": 30, "chat-h100-7c8d9f5b6-ccccc": 30}
+    others = {("llm", "chat-a100-big-5f6d7c8b9-ddddd"): 400, ("staging", "chat-h100-7c8d9f5b6-eeeee"): 400}
+    for (namespace, pod), steps in [*((("llm", p), s) for p, s in pods.items()), *others.items()]:
+        state = VllmMetricsState()
+        state.set_load(running=2)
+        state.set_rates(request_steps_per_second=steps)  # no speculation: a token per step
+        await exporters.add(namespace, pod, state)
+    server = await asyncio.to_thread(prometheus_server, exporters.targets)
+    source = PrometheusSource(server.url, window_s=4.0, stale_after_s=5)
+
+    async def history():
+        samples = await source.demand_history("llm", ["chat-a100", "chat-h100"], span_s=20.0, step_s=1.0)
+        return HistoryReading(samples)
+
+    # the three pods of the two pools, not the Deployment whose name starts the same nor the other namespace
+    reading = await poll(history, lambda h: len(h.samples) >= 3 and close_to(h.samples[-1][1], 80.0, 4.0))
+    times = [t for t, _ in reading.samples]
+    assert times == sorted(times) and len(times) <= 21
+    assert all(value <= 84.0 for _, value in reading.samples)
+    assert await source.demand_history("llm", ["nothing-here"], span_s=20.0, step_s=1.0) == []
+
+
+class HistoryReading:
+    """A demand history with the attributes `poll` reports."""
+
+    def __init__(self, samples) -> None:
+        self.samples = samples
+
+    def __repr__(self) -> str:
+        return f"HistoryReading({self.samples[-3:]!r})"
+
+
 async def test_no_prometheus_at_the_url():
     source = PrometheusSource("http://127.0.0.1:9", window_s=60, stale_after_s=30, timeout_s=2)
     with pytest.raises(MetricsUnavailable, match=r"^no Prometheus at http://127\.0\.0\.1:9"):

@@ -102,3 +102,25 @@ def test_a_metrics_outage_keeps_the_demand_history_for_the_forecast_after_it():
     waiting = place_fleet(spec(), members, fleet, T0 + timedelta(minutes=10))
     assert waiting.fleet.reason.startswith("waiting for load metrics")
     assert reread(waiting.fleet).demand_history == fleet.demand_history
+
+
+def test_a_deployment_without_a_history_forecasts_from_the_one_its_metrics_hold():
+    statuses = [status(n, b, s, 1000.0) for n, b, s, _ in POOLS]
+    members = [FleetMember(spec=GpuPool(name=st.name, node_selector={"pool": st.name}), status=st, previous=None,
+                           price_per_gpu_hour=price, gpus_available=None, current_replicas=1, ready_replicas=1,
+                           per_pool_replicas=None)
+               for st, (_, _, _, price) in zip(statuses, POOLS, strict=True)]
+    # half an hour of the deployment's demand as Prometheus holds it: 3000 tok/s with a burst to 9000
+    held = [(T0 - timedelta(seconds=30 * i), 9000.0 if 20 <= i < 24 else 3000.0) for i in range(60)]
+    cold = place_fleet(spec(), members, None, T0)
+    warm = place_fleet(spec(), members, None, T0, seed=held)
+    assert cold.fleet.forecast_tokens_per_second == 3000.0  # three pools observed at 1000 each
+    assert warm.fleet.forecast_tokens_per_second == 9000.0  # the burst it has seen within the half hour
+    assert warm.fleet.demand_history and warm.fleet.demand_history[0].time < T0
+    assert sum(warm.replicas.values()) > sum(cold.replicas.values())
+    # a history of its own wins over the metrics', and samples from the future or unreadable ones count for nothing
+    own = place_fleet(spec(), members, cold.fleet, T0 + timedelta(seconds=15), seed=held)
+    assert own.fleet.forecast_tokens_per_second == 3000.0
+    forged = [(T0 + timedelta(seconds=5), 1e9), (T0 - timedelta(seconds=5), float("nan")),
+              (T0 - timedelta(seconds=10), -5.0), (T0 - timedelta(seconds=20), float("inf"))]
+    assert place_fleet(spec(), members, None, T0, seed=forged).fleet.forecast_tokens_per_second == 3000.0

@@ -5,6 +5,7 @@ planner then holds the last decision and replica count)."""
 from __future__ import annotations
 
 import time
+from datetime import datetime
 
 from ..api.deployment_spec import SpeculativeDeploymentSpec
 from ..manifests import names
@@ -13,6 +14,7 @@ from ..observe.bounded import ReadLimits
 from ..observe.model import MetricsUnavailable, PoolObservation
 from ..observe.pods import PodScrapeSource
 from ..observe.prometheus import PrometheusSource, pool_pod_regex
+from ..policy.fleet import HISTORY_SAMPLES, FleetSettings
 from .context import Context
 from .kube import NotFound
 
@@ -49,22 +51,46 @@ def _max_k(spec: SpeculativeDeploymentSpec) -> int:
     return max((m.num_speculative_tokens for m in spec.methods), default=1)
 
 
+async def demand_history(ctx: Context, spec: SpeculativeDeploymentSpec, namespace: str, name: str,
+                         pools: list[str]) -> tuple[tuple[datetime, float], ...]:
+    """The deployment's output tokens/s over the fleet planner's history window as its Prometheus holds it (the
+    pods of all its pools), for a forecast that would otherwise start cold; empty without a Prometheus source
+    or when it holds nothing (a deployment that never served) or cannot be read (the planner starts cold, as
+    it would have)."""
+    if spec.metrics.source != "prometheus":
+        return ()
+    span_s = FleetSettings().history_seconds
+    try:
+        source = _prometheus(ctx, spec)
+        return tuple(await source.demand_history(namespace, [names.serving_deployment_name(name, p) for p in pools],
+                                                 span_s, span_s / HISTORY_SAMPLES))
+    except MetricsUnavailable:
+        return ()
+
+
+def _prometheus(ctx: Context, spec: SpeculativeDeploymentSpec) -> PrometheusSource:
+    """The (shared) source for the deployment's Prometheus; MetricsUnavailable when it may not or cannot be used."""
+    metrics = spec.metrics
+    refused = prometheus_url_refusal(ctx, spec)
+    if refused:
+        raise MetricsUnavailable(refused, code="PrometheusUrlNotAllowed")
+    url = metrics.prometheus_url or ctx.config.prometheus_url
+    if not url:
+        raise MetricsUnavailable("no Prometheus URL: the operator's prometheusUrl is not set (ask the cluster "
+                                 "administrator), or use spec.metrics.source: pods")
+    limits = ctx.config.metrics_read_limits
+    return ctx.prometheus_source(url, metrics.window_seconds, metrics.stale_after_seconds, lambda: PrometheusSource(
+        url, window_s=metrics.window_seconds, stale_after_s=metrics.stale_after_seconds,
+        limits=ReadLimits.for_prometheus(limits)))
+
+
 async def _observe_pool(ctx: Context, uid: str, spec: SpeculativeDeploymentSpec, namespace: str, name: str,
                         pool: str, current: dict | None) -> PoolObservation:
     deployment = names.serving_deployment_name(name, pool)
     metrics = spec.metrics
     limits = ctx.config.metrics_read_limits
     if metrics.source == "prometheus":
-        refused = prometheus_url_refusal(ctx, spec)
-        if refused:
-            raise MetricsUnavailable(refused, code="PrometheusUrlNotAllowed")
-        url = metrics.prometheus_url or ctx.config.prometheus_url
-        if not url:
-            raise MetricsUnavailable("no Prometheus URL: the operator's prometheusUrl is not set (ask the cluster "
-                                     "administrator), or use spec.metrics.source: pods")
-        source = ctx.prometheus_source(url, metrics.window_seconds, metrics.stale_after_seconds, lambda: PrometheusSource(
-            url, window_s=metrics.window_seconds, stale_after_s=metrics.stale_after_seconds,
-            limits=ReadLimits.for_prometheus(limits)))
+        source = _prometheus(ctx, spec)
         return await source.observe(namespace, pool_pod_regex(deployment), max_positions=_max_k(spec))
     sources = ctx.cache(uid).pod_sources
     source = sources.get(pool)

@@ -18,7 +18,7 @@ from pydantic import ValidationError
 
 from ..api.base import format_validation_error
 from ..api.gateway import gateway_problems
-from ..api.deployment_spec import SpeculativeDeploymentSpec
+from ..api.deployment_spec import Autoscaling, SpeculativeDeploymentSpec
 from ..api.deployment_status import Phase, PoolStatus, SpeculativeDeploymentStatus
 from ..api.tenancy import TenancyViolation, refuse, spec_problems
 from ..manifests import names
@@ -51,7 +51,7 @@ from ..policy.profiling import ProfilingInputs
 from ..policy.slo import judged
 from .context import Context
 from .kube import NotFound
-from .observation import observe_pool, prometheus_url_refusal
+from .observation import demand_history, observe_pool, prometheus_url_refusal
 from .profile_index import NOT_INDEXED
 from .profiles import (
     JOB_UID_ANNOTATION,
@@ -148,10 +148,24 @@ async def read_snapshot(ctx: Context, body: dict, spec: SpeculativeDeploymentSpe
                                                                                view.pool.gpu_resource_name)
                                                    for info in view.nodes}),
             refine_jobs=_refine_job_states(old_pools.get(view.pool.name), namespace, jobs)))
+    history = ()
+    if _starts_cold(spec, old, pools):
+        history = await demand_history(ctx, spec, namespace, name, [p.view.pool.name for p in pools])
     return DeploymentSnapshot(
         spec=spec, name=name, uid=uid, generation=meta.get("generation"), old=old, now=now, pools=pools,
         profiling=profiling, profiles=profiles, profile_users=users, readings=readings,
-        gateway_available=gateway_available)
+        gateway_available=gateway_available, demand_history=history)
+
+
+def _starts_cold(spec: SpeculativeDeploymentSpec, old: SpeculativeDeploymentStatus, pools: list[PoolSnapshot]
+                 ) -> bool:
+    """Whether the fleet planner would forecast without a history of its own: a fleet of two or more pools that
+    places its replicas, no history in the status, and a fresh observation (so the read runs at the metrics
+    interval, not at every reconciliation)."""
+    return (sum(p.view.primary_sku is not None for p in pools) >= 2
+            and spec.serving.autoscaling != Autoscaling.NONE.value
+            and not (old.fleet and old.fleet.demand_history)
+            and any(p.observation is not None for p in pools))
 
 
 async def execute(ctx: Context, body: dict, spec: SpeculativeDeploymentSpec, snapshot: DeploymentSnapshot,

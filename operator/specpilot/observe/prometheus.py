@@ -16,7 +16,7 @@ import json
 import math
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 
 import aiohttp
@@ -32,6 +32,8 @@ __all__ = ["PrometheusSource", "pool_pod_regex"]
 
 # Samples per window for subqueries and the concurrency range query.
 STEPS_PER_WINDOW = 30
+MAX_HISTORY_SAMPLES = 1024
+"""Samples of a demand history read (the planner keeps 64; more is a step too fine for the span asked for)."""
 _ERROR_TYPE = re.compile(r"^[A-Za-z_]{1,40}$")
 
 
@@ -132,6 +134,31 @@ class PrometheusSource:
             ttft_buckets=await self._buckets(vllm_page.TTFT_SECONDS, selector, now, cut),
             cut=tuple(cut),
         )
+
+    async def demand_history(self, namespace: str, deployment_names: Sequence[str], span_s: float,
+                             step_s: float) -> list[tuple[datetime, float]]:
+        """The output tokens/s of the Deployments' pods over the last `span_s` seconds, a sample per `step_s`
+        (time, tokens/s), oldest first; empty when Prometheus holds none. Raises MetricsUnavailable as
+        `observe` does."""
+        return await self._demand_history_at(time.time(), namespace, deployment_names, span_s, step_s)
+
+    async def _demand_history_at(self, now: float, namespace: str, deployment_names: Sequence[str],
+                                 span_s: float, step_s: float) -> list[tuple[datetime, float]]:
+        selector = promql.pod_selector(namespace, promql.pods_regex(deployment_names),
+                                       namespace_label=self.namespace_label, pod_label=self.pod_label)
+        query = promql.pool_rate(vllm_page.GENERATION_TOKENS_TOTAL, selector, self.window_s)
+        start = now - span_s
+        result = await self._ask("query_range", query, {
+            "query": query, "start": f"{start:.3f}", "end": f"{now:.3f}", "step": f"{step_s:.3f}"})
+        values = result[0].get("values") if len(result) == 1 else None
+        samples: list[tuple[datetime, float]] = []
+        for pair in values[:MAX_HISTORY_SAMPLES] if isinstance(values, list) else []:
+            at = _number(pair[0] if isinstance(pair, list) and len(pair) == 2 else None)
+            value = _number(pair[1] if isinstance(pair, list) and len(pair) == 2 else None)
+            # a sample outside the range asked for, or beyond any engine's rate, is no reading of this deployment
+            if at is not None and value is not None and start <= at <= now and value <= vm.MAX_GAUGE:
+                samples.append((datetime.fromtimestamp(at, UTC), value))
+        return sorted(samples)
 
     async def _instant(self, query: str, now: float) -> list[dict]:
         return await self._ask("query", query, {"query": query, "time": f"{now:.3f}"})

@@ -16,6 +16,12 @@ a 300 s window, a 10 s sampling step and 180 s staleness, the observer asks:
                          sum by (le) (rate(vllm:request_time_per_output_token_seconds_bucket{S}[300s])))
     concurrency        sum by (pod) (vllm:num_requests_running{S})   as a range query, step 10s
 
+and, once for a deployment whose status keeps no demand history yet (its fleet planner's forecast starts from
+it), over all of its pools' pods `^(?:chat-a100|chat-h100)-[a-z0-9]+-[a-z0-9]+$`:
+
+    demand history     sum(rate(vllm:generation_tokens_total{S}[300s]))   as a range query over the last
+                                                                          30 min, step 28.125s
+
 where S is `namespace="llm",pod=~"^chat-h100-[a-z0-9]+-[a-z0-9]+$"`. Gauges are time-averaged through a
 subquery so that a pool total is the average of the pool's sum at each step (pods that come and go count
 only while they are up); counters use increase()/rate(), which handle pod restarts. A pod with several
@@ -25,6 +31,7 @@ engines (data parallel) is summed into one replica.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 from specpilot import vllm_page
 
@@ -38,6 +45,13 @@ def pool_pod_regex(deployment_name: str) -> str:
     # Kubernetes names hold [a-z0-9.-]; escaping only what is special keeps the regex readable.
     name = "".join(c if c.isalnum() or c == "-" else re.escape(c) for c in deployment_name)
     return f"^{name}-[a-z0-9]+-[a-z0-9]+$"
+
+
+def pods_regex(deployment_names: Sequence[str]) -> str:
+    """Regex for the pods of several Deployments (a deployment's pools), each as `pool_pod_regex` anchors it."""
+    names = "|".join("".join(c if c.isalnum() or c == "-" else re.escape(c) for c in name)
+                     for name in deployment_names)
+    return f"^(?:{names})-[a-z0-9]+-[a-z0-9]+$"
 
 
 def pod_selector(namespace: str, pod_name_regex: str, *, namespace_label: str = "namespace",

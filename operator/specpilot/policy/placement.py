@@ -32,6 +32,7 @@ from .fleet import (
     FleetSettings,
     FleetState,
     Routing,
+    history_from,
     plan_fleet,
 )
 
@@ -109,10 +110,12 @@ def _curve(status: PoolStatus) -> tuple[CurvePoint, ...]:
 
 
 def place_fleet(spec: SpeculativeDeploymentSpec, members: Sequence[FleetMember], previous: FleetStatus | None,
-                now: datetime, routing: Routing = Routing.SERVICE) -> FleetOutcome | None:
+                now: datetime, routing: Routing = Routing.SERVICE,
+                seed: Sequence[tuple[datetime, float]] = ()) -> FleetOutcome | None:
     """The fleet's placement, or None when the deployment has fewer than two pools with a GPU type or its
     replicas are fixed (serving.autoscaling: none). `routing`: how the shares can be made real (gateway: the
-    operator's HTTPRoute applies any split; service: one Service, an even split per pod)."""
+    operator's HTTPRoute applies any split; service: one Service, an even split per pod). `seed`: the demand
+    the metrics held before (time, tokens/s), the history to forecast from while the status keeps none."""
     members = [m for m in members if m.status.sku is not None]
     if len(members) < 2 or spec.serving.autoscaling == Autoscaling.NONE.value:
         return None
@@ -157,6 +160,8 @@ def place_fleet(spec: SpeculativeDeploymentSpec, members: Sequence[FleetMember],
     # The incumbent is kept only when every placed pool has one (a new pool re-plans the whole fleet).
     planned_names = {p.name for p in pools if p.curve}
     history = tuple((h.time, h.tokens_per_second) for h in previous.demand_history) if previous else ()
+    if not history and seed:
+        history = history_from([(t, d) for t, d in seed if t < now], settings)
     state = FleetState(targets=state_targets,
                        replicas=incumbent if planned_names <= set(incumbent) else {}, shares=shares,
                        history=history, changes=changes, tpot_scale=scales)

@@ -89,6 +89,10 @@ class DeploymentSnapshot:
     readings: PoolReadings = dataclasses.field(default_factory=lambda: PoolReadings([], []))
     gateway_available: bool = False
     """The cluster serves HTTPRoutes and the spec asks for gateway routing: shares can be any split."""
+    demand_history: Sequence[tuple[datetime, float]] = ()
+    """The deployment's demand (output tokens/s) over the last half hour as its metrics hold it, read only while
+    the status keeps no history of its own (a new or adopted deployment, a status lost): the fleet planner's
+    forecast starts from it instead of cold."""
 
 
 # --- the plan -------------------------------------------------------------------------------------------------
@@ -294,7 +298,7 @@ def _place_fleet(s: DeploymentSnapshot, steps: list[tuple[PoolSnapshot, PoolStat
             current_replicas=int(replicas) if replicas is not None else None, ready_replicas=int(ready or 0),
             per_pool_replicas=serve.replicas if serve is not None and serve.replicas is not None
             else outcome.status.desired_replicas))
-    outcome_ = place_fleet(s.spec, members, s.old.fleet, s.now, routing)
+    outcome_ = place_fleet(s.spec, members, s.old.fleet, s.now, routing, s.demand_history)
     external = s.spec.serving.autoscaling == Autoscaling.EXTERNAL.value
     for _, _, outcome in steps:
         if outcome_ is None or outcome_.plan is None or outcome.serve is None:
