@@ -12,6 +12,39 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 
 
+ENGINE_FILES = frozenset({"test_bench_vllm.py", "test_bench_publish.py", "test_operator_engine_args.py"})
+"""Tests that start the real vLLM CPU engine: it takes both cores while it loads and serves."""
+CHAIN = "real-engine, then the demo"
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """Under `pytest -n N --dist loadfile` (scripts/test.sh) each file runs on one worker (its module fixtures
+    once), beside the files other workers run, except one chain on one worker, sent first as the longest: the
+    real-engine files one after another (each engine takes both cores while it loads and serves), then the
+    headless demo, which by then runs beside the last of the other files only. The demo's simulated engines
+    measure on virtual clocks that a host busy with two real engines and the rest of the suite does stretch
+    (a client reading its chunks late stamps them late), so it is kept off the busiest minutes. xdist's own
+    `loadgroup` cannot build the chain: it renames node ids the way pytest 9 no longer reads."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Chained(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return CHAIN if path.rsplit("/", 1)[-1] in ENGINE_FILES or path.startswith("tests/demo/") else path
+
+        def _assign_work_unit(self, node) -> None:
+            if CHAIN in self.workqueue:
+                unit = self.workqueue.pop(CHAIN)
+                self.workqueue[CHAIN] = dict(sorted(unit.items(), key=lambda kv: kv[0].startswith("tests/demo/")))
+                self.workqueue.move_to_end(CHAIN, last=False)
+            super()._assign_work_unit(node)
+
+    return Chained(config, log)
+
+
 @pytest.fixture
 def busy_core():
     """Another process keeps one core busy for the test's duration (a busy host)."""

@@ -23,6 +23,7 @@ position, as a trained drafter is, so the per-position counters move.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import shutil
 import sysconfig
@@ -286,8 +287,16 @@ def _mtp_target(path: Path, tokenizer, *, hidden: int, layers: int, heads: int, 
 
 
 def build_tiny_models(cache_dir: Path) -> TinyModels:
-    """Build (or reuse) the tiny models under `cache_dir`."""
+    """Build (or reuse) the tiny models under `cache_dir`; one process builds while others wait (pytest's
+    workers, `pytest -n`, may ask at once)."""
     cache_dir = Path(cache_dir)
+    cache_dir.parent.mkdir(parents=True, exist_ok=True)
+    with open(cache_dir.parent / f".{cache_dir.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _build_tiny_models(cache_dir)
+
+
+def _build_tiny_models(cache_dir: Path) -> TinyModels:
     models = TinyModels(target=cache_dir / "tiny-llama", draft=cache_dir / "tiny-llama-draft",
                         eagle3=cache_dir / "tiny-llama-eagle3",
                         medusa=cache_dir / "tiny-llama-medusa", mtp_target=cache_dir / "tiny-mimo-mtp")
