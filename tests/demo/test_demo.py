@@ -354,15 +354,25 @@ def test_the_fleet_placement_is_shown_per_phase(demo_run, tmp_path):
         assert sum(p["share"] for p in phase.placement.values()) == pytest.approx(1.0, abs=0.01)
         assert all(bounds["minReplicas"] <= p["replicas"] <= bounds["maxReplicas"]
                    for p in phase.placement.values() if p["replicas"] is not None)
-        assert phase.fleet.get("costPerMtok")
+        # a cost per token for the demand seen; a phase whose last placement saw none yet (its load had not
+        # reached the pods' metrics window, as on a crowded host) has none, and says so
+        if phase.fleet.get("demandTokensPerSecond"):
+            assert phase.fleet.get("costPerMtok")
+        else:
+            assert phase.fleet.get("costPerMtok") is None and "no demand" in phase.fleet.get("reason", "")
+    assert any(phase.fleet.get("costPerMtok") for phase in placed)
     rows = summary_rows(result, scenario)
     lines = fleet_lines(result, rows, metrics_window_s(scenario))
     last = [line for line in lines if line.strip().startswith(f"{placed[-1].phase.name}:")][-1]  # names repeat
     join = next(line for line in lines if line.strip().startswith(f"{result.joined_pool} joined"))
     # One $/Mtok per phase and pool: the fleet line's are the table's, and the join's "at the end" is the last
     # phase's line, figure for figure (the fleet's measured $/Mtok, then the operator's estimate).
-    for row in (r for r in rows if r.phase_index == len(result.phases) - 1):
-        assert f"{row.pool} " in last and f"${row.cost_specpilot:.3f}/Mtok" in last, (row, last)
+    # (a pool its clients measured nothing of in the phase, as on a crowded host, shows "-": never a made-up figure)
+    final = [r for r in rows if r.phase_index == len(result.phases) - 1]
+    assert any(r.cost_specpilot is not None for r in final), final
+    for row in final:
+        figure = "-" if row.cost_specpilot is None else f"${row.cost_specpilot:.3f}/Mtok"
+        assert f"{row.pool} " in last and figure in last, (row, last)
     figures = re.compile(r"\$(\d+\.\d+)/Mtok")
     assert figures.findall(join.split("at the end of that phase, ")[1]) == figures.findall(last.split("; fleet ")[1])
     write_reports(result, scenario, rows, tmp_path)

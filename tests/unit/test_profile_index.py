@@ -19,6 +19,8 @@ def _profile(name: str = "h100-eagle3-0123456789") -> dict:
                      "annotations": {seal.NONCE_ANNOTATION: "ab12 cd34", "note": "ünïcode ✓"}},
         "spec": {"sku": "H100-SXM", "concurrencyLevels": [1, 2, 4], "method": {"method": "eagle3"}},
         "status": {**measured_status("H100-SXM", "eagle3", 4), "phase": "Succeeded", "seal": "00ff",
+                   # fixed times: two calls made a second apart are the same profile
+                   "startedAt": "2026-01-01T00:00:00Z", "completedAt": "2026-01-01T00:05:00Z",
                    "attempts": 0, "reason": None, "odd": [True, False, None, -0.0, 1e-300, 2**70, ""]}}))
 
 
