@@ -46,7 +46,8 @@ requests queue and TTFT breaks), and within its TPOT- and TTFT-feasible concurre
 (`FleetDemand.forecast_tokens_per_second`).
 
 Stability: the previous plan stays while it still fits the demand and costs at most `min_gain_percent`
-more than the new optimum; each pool then scales up at once and down only to the highest target of the last
+more than the cheapest plan that holds the demand with that margin to spare (`mix_change_percent` more when
+that plan starts replicas anywhere: a swap of GPU types); each pool then scales up at once and down only to the highest target of the last
 `scale_down_stabilization_seconds` (policy.replicas' window, per pool), as a single pool does today. As the
 forecast holds the history's swings, a pool scales down only when the forecast allows it. Replica changes are
 bounded per pool: at most `max_changes_per_hour` in any hour, a scale-down only while it leaves room for a
@@ -781,11 +782,22 @@ def plan_fleet(pools: Sequence[FleetPool], demand: FleetDemand, settings: FleetS
         fits = (_fits(planned, incumbent, placed_demand, Routing.GATEWAY) if settings.routing is Routing.GATEWAY
                 else _fits(planned, incumbent, sized, Routing.SERVICE, held_count))
         margin = 1 + max(settings.min_gain_percent, 0.0) / 100
-        if fits and _cost(planned, incumbent) <= _cost(planned, optimum) * margin + 1e-9:
+        # A fitting incumbent gives way only to a plan that holds the demand with the margin to spare (an optimum
+        # that holds it only just, at a replica boundary, is left again at the next small rise, and the pools it
+        # starts and stops flap with the demand's jitter), and that is cheaper: by min_gain_percent when it only
+        # scales down, by mix_change_percent when it starts replicas anywhere (a swap of GPU types), as when the
+        # fleet grows.
+        mix = 1 + max(settings.mix_change_percent, 0.0) / 100
+        roomy = (_plan_gateway(planned, placed_demand * margin) if settings.routing is Routing.GATEWAY
+                 else _plan_service(planned, sized * margin, held_count)) if fits else None
+        swap = roomy is not None and any(n > m for n, m in zip(roomy, incumbent, strict=True))
+        if fits and (roomy is None
+                     or _cost(planned, incumbent) <= _cost(planned, roomy) * (mix if swap else margin) + 1e-9):
             optimum, kept = list(incumbent), True
-        elif not fits:
+        elif fits:
+            optimum = roomy
+        else:
             grown = _grow(planned, incumbent, placed_demand, sized, held_count, settings.routing)
-            mix = 1 + max(settings.mix_change_percent, 0.0) / 100
             if grown is not None and _cost(planned, grown) <= _cost(planned, optimum) * mix + 1e-9:
                 optimum = grown
 
