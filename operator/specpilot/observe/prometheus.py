@@ -153,8 +153,9 @@ class PrometheusSource:
         values = result[0].get("values") if len(result) == 1 else None
         samples: list[tuple[datetime, float]] = []
         for pair in values[:MAX_HISTORY_SAMPLES] if isinstance(values, list) else []:
-            at = _number(pair[0] if isinstance(pair, list) and len(pair) == 2 else None)
-            value = _number(pair[1] if isinstance(pair, list) and len(pair) == 2 else None)
+            if not (isinstance(pair, list) and len(pair) == 2):
+                continue
+            at, value = _number(pair[0]), _number(pair[1])
             # a sample outside the range asked for, or beyond any engine's rate, is no reading of this deployment
             if at is not None and value is not None and start <= at <= now and value <= vm.MAX_GAUGE:
                 samples.append((datetime.fromtimestamp(at, UTC), value))

@@ -42,16 +42,18 @@ def pool_pod_regex(deployment_name: str) -> str:
     Anchored and without dashes in the two generated parts, so the pods of `chat-l4` do not match the
     pods of a Deployment `chat-l4-big`.
     """
-    # Kubernetes names hold [a-z0-9.-]; escaping only what is special keeps the regex readable.
-    name = "".join(c if c.isalnum() or c == "-" else re.escape(c) for c in deployment_name)
-    return f"^{name}-[a-z0-9]+-[a-z0-9]+$"
+    return f"^{_literal(deployment_name)}-[a-z0-9]+-[a-z0-9]+$"
 
 
 def pods_regex(deployment_names: Sequence[str]) -> str:
     """Regex for the pods of several Deployments (a deployment's pools), each as `pool_pod_regex` anchors it."""
-    names = "|".join("".join(c if c.isalnum() or c == "-" else re.escape(c) for c in name)
-                     for name in deployment_names)
-    return f"^(?:{names})-[a-z0-9]+-[a-z0-9]+$"
+    return f"^(?:{'|'.join(_literal(name) for name in deployment_names)})-[a-z0-9]+-[a-z0-9]+$"
+
+
+def _literal(name: str) -> str:
+    """A Kubernetes name as a regex matching only itself. Names hold [a-z0-9.-]; escaping only what is special
+    keeps the regex readable."""
+    return "".join(c if c.isalnum() or c == "-" else re.escape(c) for c in name)
 
 
 def pod_selector(namespace: str, pod_name_regex: str, *, namespace_label: str = "namespace",

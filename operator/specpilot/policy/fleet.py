@@ -47,9 +47,10 @@ requests queue and TTFT breaks), and within its TPOT- and TTFT-feasible concurre
 
 Stability: the previous plan stays while it still fits the demand and costs at most `min_gain_percent`
 more than the cheapest plan that holds the demand with that margin to spare (`mix_change_percent` more when
-that plan starts replicas anywhere: a swap of GPU types); each pool then scales up at once and down only to the highest target of the last
-`scale_down_stabilization_seconds` (policy.replicas' window, per pool), as a single pool does today. As the
-forecast holds the history's swings, a pool scales down only when the forecast allows it. Replica changes are
+that plan starts replicas anywhere: a swap of GPU types); each pool then scales up at once and down only to
+the highest target of the last `scale_down_stabilization_seconds` (policy.replicas' window, per pool), as a
+single pool does today. As the forecast holds the history's swings, a pool scales down only when the forecast
+allows it. Replica changes are
 bounded per pool: at most `max_changes_per_hour` in any hour, a scale-down only while it leaves room for a
 scale-up after it (scale-ups are never held: the SLO comes first); each change's reason is in the pool's
 reason text. A scale-up while the last one's replicas are still starting is the same scaling (a ramp planned
@@ -782,20 +783,20 @@ def plan_fleet(pools: Sequence[FleetPool], demand: FleetDemand, settings: FleetS
         fits = (_fits(planned, incumbent, placed_demand, Routing.GATEWAY) if settings.routing is Routing.GATEWAY
                 else _fits(planned, incumbent, sized, Routing.SERVICE, held_count))
         margin = 1 + max(settings.min_gain_percent, 0.0) / 100
-        # A fitting incumbent gives way only to a plan that holds the demand with the margin to spare (an optimum
-        # that holds it only just, at a replica boundary, is left again at the next small rise, and the pools it
-        # starts and stops flap with the demand's jitter), and that is cheaper: by min_gain_percent when it only
-        # scales down, by mix_change_percent when it starts replicas anywhere (a swap of GPU types), as when the
-        # fleet grows.
         mix = 1 + max(settings.mix_change_percent, 0.0) / 100
-        roomy = (_plan_gateway(planned, placed_demand * margin) if settings.routing is Routing.GATEWAY
-                 else _plan_service(planned, sized * margin, held_count)) if fits else None
-        swap = roomy is not None and any(n > m for n, m in zip(roomy, incumbent, strict=True))
-        if fits and (roomy is None
-                     or _cost(planned, incumbent) <= _cost(planned, roomy) * (mix if swap else margin) + 1e-9):
-            optimum, kept = list(incumbent), True
-        elif fits:
-            optimum = roomy
+        if fits:
+            # A fitting incumbent gives way only to a plan that holds the demand with the margin to spare (an
+            # optimum that holds it only just, at a replica boundary, is left again at the next small rise, and
+            # the pools it starts and stops flap with the demand's jitter), and that is cheaper: by
+            # min_gain_percent when it only scales down, by mix_change_percent when it starts replicas anywhere
+            # (a swap of GPU types), as when the fleet grows.
+            roomy = (_plan_gateway(planned, placed_demand * margin) if settings.routing is Routing.GATEWAY
+                     else _plan_service(planned, sized * margin, held_count))
+            swap = roomy is not None and any(n > m for n, m in zip(roomy, incumbent, strict=True))
+            if roomy is None or _cost(planned, incumbent) <= _cost(planned, roomy) * (mix if swap else margin) + 1e-9:
+                optimum, kept = list(incumbent), True
+            else:
+                optimum = roomy
         else:
             grown = _grow(planned, incumbent, placed_demand, sized, held_count, settings.routing)
             if grown is not None and _cost(planned, grown) <= _cost(planned, optimum) * mix + 1e-9:

@@ -334,13 +334,13 @@ def _prepare(scenario: MixedScenario, trace: LoadTrace, config: FleetConfig, see
     candidates = tuple(Candidate.parse(text) for text in scenario.methods.split(","))
     prepared = []
     tp = scenario.tensor_parallel_size
+    # a request log's pools are profiled on its own lengths (a custom workload of the logged prompts)
+    logged = trace.lengths(request_lengths(scenario.workload)) if isinstance(trace, RequestLog) else None
     for i, pool in enumerate(scenario.pools):
         DEFAULT_CATALOG.resolve(pool.sku)
         hi = pool.gpus // tp
         if hi < 1:
             raise ValueError(f"pool {pool.name}: {pool.gpus} GPUs hold no replica of {tp} GPUs")
-        # a request log's pools are profiled on its own lengths (a custom workload of the logged prompts)
-        logged = trace.lengths(request_lengths(scenario.workload)) if isinstance(trace, RequestLog) else None
         setup = FleetSetup(scenario.model_id, pool.sku, scenario.workload, tp, pool.price_per_gpu_hour, logged)
         inputs = PlanningInputs(setup, candidates, replicas=max(1, hi // 2), min_replicas=1, max_replicas=hi,
                                 slo_tpot_ms=scenario.slo_tpot_ms, max_num_seqs=config.max_num_seqs,
