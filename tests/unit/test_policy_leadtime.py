@@ -30,14 +30,27 @@ def test_a_scale_up_is_measured_from_the_ask_until_every_replica_asked_for_is_re
     assert measured_lead_time(pool) == 95.0
 
 
-def test_asking_for_more_while_one_is_pending_raises_its_target_and_keeps_its_start():
+def test_asking_for_more_while_one_is_pending_measures_the_first_ask_not_the_whole_ramp():
+    # a ramp: 2 asked at 0 s, 4 at 30 s, 6 at 60 s; every replica takes 120 s to start
     pool = step(PoolStatus(name="a100"), asked=2, ready=1, seconds=0)
     pool = step(pool, asked=4, ready=1, seconds=30)
-    assert pool.scale_up_started_at == T0 and pool.scale_up_to == 4
-    pool = step(pool, asked=4, ready=3, seconds=60)
-    assert pool.scale_up_lead_times == []  # not measured until the 4th is ready
-    pool = step(pool, asked=4, ready=4, seconds=150)
-    assert pool.scale_up_lead_times == [150.0]
+    assert pool.scale_up_started_at == T0 and pool.scale_up_to == 2  # the first ask's replicas
+    pool = step(pool, asked=6, ready=1, seconds=60)
+    pool = step(pool, asked=6, ready=2, seconds=120)
+    assert pool.scale_up_lead_times == [120.0]  # one replica's start, not the ramp's 240 s
+    assert pool.scale_up_started_at == T0 + timedelta(seconds=120) and pool.scale_up_to == 6
+    pool = step(pool, asked=6, ready=4, seconds=150)
+    pool = step(pool, asked=6, ready=6, seconds=180)
+    assert pool.scale_up_lead_times == [120.0, 60.0]  # the later asks read short: the longest counts
+    assert measured_lead_time(pool) == 120.0
+
+
+def test_a_pending_scale_up_asked_down_waits_only_for_what_is_still_asked():
+    pool = step(PoolStatus(name="a100"), asked=5, ready=1, seconds=0)
+    pool = step(pool, asked=3, ready=2, seconds=30)
+    assert pool.scale_up_to == 3
+    pool = step(pool, asked=3, ready=3, seconds=100)
+    assert pool.scale_up_lead_times == [100.0]
 
 
 def test_a_scale_up_called_off_is_not_measured_and_the_longest_recent_one_counts():

@@ -54,6 +54,35 @@ def test_demand_sums_the_pools_observations():
     assert fleet_demand([PoolStatus(name="a")]) is None
 
 
+def test_a_pool_with_no_replica_ready_adds_no_demand():
+    """A pool the fleet scaled to zero (or whose pods all went) is observed no more, so its status keeps its last
+    observation: that load went to the other pools, and counting it again would size the fleet for it twice."""
+    statuses = fleet(3000.0)
+    drained = members(statuses)
+    drained[2] = dataclasses.replace(drained[2], current_replicas=0, ready_replicas=0)
+    outcome = place_fleet(spec(), drained, None, T0)
+    assert outcome.fleet.demand_tokens_per_second == 6000.0  # a100 and h100 only (nothing in flight)
+    assert place_fleet(spec(), members(statuses), None, T0).fleet.demand_tokens_per_second == 9000.0
+    nothing_ready = [dataclasses.replace(m, ready_replicas=0) for m in members(statuses)]
+    assert place_fleet(spec(), nothing_ready, None, T0).fleet.reason.startswith("waiting for load metrics")
+
+
+def test_a_fleet_at_zero_runs_one_replica_on_its_cheapest_profiled_pool_to_be_observed():
+    """Every pool may scale to zero (minReplicas 0) and none runs: no pod reports load, so the fleet would wait for
+    metrics that never come. One replica runs on the profiled pool with the lowest price until load is seen."""
+    statuses = [status("a100", 14.0, 0.02), status("h100", 8.0, 0.012), status("h200", 7.0, 0.01)]
+    at_zero = members(statuses, current=0)
+    outcome = place_fleet(spec(), at_zero, None, T0)
+    assert outcome.plan is None and outcome.replicas == {"a100": 1}
+    assert "one runs on a100" in outcome.fleet.reason
+    unprofiled = members([status("a100", 14.0, 0.02, profiled=False), *statuses[1:]], current=0)
+    assert place_fleet(spec(), unprofiled, None, T0).replicas == {"h100": 1}
+    no_gpus = [dataclasses.replace(m, gpus_available=0) if m.spec.name == "a100" else m for m in at_zero]
+    assert place_fleet(spec(), no_gpus, None, T0).replicas == {"h100": 1}
+    one_runs = [dataclasses.replace(m, current_replicas=1) if m.spec.name == "h200" else m for m in at_zero]
+    assert place_fleet(spec(), one_runs, None, T0).replicas == {}  # it will report load once ready
+
+
 def test_placement_writes_shares_replicas_and_reasons_into_the_statuses():
     statuses = fleet(6000.0)
     outcome = place_fleet(spec(), members(statuses), None, T0)

@@ -45,10 +45,14 @@ def reread(model):
 
 def step(demand_each: float, previous_pools: dict[str, PoolStatus], previous_fleet: FleetStatus | None, now,
          current: dict[str, int], tpot_p95_ms: float | None = None, lead: float | None = None):
-    statuses = [status(n, b, s, demand_each, tpot_p95_ms) for n, b, s, _ in POOLS]
+    # the deployment's demand (demand_each per pool) as the pools that run observe it: a pool with no replica
+    # ready serves nothing and reports nothing (its last observation is no demand now)
+    running = [n for n, *_ in POOLS if current.get(n, 1) > 0]
+    each = demand_each * len(POOLS) / len(running)
+    statuses = [status(n, b, s, each if n in running else 0.0, tpot_p95_ms) for n, b, s, _ in POOLS]
     members = [FleetMember(spec=GpuPool(name=st.name, node_selector={"pool": st.name}), status=st,
                            previous=previous_pools.get(st.name), price_per_gpu_hour=price, gpus_available=None,
-                           current_replicas=current.get(st.name, 0), ready_replicas=current.get(st.name, 0),
+                           current_replicas=current.get(st.name, 1), ready_replicas=current.get(st.name, 1),
                            per_pool_replicas=None, lead_time_seconds=lead)
                for st, (_, _, _, price) in zip(statuses, POOLS, strict=True)]
     outcome = place_fleet(spec(), members, previous_fleet, now)

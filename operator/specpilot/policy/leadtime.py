@@ -31,8 +31,14 @@ def measured_lead_time(pool: PoolStatus | None) -> float | None:
 
 def track_scale_up(pool: PoolStatus, previous: PoolStatus, asked: int | None, ready: int, now: datetime) -> None:
     """Carry the pool's scale-up measurement into its next status: a scale-up pending in `previous` that `ready`
-    replicas complete records its lead time; replicas `asked` for beyond those ready start one (or raise the
-    one pending); asking for no more than are ready drops a pending one unmeasured."""
+    replicas complete records its lead time; replicas `asked` for beyond those ready start one; asking for no more
+    than are ready drops a pending one unmeasured.
+
+    A pending scale-up keeps its target when more replicas are asked for meanwhile (a ramp asks at every
+    reconciliation): it measures its own replicas from their ask to their readiness. Raising its target instead
+    would measure the whole ramp, not one replica's start (a 2-minute start read as 4.5 minutes on a rising
+    day). The replicas asked for later start the next measurement once it completes, which reads them short; the
+    planner looks ahead by the longest recent sample, so a short one does not shorten its horizon."""
     since, to = previous.scale_up_started_at, previous.scale_up_to
     samples = list(previous.scale_up_lead_times)
     if since is not None and to is not None and ready >= to:
@@ -42,7 +48,7 @@ def track_scale_up(pool: PoolStatus, previous: PoolStatus, asked: int | None, re
         if since is None:
             since, to = now, asked
         else:
-            to = max(to or 0, asked)
+            to = min(to or asked, asked)
     elif since is not None:
         since = to = None
     pool.scale_up_started_at, pool.scale_up_to, pool.scale_up_lead_times = since, to, samples

@@ -36,7 +36,7 @@ from .fleet import (
     plan_fleet,
 )
 
-__all__ = ["FleetMember", "FleetOutcome", "clear_plan", "fleet_demand", "place_fleet", "write_plan"]
+__all__ = ["FleetMember", "FleetOutcome", "clear_plan", "fleet_demand", "place_fleet", "pool_curve", "write_plan"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,7 +64,8 @@ class FleetMember:
 class FleetOutcome:
     fleet: FleetStatus
     replicas: dict[str, int]
-    """Replicas per placed pool (empty: nothing placed, every pool keeps its own planner's)."""
+    """Replicas per placed pool (empty: nothing placed, every pool keeps its own planner's). Without a plan: the
+    replicas a pool runs at least while a fleet at zero waits for load metrics (`_serving_floor`)."""
     events: list[Event] = dataclasses.field(default_factory=list)
     """(type, reason, message) to announce."""
     plan: FleetPlan | None = None
@@ -97,7 +98,8 @@ def _observed(status: PoolStatus) -> dict:
             "observed_tpot_p95_ms": observed.tpot_p95_ms}
 
 
-def _curve(status: PoolStatus) -> tuple[CurvePoint, ...]:
+def pool_curve(status: PoolStatus) -> tuple[CurvePoint, ...]:
+    """The TPOT curve the pool's decision holds under its schedule (empty: no decision from profiles yet)."""
     decision = status.decision
     if decision is None or decision.source in ("none", "prior") or not status.capacity_concurrency_per_replica:
         return ()
@@ -111,11 +113,12 @@ def _curve(status: PoolStatus) -> tuple[CurvePoint, ...]:
 
 def place_fleet(spec: SpeculativeDeploymentSpec, members: Sequence[FleetMember], previous: FleetStatus | None,
                 now: datetime, routing: Routing = Routing.SERVICE,
-                seed: Sequence[tuple[datetime, float]] = ()) -> FleetOutcome | None:
+                seed: Sequence[tuple[datetime, float]] = (), forecast: float | None = None) -> FleetOutcome | None:
     """The fleet's placement, or None when the deployment has fewer than two pools with a GPU type or its
     replicas are fixed (serving.autoscaling: none). `routing`: how the shares can be made real (gateway: the
     operator's HTTPRoute applies any split; service: one Service, an even split per pod). `seed`: the demand
-    the metrics held before (time, tokens/s), the history to forecast from while the status keeps none."""
+    the metrics held before (time, tokens/s), the history to forecast from while the status keeps none.
+    `forecast`: the demand (tokens/s) to plan for, told instead of forecast (None: forecast from the history)."""
     members = [m for m in members if m.status.sku is not None]
     if len(members) < 2 or spec.serving.autoscaling == Autoscaling.NONE.value:
         return None
@@ -125,18 +128,25 @@ def place_fleet(spec: SpeculativeDeploymentSpec, members: Sequence[FleetMember],
             reason=f"no price for pool(s) {', '.join(unpriced)}: set spec.gpuPools[].pricePerGpuHour (or the "
                    f"operator's gpuPricesPerHour); each pool scales on its own meanwhile",
             demand_history=_kept_history(previous)), previous, now), {})
-    demand = fleet_demand([m.status for m in members])
+    # A pool with no replica ready serves nothing now: the load its status last showed is not demand any more.
+    demand = fleet_demand([m.status for m in members if m.ready_replicas != 0])
     if demand is None:
-        return FleetOutcome(_stamped(FleetStatus(
-            reason="waiting for load metrics: each pool scales on its own meanwhile",
-            demand_history=_kept_history(previous)), previous, now), {})
+        floor = _serving_floor(spec, members)
+        reason = "waiting for load metrics: each pool scales on its own meanwhile"
+        if floor:
+            reason = (f"waiting for load metrics: no pool runs a replica, so one runs on {next(iter(floor))} (the "
+                      f"cheapest profiled) to serve and be observed; the others scale on their own meanwhile")
+        return FleetOutcome(_stamped(FleetStatus(reason=reason, demand_history=_kept_history(previous)),
+                                     previous, now), floor)
+    if forecast is not None:
+        demand = dataclasses.replace(demand, forecast_tokens_per_second=max(float(forecast), 0.0))
     gpus_per_replica = spec.model.tensor_parallel_size * spec.model.data_parallel_size
     pools, state_targets, incumbent, shares, changes, scales = [], {}, {}, {}, {}, {}
     for m in members:
         lo, hi = replica_bounds(spec, m.spec)
         current = m.current_replicas if m.current_replicas is not None else lo
         pools.append(FleetPool(
-            m.spec.name, m.price_per_gpu_hour, gpus_per_replica, lo, hi, _curve(m.status),
+            m.spec.name, m.price_per_gpu_hour, gpus_per_replica, lo, hi, pool_curve(m.status),
             m.status.capacity_concurrency_per_replica, gpus_available=m.gpus_available,
             current_replicas=current, ready_replicas=m.ready_replicas,
             held_replicas=m.per_pool_replicas if m.per_pool_replicas is not None else current,
@@ -178,6 +188,20 @@ def place_fleet(spec: SpeculativeDeploymentSpec, members: Sequence[FleetMember],
                         slo_feasible=plan.slo_feasible, reason=plan.reason, shares_moved_at=moved_at,
                         **_forecast_fields(plan))
     return FleetOutcome(_stamped(fleet, previous, now), {p.name: p.replicas for p in plan.pools}, events, plan)
+
+
+def _serving_floor(spec: SpeculativeDeploymentSpec, members: Sequence[FleetMember]) -> dict[str, int]:
+    """With no load observed and no pool running a replica (every pool may scale to zero), one replica on the
+    profiled pool of the lowest price per replica, so the deployment serves and its load can be observed: the
+    fleet is placed on metrics, and a fleet at zero has none. Empty while any pool runs, or none is profiled."""
+    if any(m.current_replicas or m.ready_replicas for m in members):
+        return {}
+    profiled = [m for m in members if pool_curve(m.status) and replica_bounds(spec, m.spec)[1] >= 1
+                and m.gpus_available != 0]
+    if not profiled:
+        return {}
+    cheapest = min(profiled, key=lambda m: m.price_per_gpu_hour)
+    return {cheapest.spec.name: 1}
 
 
 def _forecast_fields(plan: FleetPlan) -> dict:

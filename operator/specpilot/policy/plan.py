@@ -93,6 +93,9 @@ class DeploymentSnapshot:
     """The deployment's demand (output tokens/s) over the last half hour as its metrics hold it, read only while
     the status keeps no history of its own (a new or adopted deployment, a status lost): the fleet planner's
     forecast starts from it instead of cold."""
+    forecast_tokens_per_second: float | None = None
+    """A demand forecast the fleet planner is told instead of making its own (the simulator's clairvoyant
+    reference; the operator tells it none)."""
 
 
 # --- the plan -------------------------------------------------------------------------------------------------
@@ -298,11 +301,18 @@ def _place_fleet(s: DeploymentSnapshot, steps: list[tuple[PoolSnapshot, PoolStat
             current_replicas=int(replicas) if replicas is not None else None, ready_replicas=int(ready or 0),
             per_pool_replicas=serve.replicas if serve is not None and serve.replicas is not None
             else outcome.status.desired_replicas))
-    outcome_ = place_fleet(s.spec, members, s.old.fleet, s.now, routing, s.demand_history)
+    outcome_ = place_fleet(s.spec, members, s.old.fleet, s.now, routing, s.demand_history,
+                           s.forecast_tokens_per_second)
     external = s.spec.serving.autoscaling == Autoscaling.EXTERNAL.value
     for _, _, outcome in steps:
         if outcome_ is None or outcome_.plan is None or outcome.serve is None:
             clear_plan(outcome.status)
+            floor = outcome_.replicas.get(outcome.status.name) if outcome_ is not None else None
+            if floor and outcome.serve is not None:  # a fleet at zero serves from one replica
+                outcome.status.desired_replicas = max(outcome.status.desired_replicas or 0, floor)
+                if not external:
+                    outcome.serve = dataclasses.replace(outcome.serve, replicas=outcome.status.desired_replicas)
+                    outcome.status.replicas = outcome.status.desired_replicas
             continue
         replicas = write_plan(outcome.status, outcome_.plan, external)
         outcome.serve = dataclasses.replace(outcome.serve, replicas=None if external else replicas)

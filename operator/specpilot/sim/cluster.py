@@ -6,7 +6,8 @@ the pools' nodes, the profiles and their benchmark Jobs, each pool's Deployment 
 `policy.plan.plan_deployment` on it, and makes the plan's actions real in the simulated cluster: profiles created
 and restarted, Jobs started, results accepted or failed, Deployments applied (every replica ready at once, as a
 Deployment controller with room would leave them). What it does not simulate it takes from the caller: the nodes
-(`add_node`), a Job's result (`publish`) and the pools' load (`observe`).
+(`add_node`), a Job's result (`publish`) or a profile measured before (`accept`), the pools' load (`observe`), and,
+for a caller that simulates the pods, how many of a Deployment's replicas are ready (`set_ready`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import copy
 import dataclasses
 from datetime import datetime
 
-from ..api.deployment_spec import SpeculativeDeploymentSpec
+from ..api.deployment_spec import Routing, SpeculativeDeploymentSpec
 from ..api.deployment_status import SpeculativeDeploymentStatus
 from ..config import OperatorConfig
 from ..observe.model import PoolObservation
@@ -67,6 +68,11 @@ class VirtualCluster:
     status: SpeculativeDeploymentStatus = dataclasses.field(default_factory=SpeculativeDeploymentStatus)
     needs: dict[str, Need] = dataclasses.field(default_factory=dict)
     """The profiles the last snapshot needed, by name (what a CreateProfile creates)."""
+    demand_history: tuple[tuple[datetime, float], ...] = ()
+    """The demand (time, output tokens/s) the deployment's metrics hold from before (what the operator reads from
+    Prometheus while its status keeps no history)."""
+    forecast_tokens_per_second: float | None = None
+    """A demand forecast the fleet planner is told instead of its own (the simulator's clairvoyant reference)."""
 
     # --- what the caller simulates ----------------------------------------------------------------------------
 
@@ -80,6 +86,26 @@ class VirtualCluster:
             **self.profiles[name].get("status", {}), **copy.deepcopy(result),
             "completedAt": completed_at.isoformat()}}
         self.jobs[name] = profiling.COMPLETE
+
+    def accept(self, pool: str, bodies: dict[str, dict]) -> None:
+        """The pool's profiles on its GPU type as measured before and accepted (`bodies`: the profile's body by the
+        needed profile's key, baseline or a candidate's), as a deployment finds them after an earlier profiling."""
+        views = pool_views(self.spec, self.nodes)
+        for need in needed_profiles(self.spec, views, self.config):
+            if need.pool == pool and need.key in bodies:
+                self.profiles[need.name] = {**copy.deepcopy(bodies[need.key]), "metadata": {"name": need.name}}
+                self.verdicts[need.name] = profiling.SUCCEEDED
+                self.jobs.pop(need.name, None)
+
+    def set_ready(self, pool: str, ready: int, rolling_out: bool = False) -> None:
+        """The pool's Deployment has `ready` replicas serving (its pods as the caller simulates them), and a rollout
+        of its template in progress or not."""
+        deployment = self.deployments.get(pool)
+        if deployment is None:
+            return
+        replicas = int(deployment["spec"]["replicas"])
+        deployment["status"] = {**deployment["status"], "readyReplicas": ready, "availableReplicas": ready,
+                                "updatedReplicas": 0 if rolling_out else replicas}
 
     def start_pods(self) -> None:
         """The created Jobs' pods are scheduled and running."""
@@ -120,7 +146,9 @@ class VirtualCluster:
             now=now, max_parallel_jobs=self._max_parallel_jobs(), max_age_hours=0)
         return DeploymentSnapshot(
             spec=self.spec, name=self.name, uid=self.name, generation=1, old=self.status, now=now, pools=pools,
-            profiling=inputs, profiles=self.profiles, readings=PoolReadings([], fresh))
+            profiling=inputs, profiles=self.profiles, readings=PoolReadings([], fresh),
+            gateway_available=self.spec.serving.routing == Routing.GATEWAY.value,
+            demand_history=self.demand_history, forecast_tokens_per_second=self.forecast_tokens_per_second)
 
     def apply(self, plan: DeploymentPlan, now: datetime) -> None:
         for action in plan.profiling.actions if plan.profiling else ():

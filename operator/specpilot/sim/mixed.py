@@ -60,11 +60,8 @@ from ..policy.fleet import (
     FleetState,
     ReplicaCurve,
     Routing,
-    even_split_replicas,
     history_from,
-    plan_fleet,
 )
-from ..policy.replicas import ReplicaState, plan_replicas
 from .connector import EPOCH
 from .fleet import (
     DEFAULT_SLO_TTFT_MS,
@@ -79,6 +76,7 @@ from .fleet import (
     simulate,
 )
 from .joining import Joining, plan_joining, with_refinement
+from .placements import EvenSplit, NoSdOptimiser, OperatorPlacement, PoolReading, fleet_spec
 from .policies import Candidate, PlanningInputs, PoolPlanning, profile_and_decide_pool
 from .requestlog import RATE_BIN_S, RequestLog
 from .traces import LoadTrace, parse_trace
@@ -400,6 +398,11 @@ class FluidFleet:
         self.backlog = {v.name: 0.0 for v in views}
         self.running = {v.name: 0.0 for v in views}
 
+    def use(self, views: Sequence[FleetPool]) -> None:
+        """The pools' curves as their decisions now hold them."""
+        self.views = {v.name: v for v in views}
+        self.curves = {v.name: ReplicaCurve(v.curve) for v in views if v.curve}
+
     def requests_in_flight(self) -> float:
         return sum(self.running.values()) + sum(self.backlog.values()) / self.output_tokens
 
@@ -552,22 +555,57 @@ class _LiveRoutedTrace(LoadTrace):
 
 @dataclasses.dataclass
 class _LivePool:
-    """A pool's engines in the closed loop: the driver sends its replicas; this only names the mode."""
+    """A pool's engines in the closed loop: the driver sends its replicas and mode; `modes` grows as the placement
+    asks for engine configurations it had not asked for before."""
 
     name: str
     method: str | None
-    mode: Mode
+    modes: dict[str, Mode]
+    first_mode: str
     first: int = 0
 
-    @property
-    def modes(self) -> dict[str, Mode]:
-        return {self.mode.name: self.mode}
-
     def start(self) -> Action:
-        return Action(self.first, self.mode.name)
+        return Action(self.first, self.first_mode)
 
     def control(self, observation: Observation) -> Action:  # the driver acts instead
         raise RuntimeError("a closed-loop pool is driven by its placement")
+
+
+def _operator_placement(prepared: Sequence[PreparedPool], scenario: MixedScenario, routing: Routing,
+                        config: FleetConfig, output_tokens: float) -> OperatorPlacement:
+    """specpilot's placement of the scenario: the operator's decision on a virtual cluster of its pools, with the
+    profiles each pool's decision was prepared from."""
+    keys = [tuple(c.key for c in p.planning.candidates) for p in prepared]
+    if len(set(keys)) > 1:
+        raise ValueError(f"scenario {scenario.name}: the pools' candidates differ ({keys})")
+    spec = fleet_spec(
+        [{"name": p.spec.name, "price": p.setup.gpu_price_per_hour, "min": min(p.spec.min_replicas, p.max_replicas),
+          "max": p.max_replicas} for p in prepared],
+        scenario.model_id, scenario.tensor_parallel_size, [c.dump() for c in prepared[0].planning.candidates],
+        routing, scenario.slo_tpot_ms, scenario.slo_ttft_ms)
+    profiles = {p.spec.name: {"baseline": p.planning.baseline.dump(),
+                              **{k: v.dump() for k, v in p.planning.profiles.items()}} for p in prepared}
+    return OperatorPlacement(spec, {p.spec.name: p.setup.sku for p in prepared},
+                             {p.spec.name: p.spec.gpus for p in prepared}, profiles, config.max_num_seqs, output_tokens)
+
+
+def _fluid_readings(fluid: FluidFleet, tokens_per_second: float, shares: dict[str, float],
+                    ready: dict[str, int]) -> dict[str, PoolReading]:
+    """What each pool's metrics show on the fluid model: its share of the demand, its running and waiting requests."""
+    readings = {}
+    for n, serving in ready.items():
+        running = fluid.running[n]
+        readings[n] = PoolReading(tokens_per_second * shares.get(n, 0.0), running,
+                                  fluid.backlog[n] / fluid.output_tokens, serving,
+                                  concurrency_histogram=((running / serving, 1.0),) if serving else ())
+    return readings
+
+
+def _observed_readings(observed: dict[str, Observation], output_tokens: float) -> dict[str, PoolReading]:
+    """What each pool's metrics show of its request-level run over the window."""
+    return {n: PoolReading(o.arrival_rate_rps * output_tokens, o.running_per_replica * o.serving_replicas,
+                           o.waiting, o.serving_replicas, o.rollout_in_progress, o.concurrency_histogram,
+                           o.tpot_p95_ms) for n, o in observed.items()}
 
 
 def _drive(placement: str, prepared: Sequence[PreparedPool], trace: LoadTrace, output_tokens: float,
@@ -586,16 +624,25 @@ def _drive(placement: str, prepared: Sequence[PreparedPool], trace: LoadTrace, o
     plain = placement == "cost-optimal-no-sd"
     views = [dataclasses.replace(p.plain_pool if plain else p.sd_pool, lead_time_seconds=config.startup_s)
              for p in prepared]
-    fluid = FluidFleet(views, output_tokens)
     names = [v.name for v in views]
+    fixed_modes = {p.spec.name: Mode("no-sd", False, (0,) * config.max_num_seqs) if plain else p.sd_mode
+                   for p in prepared}
+    operator = None if even or plain else _operator_placement(prepared, scenario, routing, config, output_tokens)
+    if operator is not None:
+        for pool in prepared:
+            if pool.serving_at(0.0):
+                operator.join(pool.spec.name)
+        history = prior_history(trace, output_tokens, settings, window, dt) if scenario.warm else ()
+        operator.warm(history, config.startup_s if scenario.warm else None)
+    even_split = EvenSplit(views, settings, {n: m.name for n, m in fixed_modes.items()}) if even else None
+    optimiser = NoSdOptimiser(settings, {n: m.name for n, m in fixed_modes.items()}) if plain else None
+    if optimiser is not None and scenario.warm:
+        optimiser.state = FleetState(history=prior_history(trace, output_tokens, settings, window, dt))
+    fluid = FluidFleet(operator.pools() if operator else views, output_tokens)
     replicas = {n: np.zeros(len(times), dtype=int) for n in names}
     shares = {n: np.zeros(len(times)) for n in names}
     cost = np.full(len(times), np.nan)
     reasons: list[str] = []
-    state: FleetState | None = None
-    if not even and scenario.warm:
-        state = FleetState(history=prior_history(trace, output_tokens, settings, window, dt))
-    windows = {n: ReplicaState() for n in names}
     current = {n: 0 for n in names}
     asked: dict[str, list[tuple[float, int]]] = {n: [] for n in names}
     # closed loop: every pool served in step, its observation read at each tick
@@ -608,47 +655,46 @@ def _drive(placement: str, prepared: Sequence[PreparedPool], trace: LoadTrace, o
         if isinstance(trace, RequestLog):
             live_log = _LiveLog(trace, names, dt, len(times), seed + 99)
             table = live_log.table
+    tick = None
     for i, t in enumerate(times):
-        # the oracle is told the highest rate between now and the next decision's replicas serving
-        told = (true_peak_rps(trace, float(t), float(t) + config.startup_s + dt, dt) * output_tokens
-                if oracle else None)
-        if closed and i:
-            in_flight = sum(_pool_in_flight(o) for o in observed.values())
-            ready = {n: observed[n].serving_replicas if n in observed else 0 for n in names}
-        else:
-            in_flight = fluid.requests_in_flight()
-            ready = {n: _ready(asked[n], t, config.startup_s, current[n]) for n in names}
-        demand = FleetDemand(arrival_rate_rps(trace, t - window, t) * output_tokens, in_flight,
-                             forecast_tokens_per_second=told)
-        pools = [dataclasses.replace(v, current_replicas=current[v.name], ready_replicas=ready[v.name] if i else None,
-                                     **_observed(observed.get(v.name), output_tokens))
-                 for v in views]
-        # a pool that has not joined yet, or is still profiling, has no GPUs to place replicas on
-        pools = [p if pool.serving_at(float(t)) else dataclasses.replace(p, min_replicas=0, max_replicas=0,
-                                                                        gpus_available=0)
-                 for p, pool in zip(pools, prepared, strict=True)]
         now = EPOCH + timedelta(seconds=float(t))
-        if even:
-            wanted = even_split_replicas(pools, demand, settings)
-            for v in pools:
-                step = plan_replicas(windows[v.name], float(wanted[v.name]), current[v.name] if i else wanted[v.name],
-                                     1.0, 100.0, min(max(v.lower, 1), v.upper), v.upper,
-                                     settings.scale_down_stabilization_seconds, now)
-                windows[v.name], current[v.name] = step.state, step.replicas
-            serving = {n: min(current[n], ready[n]) if i else current[n] for n in names}
-            count = sum(serving.values()) or sum(current.values())
-            basis = serving if sum(serving.values()) else current
-            for n in names:
-                shares[n][i] = basis[n] / count if count else 1 / len(names)
-            reasons.append("even split")
+        observed_rate = arrival_rate_rps(trace, t - window, t) * output_tokens
+        if closed and i:
+            ready = {n: observed[n].serving_replicas if n in observed else 0 for n in names}
+            readings = _observed_readings(observed, output_tokens)
+            in_flight = sum(_pool_in_flight(o) for o in observed.values())
         else:
-            result = plan_fleet(pools, demand, settings, state, now)
-            state = result.state
-            for p in result.pools:
-                current[p.name] = p.replicas
-                shares[p.name][i] = p.share
-            cost[i] = result.cost_per_mtok if result.cost_per_mtok is not None else np.nan
-            reasons.append(result.reason)
+            ready = {n: _ready(asked[n], t, config.startup_s, current[n]) for n in names}
+            before = {n: shares[n][i - 1] for n in names} if i else {n: 1 / len(names) for n in names}
+            readings = _fluid_readings(fluid, observed_rate, before, ready)
+            in_flight = fluid.requests_in_flight()
+        if operator is not None:
+            for pool in prepared:
+                if pool.serving_at(float(t)) and not operator.joined(pool.spec.name):
+                    operator.join(pool.spec.name)
+            # the oracle is told the highest rate between now and the next decision's replicas serving
+            told = (true_peak_rps(trace, float(t), float(t) + config.startup_s + dt, dt) * output_tokens
+                    if oracle else None)
+            tick = operator.start(now, observed_rate, {p.spec.name: p.planning.concurrency_histogram
+                                                       for p in prepared}) if i == 0 \
+                else operator.step(now, readings, told)
+            fluid.use(operator.pools())
+        else:
+            demand = FleetDemand(observed_rate, in_flight)
+            pools = [dataclasses.replace(v, current_replicas=current[v.name],
+                                         ready_replicas=ready[v.name] if i else None,
+                                         **_observed(observed.get(v.name), output_tokens)) for v in views]
+            # a pool that has not joined yet, or is still profiling, has no GPUs to place replicas on
+            pools = [p if pool.serving_at(float(t)) else dataclasses.replace(p, min_replicas=0, max_replicas=0,
+                                                                            gpus_available=0)
+                     for p, pool in zip(pools, prepared, strict=True)]
+            tick = even_split.step(i == 0, now, pools, demand, ready) if even_split is not None \
+                else optimiser.step(now, pools, demand)
+        for n in names:
+            current[n] = tick.replicas[n]
+            shares[n][i] = tick.shares[n]
+        cost[i] = tick.cost_per_mtok if tick.cost_per_mtok is not None else np.nan
+        reasons.append(tick.reason)
         for n in names:
             replicas[n][i] = current[n]
             if not asked[n] or asked[n][-1][1] != current[n]:
@@ -661,24 +707,24 @@ def _drive(placement: str, prepared: Sequence[PreparedPool], trace: LoadTrace, o
         for j, (n, pool) in enumerate(zip(names, prepared, strict=True)):
             table[i, j] = shares[n][i]
             if i == 0:
-                plain_mode = Mode("no-sd", False, (0,) * config.max_num_seqs) if plain else pool.sd_mode
+                modes = operator.modes(n) if operator is not None else {fixed_modes[n].name: fixed_modes[n]}
                 routed = _LiveRoutedTrace(trace.duration_s, base=trace, tick_s=dt, table=table, column=j,
                                           live_log=live_log)
-                steps[n] = fleet_run(_LivePool(f"{placement}/{n}", None if plain else pool.sd_method, plain_mode,
-                                               current[n]), routed, pool.setup, config, scenario.slo_tpot_ms,
-                                     pool.max_replicas, seed + 1000 * j, scenario.slo_ttft_ms)
+                steps[n] = fleet_run(_LivePool(f"{placement}/{n}", None if plain else pool.sd_method, modes,
+                                               tick.modes[n], current[n]), routed, pool.setup, config,
+                                     scenario.slo_tpot_ms, pool.max_replicas, seed + 1000 * j, scenario.slo_ttft_ms)
         for n in names:
             if n in results:
                 continue
             try:
-                observed[n] = next(steps[n]) if i == 0 else steps[n].send(Action(current[n], observed[n].mode))
+                observed[n] = next(steps[n]) if i == 0 else steps[n].send(Action(current[n], tick.modes[n]))
             except StopIteration as done:
                 results[n] = done.value
     if closed:
         for n, step in steps.items():
             while n not in results:  # the last ticks' slices
                 try:
-                    observed[n] = step.send(Action(current[n], observed[n].mode))
+                    observed[n] = step.send(Action(current[n], tick.modes[n]))
                 except StopIteration as done:
                     results[n] = done.value
         results = {n: (results[n] if replicas[n].any() else None) for n in names}
