@@ -16,12 +16,16 @@ tokens, and the requests in flight of its own fleet from a fluid model of it, `F
   engines speculating as each pool's decision says;
 - `cost-optimal-no-sd`: an SD-unaware cost optimiser (AIBrix-style): the fleet planner with free weights
   on profiles without speculation, engines without speculation, as such an optimiser deploys them;
-- `specpilot-service`: the fleet planner under the one-Service constraint, engines on their schedules;
-- `specpilot`: the fleet planner with gateway routing (HTTPRoute weights), engines on their schedules;
-- `oracle`: the same planner told the true demand within the lead time (the peak arrival rate per control
+- `specpilot-service`: the operator's decision under the one-Service constraint, engines on their schedules;
+- `specpilot`: the operator's decision with gateway routing (HTTPRoute weights), engines on their schedules;
+- `oracle`: the same decision told the true demand within the lead time (the peak arrival rate per control
   interval between now and when the next decision's replicas serve; the lead time is the replica start-up)
   instead of forecasting it, so its replicas serve when the load arrives: the cost reference no forecaster can
   beat by much;
+
+specpilot's three are `policy.plan.plan_deployment` itself, run at every tick on a virtual cluster of the fleet
+(`sim.placements.OperatorPlacement`); the even splits and the SD-unaware optimiser are references built from the
+policy's parts (`sim.placements.EvenSplit`, `NoSdOptimiser`);
 - `even-split-hpa`: the even split with each pool's autoscaler target utilisation tuned (bisection,
   `tune_even_split`) until the fleet reaches specpilot's SLO attainment: what today's routing costs at the
   same service.

@@ -31,16 +31,14 @@ from ..policy.fleet import FleetDemand, FleetPool, FleetSettings, FleetState, Ro
 from ..policy.placement import pool_curve
 from ..policy.plan import ApplyDeployment
 from ..policy.planner import Serve
+from ..policy.pools import GPU_PRODUCT_LABEL
 from ..policy.replicas import ReplicaState, plan_replicas
 from .cluster import VirtualCluster
 from .connector import SimulatedConnector
 from .fleet import Mode
+from .joining import JOINING_LABEL as POOL_LABEL
 
 __all__ = ["EvenSplit", "NoSdOptimiser", "OperatorPlacement", "PoolReading", "Tick", "fleet_spec"]
-
-POOL_LABEL = "specpilot.io/simulated-pool"
-"""The label of a simulated pool's node, which the pool's nodeSelector matches."""
-GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 
 
 @dataclasses.dataclass(frozen=True)
