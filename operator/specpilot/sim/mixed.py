@@ -680,7 +680,7 @@ def _drive(placement: str, prepared: Sequence[PreparedPool], trace: LoadTrace, o
             told = (true_peak_rps(trace, float(t), float(t) + config.startup_s + dt, dt) * output_tokens
                     if oracle else None)
             tick = operator.start(now, observed_rate, {p.spec.name: p.planning.concurrency_histogram
-                                                       for p in prepared}) if i == 0 \
+                                                       for p in prepared}, dt) if i == 0 \
                 else operator.step(now, readings, told)
             fluid.use(operator.pools())
         else:

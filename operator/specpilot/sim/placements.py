@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from ..api.deployment_spec import SpeculativeDeploymentSpec
 from ..api.deployment_status import PoolStatus
@@ -122,13 +122,29 @@ class OperatorPlacement:
     def modes(self, pool: str) -> dict[str, Mode]:
         return self.connectors[pool].modes
 
-    def start(self, now: datetime, tokens_per_second: float,
-              histograms: Mapping[str, Sequence[tuple[float, float]]]) -> Tick:
-        """The deployment as the trace finds it: reconciled once to create its Deployments, every replica ready
-        (they have run for long), then on what its metrics show at the trace's start: `tokens_per_second` of
-        demand spread over the pools, each pool's running requests per replica as `histograms` (what its Prometheus
-        history shows; empty: none)."""
-        self.cluster.reconcile(now)
+    def start(self, now: datetime, tokens_per_second: float, histograms: Mapping[str, Sequence[tuple[float, float]]],
+              interval_s: float) -> Tick:
+        """The deployment as the trace finds it, one that has served that load for long: reconciled before the
+        trace to create its Deployments, then on what its metrics show at the trace's start (`tokens_per_second`
+        of demand spread over the pools that run, each pool's running requests per replica as `histograms`, what
+        its Prometheus history shows) until it asks for no more than runs, every replica ready; then the trace's
+        first tick. `interval_s`: the control interval."""
+        before = [now - timedelta(seconds=interval_s * k) for k in (3, 2, 1)]
+        self.cluster.reconcile(before[0])
+        for at in (*before[1:], now):
+            for pool, deployment in self.cluster.deployments.items():
+                self.cluster.set_ready(pool, int(deployment["spec"]["replicas"]))
+            tick = self.step(at, self._warm_readings(tokens_per_second, histograms), None)
+        # the replicas found running were asked for long ago: no scale-up is pending, none counts as a recent
+        # change; each pool's start-up took the lead time known
+        lead = [self.lead_time_s] if self.lead_time_s is not None else []
+        self.cluster.status.pools = [p.model_copy(update={
+            "scale_up_started_at": None, "scale_up_to": None, "scale_up_lead_times": lead, "fleet_changes": []})
+            for p in self.cluster.status.pools]
+        return tick
+
+    def _warm_readings(self, tokens_per_second: float,
+                       histograms: Mapping[str, Sequence[tuple[float, float]]]) -> dict[str, PoolReading]:
         serving = {pool: int(d["spec"]["replicas"]) for pool, d in self.cluster.deployments.items()}
         running_pools = max(sum(1 for n in serving.values() if n > 0), 1)
         readings = {}
@@ -137,15 +153,7 @@ class OperatorPlacement:
             running = replicas * sum(c * w for c, w in histogram)
             readings[pool] = PoolReading(tokens_per_second / running_pools if replicas else 0.0, running, 0.0,
                                          replicas, concurrency_histogram=histogram)
-        tick = self.step(now, readings, None)
-        for pool in self.cluster.deployments:
-            self.cluster.set_ready(pool, tick.replicas[pool])
-        # the replicas found running were asked for long ago: no scale-up is pending; one took the lead time known
-        lead = [self.lead_time_s] if self.lead_time_s is not None else []
-        self.cluster.status.pools = [p.model_copy(update={
-            "scale_up_started_at": None, "scale_up_to": None, "scale_up_lead_times": lead})
-            for p in self.cluster.status.pools]
-        return tick
+        return readings
 
     def step(self, now: datetime, readings: Mapping[str, PoolReading], told: float | None) -> Tick:
         """One reconciliation on the pools' readings (`told`: the demand the oracle is told, tokens/s)."""
