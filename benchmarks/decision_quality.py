@@ -32,8 +32,12 @@ Two readings of a target on a noisy measurement, both printed:
   out of reach of any planner: the ideal planner, which knows the twin's exact curves and estimates only
   one throughput scale per run from the same profile, is scored the same way and shown next to it.
 
-The method choice (`decide_pool`: the method with its schedule, or no speculation) is checked against the
-plain engine at constant observed loads of 4, 32 and 128 per replica: >= 0.99 in expectation. Below the
+The method choice (what the operator deploys, through its whole decision: `policy.plan.plan_deployment` on a
+virtual cluster with the profiles accepted and the load observed; the method with its schedule, or no
+speculation) is checked against the plain engine at constant observed loads of 4, 32 and 128 per replica: >= 0.99
+in expectation. The schedule-accuracy and no-load-known readings measure the parts that decision calls
+(`plan_schedule`, `decide_pool`, `refine_pool_plan`) against the twin's truth, as components: they read the
+chooser's rows and refinement requests, which a plan does not carry. Below the
 summaries, where the per-draw misses are: what the schedule chose against the oracle, the concurrency
 region, the method, how precisely the profile gives the gain of k=1 over k=0 near the crossover, and how
 many plain-engine misses the minimum gain forgoes by design. The other settings (the API default levels,
@@ -99,14 +103,19 @@ import numpy as np
 import yaml
 
 from specpilot.api.deployment_spec import DEFAULT_CONCURRENCY_LEVELS
-from specpilot.api.deployment_spec import Policy
+from specpilot.api.deployment_spec import Policy, SpeculativeDeploymentSpec
 from specpilot.api.profile import Run
+from specpilot.api.schedule import k_at
+from specpilot.observe.model import PoolObservation
 from specpilot.perf.bench_model import ENGINE_START_S, level_duration_s
 from specpilot.policy.choose import decide_pool
+from specpilot.policy.plan import ApplyDeployment, plan_deployment
 from specpilot.policy.refine import DEFAULT_BUDGET_SHARE, level_budget, refine_schedule, spent_levels
 from specpilot.policy.schedule import SMOOTHING_TOLERANCE, SchedulePlan, plan_schedule
 from specpilot.policy.surface import MethodSurface, pool_surfaces
 from specpilot.sim import synthetic
+from specpilot.sim.cluster import VirtualCluster
+from specpilot.sim.connector import EPOCH
 from specpilot.sim.synthetic import Scenario, TrueCurves, synthetic_profiles, true_curves
 
 SKUS = ("H100-SXM", "A100-80GB-SXM", "L40S")
@@ -424,22 +433,47 @@ DECISION_LOADS = (4, 32, 128)
 """Per-replica concurrencies the method choice is checked at (a constant observed load each)."""
 
 
+def deployed_k(scenario: Scenario, baseline, method, load: int, min_gain_percent: float):
+    """What the operator deploys on a pool of the scenario observed at `load` requests per replica, through its
+    whole decision (`policy.plan.plan_deployment` on a `sim.cluster.VirtualCluster` with the two profiles
+    accepted): K at each batch size, or None for the plain engine."""
+    candidate = scenario.candidate()
+    spec = SpeculativeDeploymentSpec.model_validate({
+        "model": {"id": scenario.model_id, "tensorParallelSize": scenario.tensor_parallel_size},
+        "methods": [candidate.dump()],
+        "gpuPools": [{"name": "bench", "sku": scenario.sku, "pricePerGpuHour": 1.0}],
+        "policy": {"minGainPercent": min_gain_percent}, "profiling": {"refineBudgetPercent": 0},
+        "serving": {"autoscaling": "none", "minReplicas": 1, "maxReplicas": 1}})
+    cluster = VirtualCluster(spec=spec, name="bench")
+    cluster.add_node("node", {})
+    cluster.accept("bench", {"baseline": baseline.dump(), candidate.key: method.dump()})
+    snapshot = cluster.snapshot(EPOCH)
+    seen = PoolObservation(
+        replicas_reporting=1, running_per_replica=float(load), waiting_per_replica=0.0, total_running=float(load),
+        total_waiting=0.0, generation_tokens_per_second=None, tpot_p95_ms=None, acceptance_per_position=[],
+        drafts_per_step=None, mean_acceptance_length=None, kv_cache_usage=None, observed_at=EPOCH, window_s=60.0,
+        concurrency_histogram=[(float(load), 1.0)])
+    snapshot = dataclasses.replace(snapshot, pools=[dataclasses.replace(p, observation=seen) for p in snapshot.pools])
+    [apply] = plan_deployment(snapshot).of(ApplyDeployment)
+    serve = apply.serve
+    if serve.method is None or not serve.num_speculative_tokens:
+        return None
+    top = serve.num_speculative_tokens
+    return lambda c: k_at(serve.schedule, c, top) if serve.schedule else top
+
+
 def decided_vs_plain(scenario: Scenario, truth: TrueCurves, noise: float, seed: int, min_gain_percent: float,
                      levels: tuple[int, ...]) -> tuple[float, ...]:
-    """At each of DECISION_LOADS, the true goodput of what decide_pool deploys for that observed load (the
-    method with its schedule, or the plain engine) over the plain engine's: the no-speculation bar for the
-    method choice, which is where the drafter's own cost (its prefill, its KV memory) is weighed."""
+    """At each of DECISION_LOADS, the true goodput of what the operator deploys for that observed load
+    (`deployed_k`: the method with its schedule, or the plain engine) over the plain engine's: the
+    no-speculation bar for the method choice, which is where the drafter's own cost (its prefill, its KV memory)
+    is weighed."""
     baseline, method = _profiles(scenario, noise, seed, levels)
-    candidate = scenario.candidate()
     ratios = []
     for load in DECISION_LOADS:
-        plan = decide_pool(Policy(min_gain_percent=min_gain_percent), [candidate], baseline,
-                           {candidate.key: method}, price_per_gpu_hour=1.0, gpus_per_replica=1,
-                           concurrency_histogram=[(float(load), 1.0)], max_batch_size=MAX_CONCURRENCY)
-        chosen = next(r for r in plan.candidates  # decision.method holds the candidate's key, None for the baseline
-                      if (r.key == plan.decision.method if plan.decision.method else r.method is None))
+        k_of = deployed_k(scenario, baseline, method, load, min_gain_percent)
         c = min(load, truth.kv_max_concurrency)
-        got = (truth.goodput_tok_s[chosen.schedule.k_at(c)][c - 1] if chosen.schedule is not None
+        got = (truth.goodput_tok_s[k_of(c)][c - 1] if k_of is not None
                else truth.baseline_goodput_tok_s[load - 1])
         ratios.append(got / truth.baseline_goodput_tok_s[load - 1])
     return tuple(ratios)

@@ -53,3 +53,25 @@ def test_an_outcome_scores_what_was_deployed_on_the_truth():
     outcome = unknown_load_outcome(draft, true_curves(draft), 0.0, 0, 2.0, LEVELS)
     assert not outcome.cheap and outcome.deployed == (False, False) and outcome.value == (1.0, 1.0)
     assert outcome.best[0] - outcome.value[0] < 0.003  # it would have netted about +0.2%
+
+
+def test_the_method_choice_is_read_from_what_the_operators_decision_deploys():
+    """decided_vs_plain scores what plan_deployment applies at each observed load: the same method and K at every
+    batch size as the pool chooser it runs picks for that load (the operator adds nothing on top of it here)."""
+    from benchmarks.decision_quality import MAX_CONCURRENCY, _profiles, deployed_k
+    from specpilot.api.deployment_spec import Policy
+    from specpilot.policy.choose import decide_pool
+
+    for method in ("eagle3", "ngram"):  # ngram at 128: the plain engine
+        scenario = Scenario("H100-SXM", LLAMA, method)
+        baseline, profile = _profiles(scenario, 0.05, 0, LEVELS)
+        candidate = scenario.candidate()
+        for load in (4, 128):
+            k_of = deployed_k(scenario, baseline, profile, load, 2.0)
+            plan = decide_pool(Policy(min_gain_percent=2.0), [candidate], baseline, {candidate.key: profile},
+                               price_per_gpu_hour=1.0, gpus_per_replica=1,
+                               concurrency_histogram=[(float(load), 1.0)], max_batch_size=MAX_CONCURRENCY)
+            row = next(r for r in plan.candidates if r.key == candidate.key)
+            assert (k_of is None) == (plan.decision.method is None) == (method == "ngram" and load == 128)
+            if k_of is not None:
+                assert [k_of(c) for c in (1, 8, 64, 256)] == [row.schedule.k_at(c) for c in (1, 8, 64, 256)]
