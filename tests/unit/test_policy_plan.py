@@ -4,7 +4,8 @@ status and the typed actions that make it real."""
 from __future__ import annotations
 
 import copy
-from datetime import UTC, datetime
+import dataclasses
+from datetime import UTC, datetime, timedelta
 
 from specpilot.api.deployment_spec import SpeculativeDeploymentSpec
 from specpilot.api.deployment_status import SpeculativeDeploymentStatus
@@ -157,3 +158,20 @@ def test_settle_reads_each_rollout_from_what_the_apply_returned():
     assert [e.reason for e in plan.events].count("RolloutStalled") == 1
     rolled = _condition(plan.status, "RolledOut")
     assert rolled.status == "False" and rolled.reason == "ProgressDeadlineExceeded"
+
+
+def test_the_plan_changes_nothing_of_the_status_it_was_given():
+    """plan_deployment copies the old status shallowly (its fields are assigned, every pool's status built anew): a
+    plan that mutated what the old status holds would corrupt the snapshot's own `_was` checks, the rollout
+    comparison in `settle` and, in the simulator, the status it keeps."""
+    spec = _spec()
+    first = plan_deployment(_snapshot(spec, _nodes("h100", "a100"), gateway=True))
+    second = plan_deployment(_snapshot(spec, _nodes("h100", "a100"), gateway=True, old=first.status))
+    assert second.status.fleet is not None and second.status.pools[0].decision is not None  # a rich status
+    old = second.status
+    before = old.model_dump(mode="json")
+    later = dataclasses.replace(_snapshot(spec, _nodes("h100"), gateway=True, old=old), now=NOW + timedelta(hours=1))
+    plan = plan_deployment(later)
+    settle(plan, {}, "llama", 1, later.now)
+    assert old.model_dump(mode="json") == before
+    assert plan.status.model_dump(mode="json") != before

@@ -160,7 +160,9 @@ class DeploymentPlan:
 def plan_deployment(snapshot: DeploymentSnapshot) -> DeploymentPlan:
     """The next status and the actions that make it real (see the module's docstring)."""
     s = snapshot
-    status = s.old.model_copy(deep=True)
+    # A shallow copy: the plan assigns the status's fields and builds every pool's status anew; it mutates nothing
+    # the old status holds (a deep copy of a status with its histories took 4 ms, most of a reconciliation's CPU).
+    status = s.old.model_copy(update={"conditions": list(s.old.conditions), "pools": list(s.old.pools)})
     status.conditions = set_condition(status.conditions, "Valid", True, "SpecValid", "spec passed validation",
                                       s.generation, s.now)
     plan = DeploymentPlan(status, [], [], {}, set())

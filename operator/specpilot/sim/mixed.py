@@ -576,7 +576,7 @@ class _LivePool:
 
 
 def _operator_placement(prepared: Sequence[PreparedPool], scenario: MixedScenario, routing: Routing,
-                        config: FleetConfig, output_tokens: float) -> OperatorPlacement:
+                        config: FleetConfig) -> OperatorPlacement:
     """specpilot's placement of the scenario: the operator's decision on a virtual cluster of its pools, with the
     profiles each pool's decision was prepared from."""
     keys = [tuple(c.key for c in p.planning.candidates) for p in prepared]
@@ -590,7 +590,8 @@ def _operator_placement(prepared: Sequence[PreparedPool], scenario: MixedScenari
     profiles = {p.spec.name: {"baseline": p.planning.baseline.dump(),
                               **{k: v.dump() for k, v in p.planning.profiles.items()}} for p in prepared}
     return OperatorPlacement(spec, {p.spec.name: p.setup.sku for p in prepared},
-                             {p.spec.name: p.spec.gpus for p in prepared}, profiles, config.max_num_seqs, output_tokens)
+                             {p.spec.name: p.spec.gpus for p in prepared}, profiles, config.max_num_seqs,
+                             config.observation_window_s)
 
 
 def _fluid_readings(fluid: FluidFleet, tokens_per_second: float, shares: dict[str, float],
@@ -631,7 +632,7 @@ def _drive(placement: str, prepared: Sequence[PreparedPool], trace: LoadTrace, o
     names = [v.name for v in views]
     fixed_modes = {p.spec.name: Mode("no-sd", False, (0,) * config.max_num_seqs) if plain else p.sd_mode
                    for p in prepared}
-    operator = None if even or plain else _operator_placement(prepared, scenario, routing, config, output_tokens)
+    operator = None if even or plain else _operator_placement(prepared, scenario, routing, config)
     if operator is not None:
         for pool in prepared:
             if pool.serving_at(0.0):

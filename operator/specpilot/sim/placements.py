@@ -91,13 +91,13 @@ class OperatorPlacement:
     """specpilot's placement: `plan_deployment` on a virtual cluster of the fleet (see the module's docstring)."""
 
     def __init__(self, spec: SpeculativeDeploymentSpec, skus: Mapping[str, str], gpus: Mapping[str, int],
-                 profiles: Mapping[str, dict[str, dict]], max_num_seqs: int, output_tokens: float) -> None:
+                 profiles: Mapping[str, dict[str, dict]], max_num_seqs: int, window_s: float) -> None:
         """`skus`, `gpus`: each pool's GPU type and GPUs; `profiles`: each pool's profile bodies by key (baseline and
-        the candidates')."""
+        the candidates'); `window_s`: the metrics window each observation covers."""
         self.cluster = VirtualCluster(spec=spec, name="fleet")
         self.skus, self.gpus, self.profiles = dict(skus), dict(gpus), dict(profiles)
         self.connectors = {p.name: SimulatedConnector(max_num_seqs) for p in spec.gpu_pools}
-        self.output_tokens = max(output_tokens, 1.0)
+        self.window_s = window_s
         self.mode_of: dict[str, str] = {}
         self.lead_time_s: float | None = None
 
@@ -185,8 +185,9 @@ class OperatorPlacement:
         views = []
         for pool in self.cluster.spec.gpu_pools:
             status = statuses.get(pool.name) or PoolStatus(name=pool.name)
-            views.append(FleetPool(pool.name, pool.price_per_gpu_hour, self.cluster.spec.model.tensor_parallel_size, 0, pool.max_replicas or 0,
-                                   pool_curve(status), status.capacity_concurrency_per_replica))
+            views.append(FleetPool(pool.name, pool.price_per_gpu_hour, self.cluster.spec.model.tensor_parallel_size,
+                                   0, pool.max_replicas or 0, pool_curve(status),
+                                   status.capacity_concurrency_per_replica))
         return views
 
     def _observation(self, reading: PoolReading, now: datetime) -> PoolObservation:
@@ -196,7 +197,7 @@ class OperatorPlacement:
             waiting_per_replica=reading.waiting / max(serving, 1), total_running=reading.running,
             total_waiting=reading.waiting, generation_tokens_per_second=reading.tokens_per_second,
             tpot_p95_ms=reading.tpot_p95_ms, acceptance_per_position=[], drafts_per_step=None,
-            mean_acceptance_length=None, kv_cache_usage=None, observed_at=now, window_s=0.0,
+            mean_acceptance_length=None, kv_cache_usage=None, observed_at=now, window_s=self.window_s,
             concurrency_histogram=list(reading.concurrency_histogram))
 
 
