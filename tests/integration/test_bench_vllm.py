@@ -44,11 +44,17 @@ def check_valid(crds: dict, doc: dict) -> None:
     assert validate_custom_resource(crds["SpeculationProfile"], doc) == []
 
 
+SCHEDULE = [[1, 1, 3], [2, 256, 2]]
+"""ngram's per-batch-size schedule in the shared profiles: K=3 alone in the batch, 2 from two requests on."""
+
+
 @pytest.fixture(scope="module")
 def ngram_profiles(tiny_models, tmp_path_factory, engine_env) -> tuple[subprocess.CompletedProcess, list[dict], Path]:
-    """Standalone: the baseline and ngram K=3, with hardware calibration (3 engine starts)."""
+    """Standalone: the baseline and ngram K=3 on a per-batch-size schedule, with hardware calibration (3 engine
+    starts, shared by the tests of the baseline, the method's runs and the schedule)."""
     out = tmp_path_factory.mktemp("ngram") / "profiles.yaml"
-    config = json.dumps({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3})
+    config = json.dumps({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3,
+                         "num_speculative_tokens_per_batch_size": SCHEDULE})
     proc, docs = bench(["--launch", "--model", str(tiny_models.target), "--speculative-config", config,
                         *ENGINE_ARGS, *[a for a in LEVELS if a != "--no-calibration"],
                         "--log-dir", str(out.parent / "logs")], out, engine_env)
@@ -118,28 +124,21 @@ def test_draft_model_profile(tiny_models, tmp_path, crds, engine_env):
     assert runs[1]["acceptance"]["draftsPerStep"] > 0.8
 
 
-def test_ngram_with_dynamic_schedule(tiny_models, tmp_path, crds, engine_env):
-    schedule = [[1, 1, 3], [2, 256, 0]]
-    config = json.dumps({"method": "ngram", "num_speculative_tokens": 3,
-                         "num_speculative_tokens_per_batch_size": schedule})
-    proc, docs = bench(["--launch", "--model", str(tiny_models.target), "--speculative-config", config,
-                        "--skip-baseline", *ENGINE_ARGS, *LEVELS, "--log-dir", str(tmp_path / "logs")],
-                       tmp_path / "dynamic.yaml", engine_env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    (doc,) = docs
-    check_valid(crds, doc)
+def test_ngram_with_dynamic_schedule(ngram_profiles):
+    _, docs, out = ngram_profiles
+    doc = docs[1]
     config = json.loads(doc["metadata"]["annotations"]["specpilot.io/speculative-config"])
-    assert config["num_speculative_tokens_per_batch_size"] == schedule
+    assert config["num_speculative_tokens_per_batch_size"] == SCHEDULE
     runs = doc["status"]["runs"]
     assert [r["numSpeculativeTokens"] for r in runs] == [1, 3]
-    # At concurrency 1 every step has one request: the K=3 branch drafts.
+    # At concurrency 1 every step has one request: the K=3 branch drafts at all three positions.
     k_run = runs[1]
     assert k_run["points"][0]["numDrafts"] > 0
     assert len(k_run["acceptance"]["perPosition"]) == 3
     assert k_run["acceptance"]["perPosition"] == sorted(k_run["acceptance"]["perPosition"], reverse=True)
     # The k=1 run started with the schedule capped at 1 (it would not start otherwise).
-    engine_log = next((tmp_path / "logs").glob("*-k1.log")).read_text()
-    assert '"num_speculative_tokens_per_batch_size":[[1,1,1],[2,256,0]]' in engine_log
+    engine_log = next((out.parent / "logs").glob("*-k1.log")).read_text()
+    assert '"num_speculative_tokens_per_batch_size":[[1,1,1],[2,256,1]]' in engine_log
 
 
 def test_bad_speculative_config_fails_with_the_engine_log(tiny_models, tmp_path, crds, engine_env):
