@@ -107,23 +107,6 @@ def test_profile_file_feeds_specpilot_plan(ngram_profiles):
     assert proc.returncode == 0, proc.stderr[-2000:]
 
 
-def test_draft_model_profile(tiny_models, tmp_path, crds, engine_env):
-    # The target drafts for itself: with random weights a different drafter would never be accepted,
-    # and the counters must move to show the mechanics.
-    config = json.dumps({"method": "draft_model", "model": str(tiny_models.target), "num_speculative_tokens": 2})
-    proc, docs = bench(["--launch", "--model", str(tiny_models.target), "--speculative-config", config,
-                        "--skip-baseline", *ENGINE_ARGS, *LEVELS, "--log-dir", str(tmp_path / "logs")],
-                       tmp_path / "draft.json", engine_env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    (doc,) = docs
-    check_valid(crds, doc)
-    runs = doc["status"]["runs"]
-    check_speculative_run(runs[0], 1)
-    check_speculative_run(runs[1], 2)
-    # A model drafter drafts at every request-step.
-    assert runs[1]["acceptance"]["draftsPerStep"] > 0.8
-
-
 def test_ngram_with_dynamic_schedule(ngram_profiles):
     _, docs, out = ngram_profiles
     doc = docs[1]
@@ -182,11 +165,13 @@ def test_the_engine_container_shape_measures_the_real_engine(tiny_models, tmp_pa
                                                              cpu_engine_args):
     """The benchmark pod's shape: the engine supervisor (the engine container, its own process and environment)
     starts the real vLLM engine for each k the bench asks for; the bench, which alone has the result token,
-    measures it over loopback. Neither process shares the other's environment."""
+    measures it over loopback. Neither process shares the other's environment. The method is a draft model (the
+    target drafts for itself: with random weights a different drafter would never be accepted, and the counters
+    must move to show the mechanics); ngram's runs are the module's shared profiles'."""
     from specpilot.api import seal
     from specpilot_bench.engine import free_port, launch_command
 
-    config = {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 1, "prompt_lookup_max": 4}
+    config = {"method": "draft_model", "model": str(tiny_models.target), "num_speculative_tokens": 2}
     control, engine_port = free_port(), free_port()
     engine_command = launch_command(str(tiny_models.target), engine_port, engine_args=list(cpu_engine_args))
     configs = [a for k in (1, 2) for a in
@@ -212,7 +197,10 @@ def test_the_engine_container_shape_measures_the_real_engine(tiny_models, tmp_pa
     status = doc["status"]
     assert status["phase"] == "Succeeded" and status["engineStarts"] == 2
     assert [r["numSpeculativeTokens"] for r in status["runs"]] == [1, 2]
+    check_speculative_run(status["runs"][0], 1)
     check_speculative_run(status["runs"][1], 2)
+    # A model drafter drafts at every request-step.
+    assert status["runs"][1]["acceptance"]["draftsPerStep"] > 0.8
     started = sorted((tmp_path / "logs").glob("*.log"))
     assert [p.name for p in started] == ["01-k1.log", "02-k2.log"]
     assert '"num_speculative_tokens":2' in started[1].read_text().splitlines()[0].replace(" ", "")
