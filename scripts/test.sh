@@ -11,7 +11,7 @@ set +e
 # -n: pytest-xdist workers (SPECPILOT_TEST_WORKERS, default 3; `-n 0` as an argument runs in one process). Most
 # of the suite waits on processes it started (the operator, the sandbox API server, Prometheus, engines), so
 # three workers on two cores overlap the waiting; each file stays on one worker (--dist loadfile), and the
-# real-engine files then the demo run as one chain on one worker (tests/conftest.py).
+# real-engine files run as one chain on one worker, sent first, and the demo is sent last (tests/conftest.py).
 .venv/bin/python -m pytest -q -p no:cacheprovider --durations=25 -rs \
     -n "${SPECPILOT_TEST_WORKERS:-3}" --dist loadfile "$@"
 rc=$?
