@@ -9,9 +9,8 @@ import pytest
 
 from specpilot.cli import main
 from specpilot.sim.fleet import FleetConfig
-from specpilot.sim.mixed import PLACEMENTS, SCENARIOS, RoutedTrace, compare
+from specpilot.sim.mixed import PLACEMENTS, SCENARIOS, compare
 from specpilot.sim.mixed_report import fleet_verdict
-from specpilot.sim.traces import ConstantTrace
 
 
 @pytest.fixture(scope="module")
@@ -48,11 +47,6 @@ def test_speculation_aware_placement_beats_the_sd_unaware_optimiser(fast_default
     assert verdict.vs_no_sd > 0.05
     spec, plain = fast_default.result("specpilot"), fast_default.result("cost-optimal-no-sd")
     assert spec.gpu_hours < plain.gpu_hours
-
-
-def test_routed_trace_thins_the_arrivals_by_the_share_per_tick():
-    trace = RoutedTrace(60.0, base=ConstantTrace(60.0, rps=10.0), tick_s=15.0, shares=(0.5, 0.0, 1.0, 0.25))
-    assert list(trace.rate_rps(np.array([0.0, 14.9, 15.0, 31.0, 59.0]))) == [5.0, 5.0, 0.0, 10.0, 2.5]
 
 
 def test_fleet_flag_writes_the_plot_and_reports(tmp_path, capsys):

@@ -32,8 +32,8 @@ policy's parts (`sim.placements.EvenSplit`, `NoSdOptimiser`);
 
 Arrivals are Poisson; routing by weights or by even per-pod choice thins them into independent Poisson
 streams per pool with rate share x rate, so each pool is served by the request-level simulator
-(`sim.fleet.simulate`) with its own stream and the planned replicas (started with the startup delay,
-drained on scale-down). A request log is routed request by request instead (`route_log`: each request a
+(`sim.fleet.fleet_run`, all pools in step) with its own stream and the planned replicas (started with the startup delay,
+drained on scale-down). A request log is routed request by request instead (`_LiveLog`: each request a
 pool drawn by the shares at its arrival, the same draw under every placement). Shares follow the replicas
 serving (a planned replica serves `startup_s` after it was asked for), as a Service's endpoints and the
 planner's ready-replica weights do. The fleet's figures add the pools': $/Mtok = dollars / tokens, SLO
@@ -77,7 +77,6 @@ from .fleet import (
     Observation,
     SimResult,
     fleet_run,
-    simulate,
 )
 from .joining import Joining, plan_joining, with_refinement
 from .placements import EvenSplit, NoSdOptimiser, OperatorPlacement, PoolReading, fleet_spec
@@ -98,7 +97,6 @@ __all__ = [
     "compare",
     "place",
     "prepare",
-    "route_log",
     "tune_even_split",
 ]
 
@@ -202,7 +200,7 @@ SCENARIOS: dict[str, MixedScenario] = {s.name: s for s in (
          MixedPool("h200", "H200", 8)),
         "diurnal:320:40:3", 15.0),
     MixedScenario(
-        "owned-a100", f"the default fleet with owned A100s at $1.00/GPU-h and a 12 ms TPOT SLO: without "
+        "owned-a100", "the default fleet with owned A100s at $1.00/GPU-h and a 12 ms TPOT SLO: without "
                       "speculation an A100 holds 7 requests within it, with EAGLE-3 45, so speculation moves "
                       "the overflow past the H100s from the H200s to the A100s",
         (MixedPool("a100", "A100-80GB-SXM", 16, 1, 1.0), MixedPool("h100", "H100-SXM", 4),
@@ -492,7 +490,8 @@ def _observed(observation: Observation | None, output_tokens: float) -> dict[str
 
 class _LiveLog:
     """A request log routed request by request as the closed loop decides the shares: each request to the pool its
-    draw (`route_log`'s, the same under every placement) picks by the shares of its arrival's control tick."""
+    draw (the same under every placement: it depends on the seed only) picks by the shares of its arrival's control
+    tick."""
 
     def __init__(self, log: RequestLog, names: Sequence[str], tick_s: float, ticks: int, seed: int) -> None:
         self.log, self.names, self.tick_s = log, list(names), tick_s
@@ -747,45 +746,6 @@ def _ready(asked: list[tuple[float, int]], t: float, startup_s: float, current: 
     return min(ready, current)
 
 
-@dataclasses.dataclass(frozen=True)
-class RoutedTrace(LoadTrace):
-    """The deployment's arrivals thinned by a pool's share, piecewise constant between control ticks."""
-
-    base: LoadTrace | None = None
-    tick_s: float = 15.0
-    shares: tuple[float, ...] = ()
-
-    def rate_rps(self, t_s: np.ndarray) -> np.ndarray:
-        t = np.asarray(t_s, dtype=float)
-        index = np.clip((t // self.tick_s).astype(int), 0, len(self.shares) - 1)
-        return self.base.rate_rps(t) * np.asarray(self.shares)[index]
-
-    def describe(self) -> str:
-        return f"{self.base.describe()}, routed share"
-
-
-@dataclasses.dataclass
-class _ScheduledPolicy:
-    """One pool's engines on the replicas a placement planned for each control tick."""
-
-    name: str
-    method: str | None
-    mode: Mode
-    tick_s: float
-    planned: tuple[int, ...]
-
-    @property
-    def modes(self) -> dict[str, Mode]:
-        return {self.mode.name: self.mode}
-
-    def start(self) -> Action:
-        return Action(self.planned[0], self.mode.name)
-
-    def control(self, observation: Observation) -> Action:
-        i = min(int(round(observation.t_s / self.tick_s)), len(self.planned) - 1)
-        return Action(self.planned[i], self.mode.name)
-
-
 @dataclasses.dataclass
 class PlacementResult:
     placement: str
@@ -933,22 +893,6 @@ def tune_even_split(target_attainment: float, evaluate: Callable[[float], Placem
     return done(best, lo, True)
 
 
-def route_log(log: RequestLog, shares: dict[str, np.ndarray], tick_s: float, seed: int) -> dict[str, RequestLog]:
-    """Each logged request to one pool, drawn by the shares at its arrival's control tick (the draw depends on
-    the seed only, so every placement splits the same requests by its own shares)."""
-    names = list(shares)
-    u = np.random.default_rng(seed).random(log.requests)
-    ticks = len(next(iter(shares.values())))
-    tick = np.clip((log.arrival_s // tick_s).astype(np.int64), 0, ticks - 1)
-    table = np.stack([np.asarray(shares[n], dtype=float) for n in names], axis=1)
-    total = table.sum(axis=1, keepdims=True)
-    table = np.where(total > 0, table / np.where(total > 0, total, 1.0), 0.0)
-    table[total[:, 0] <= 0, 0] = 1.0  # no share anywhere: the first pool takes it
-    cumulative = np.cumsum(table, axis=1)[tick]
-    pool = np.minimum((u[:, None] >= cumulative).sum(axis=1), len(names) - 1)
-    return {n: log.subset(pool == j) for j, n in enumerate(names)}
-
-
 @dataclasses.dataclass
 class MixedComparison:
     scenario: MixedScenario
@@ -970,36 +914,6 @@ class MixedComparison:
         """The pool that carried the most traffic over the trace under `placement`."""
         shares = self.result(placement).mean_shares()
         return max(shares, key=shares.get)
-
-
-def serve(placement: str, timeline: Timeline, prepared: Sequence[PreparedPool], trace: LoadTrace,
-          config: FleetConfig, scenario: MixedScenario, seed: int = 0,
-          progress: Callable[[str], None] | None = None) -> PlacementResult:
-    """Serve the trace request by request on the replicas and shares `timeline` planned, pool by pool."""
-    runs: dict[str, SimResult | None] = {}
-    logs = (route_log(trace, timeline.shares, config.control_interval_s, seed + 99)
-            if isinstance(trace, RequestLog) else None)
-    for j, pool in enumerate(prepared):
-        name = pool.spec.name
-        planned = timeline.replicas[name]
-        if not planned.any():
-            runs[name] = None
-            continue
-        plain = placement == "cost-optimal-no-sd"
-        mode = Mode("no-sd", False, (0,) * config.max_num_seqs) if plain else pool.sd_mode
-        policy = _ScheduledPolicy(f"{placement}/{name}", None if plain else pool.sd_method, mode,
-                                  config.control_interval_s, tuple(int(n) for n in planned))
-        routed = logs[name] if logs is not None else RoutedTrace(
-            trace.duration_s, base=trace, tick_s=config.control_interval_s,
-            shares=tuple(float(s) for s in timeline.shares[name]))
-        if progress:
-            progress(f"{placement}: {name}")
-        # Every placement sees the same arrivals per pool stream seed (the routed rates differ).
-        runs[name] = simulate(policy, routed, pool.setup, config, scenario.slo_tpot_ms,
-                              max_replicas=pool.max_replicas, seed=seed + 1000 * j, slo_ttft_ms=scenario.slo_ttft_ms)
-    joinings = [p.joining for p in prepared if p.joining is not None]
-    return PlacementResult(placement, timeline, runs, sum(j.cost_usd for j in joinings),
-                           sum(j.gpu_hours for j in joinings))
 
 
 def compare(scenario: MixedScenario, config: FleetConfig | None = None, seed: int = 0,
