@@ -106,7 +106,6 @@ from specpilot.api.deployment_spec import DEFAULT_CONCURRENCY_LEVELS
 from specpilot.api.deployment_spec import Policy, SpeculativeDeploymentSpec
 from specpilot.api.profile import Run
 from specpilot.api.schedule import k_at
-from specpilot.observe.model import PoolObservation
 from specpilot.perf.bench_model import ENGINE_START_S, level_duration_s
 from specpilot.policy.choose import decide_pool
 from specpilot.policy.plan import ApplyDeployment, plan_deployment
@@ -115,7 +114,7 @@ from specpilot.policy.schedule import SMOOTHING_TOLERANCE, SchedulePlan, plan_sc
 from specpilot.policy.surface import MethodSurface, pool_surfaces
 from specpilot.sim import synthetic
 from specpilot.sim.cluster import VirtualCluster
-from specpilot.sim.connector import EPOCH
+from specpilot.sim.connector import EPOCH, load_observation
 from specpilot.sim.synthetic import Scenario, TrueCurves, synthetic_profiles, true_curves
 
 SKUS = ("H100-SXM", "A100-80GB-SXM", "L40S")
@@ -448,11 +447,7 @@ def deployed_k(scenario: Scenario, baseline, method, load: int, min_gain_percent
     cluster.add_node("node", {})
     cluster.accept("bench", {"baseline": baseline.dump(), candidate.key: method.dump()})
     snapshot = cluster.snapshot(EPOCH)
-    seen = PoolObservation(
-        replicas_reporting=1, running_per_replica=float(load), waiting_per_replica=0.0, total_running=float(load),
-        total_waiting=0.0, generation_tokens_per_second=None, tpot_p95_ms=None, acceptance_per_position=[],
-        drafts_per_step=None, mean_acceptance_length=None, kv_cache_usage=None, observed_at=EPOCH, window_s=60.0,
-        concurrency_histogram=[(float(load), 1.0)])
+    seen = load_observation(1, float(load), 0.0, EPOCH, 60.0, [(float(load), 1.0)])
     snapshot = dataclasses.replace(snapshot, pools=[dataclasses.replace(p, observation=seen) for p in snapshot.pools])
     [apply] = plan_deployment(snapshot).of(ApplyDeployment)
     serve = apply.serve

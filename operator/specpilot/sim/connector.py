@@ -16,6 +16,7 @@ counters (so live-acceptance drift never triggers), generation throughput, TPOT 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
 from ..api.schedule import k_at
@@ -23,7 +24,7 @@ from ..observe.model import PoolObservation
 from ..policy.planner import Serve
 from .fleet import Action, Mode, Observation
 
-__all__ = ["EPOCH", "SimulatedConnector"]
+__all__ = ["EPOCH", "SimulatedConnector", "load_observation"]
 
 EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
 """Wall-clock time of the trace's second 0."""
@@ -49,17 +50,8 @@ class SimulatedConnector:
 
     def observe(self, observation: Observation) -> PoolObservation:
         """What the operator's observer would report of the fleet over the observation window."""
-        serving = observation.serving_replicas
-        return PoolObservation(
-            replicas_reporting=serving,
-            running_per_replica=observation.running_per_replica,
-            waiting_per_replica=observation.waiting / max(serving, 1),
-            total_running=observation.running_per_replica * serving,
-            total_waiting=observation.waiting,
-            generation_tokens_per_second=None, tpot_p95_ms=None, acceptance_per_position=[],
-            drafts_per_step=None, mean_acceptance_length=None, kv_cache_usage=None,
-            observed_at=self.at(observation.t_s), window_s=observation.window_s,
-            concurrency_histogram=list(observation.concurrency_histogram))
+        return load_observation(observation.serving_replicas, observation.running_per_replica, observation.waiting,
+                                self.at(observation.t_s), observation.window_s, observation.concurrency_histogram)
 
     def mode(self, serve: Serve) -> Mode:
         """The engine mode `serve` runs: the method's drafter loaded and vLLM's K at each batch size (its
@@ -91,6 +83,19 @@ class SimulatedConnector:
         leaves them to someone else)."""
         replicas = serve.replicas if serve.replicas is not None else current_replicas
         return Action(replicas, self.mode(serve).name)
+
+
+def load_observation(serving: int, running_per_replica: float, waiting: float, at: datetime, window_s: float,
+                     histogram: Sequence[tuple[float, float]], tokens_per_second: float | None = None,
+                     tpot_p95_ms: float | None = None) -> PoolObservation:
+    """A pool's load as the operator's observer reports it over a window (`waiting`: the pool's queued requests),
+    without what a simulation does not measure (acceptance counters, KV usage; throughput and TPOT unless given)."""
+    return PoolObservation(
+        replicas_reporting=serving, running_per_replica=running_per_replica,
+        waiting_per_replica=waiting / max(serving, 1), total_running=running_per_replica * serving,
+        total_waiting=waiting, generation_tokens_per_second=tokens_per_second, tpot_p95_ms=tpot_p95_ms,
+        acceptance_per_position=[], drafts_per_step=None, mean_acceptance_length=None, kv_cache_usage=None,
+        observed_at=at, window_s=window_s, concurrency_histogram=list(histogram))
 
 
 def _k_words(k: tuple[int, ...]) -> str:

@@ -631,17 +631,18 @@ def _drive(placement: str, prepared: Sequence[PreparedPool], trace: LoadTrace, o
     names = [v.name for v in views]
     fixed_modes = {p.spec.name: Mode("no-sd", False, (0,) * config.max_num_seqs) if plain else p.sd_mode
                    for p in prepared}
+    # the demand history the deployment's metrics hold from before the trace (even splits keep none)
+    history = prior_history(trace, output_tokens, settings, window, dt) if scenario.warm and not even else ()
     operator = None if even or plain else _operator_placement(prepared, scenario, routing, config)
     if operator is not None:
         for pool in prepared:
             if pool.serving_at(0.0):
                 operator.join(pool.spec.name)
-        history = prior_history(trace, output_tokens, settings, window, dt) if scenario.warm else ()
         operator.warm(history, config.startup_s if scenario.warm else None)
-    even_split = EvenSplit(views, settings, {n: m.name for n, m in fixed_modes.items()}) if even else None
-    optimiser = NoSdOptimiser(settings, {n: m.name for n, m in fixed_modes.items()}) if plain else None
-    if optimiser is not None and scenario.warm:
-        optimiser.state = FleetState(history=prior_history(trace, output_tokens, settings, window, dt))
+    mode_names = {n: m.name for n, m in fixed_modes.items()}
+    even_split = EvenSplit(views, settings, mode_names) if even else None
+    optimiser = NoSdOptimiser(settings, mode_names, FleetState(history=history) if scenario.warm else None) \
+        if plain else None
     fluid = FluidFleet(operator.pools() if operator else views, output_tokens)
     replicas = {n: np.zeros(len(times), dtype=int) for n in names}
     shares = {n: np.zeros(len(times)) for n in names}

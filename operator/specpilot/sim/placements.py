@@ -34,7 +34,7 @@ from ..policy.planner import Serve
 from ..policy.pools import GPU_PRODUCT_LABEL
 from ..policy.replicas import ReplicaState, plan_replicas
 from .cluster import VirtualCluster
-from .connector import SimulatedConnector
+from .connector import SimulatedConnector, load_observation
 from .fleet import Mode
 from .joining import JOINING_LABEL as POOL_LABEL
 
@@ -192,13 +192,9 @@ class OperatorPlacement:
 
     def _observation(self, reading: PoolReading, now: datetime) -> PoolObservation:
         serving = max(reading.serving, 0)
-        return PoolObservation(
-            replicas_reporting=serving, running_per_replica=reading.running / serving if serving else 0.0,
-            waiting_per_replica=reading.waiting / max(serving, 1), total_running=reading.running,
-            total_waiting=reading.waiting, generation_tokens_per_second=reading.tokens_per_second,
-            tpot_p95_ms=reading.tpot_p95_ms, acceptance_per_position=[], drafts_per_step=None,
-            mean_acceptance_length=None, kv_cache_usage=None, observed_at=now, window_s=self.window_s,
-            concurrency_histogram=list(reading.concurrency_histogram))
+        return load_observation(serving, reading.running / serving if serving else 0.0, reading.waiting, now,
+                                self.window_s, reading.concurrency_histogram, reading.tokens_per_second,
+                                reading.tpot_p95_ms)
 
 
 _OFF = Serve(method=None, num_speculative_tokens=None, schedule=None, replicas=0)
@@ -212,7 +208,13 @@ def _shares(planned: Mapping[str, float | None], replicas: Mapping[str, int],
     if any(s is not None for s in planned.values()):
         total = sum(s or 0.0 for s in planned.values())
         return {n: (s or 0.0) / total if total > 0 else 0.0 for n, s in planned.items()}
-    serving = {n: min(replicas[n], readings[n].serving) if n in readings else replicas[n] for n in replicas}
+    return per_pod_split(replicas, {n: min(replicas[n], readings[n].serving) if n in readings else replicas[n]
+                                    for n in replicas})
+
+
+def per_pod_split(replicas: Mapping[str, int], serving: Mapping[str, int]) -> dict[str, float]:
+    """One Service's split: each pool's share is its part of the serving pods (of the replicas asked for while none
+    serves; even while there are none)."""
     count = sum(serving.values()) or sum(replicas.values())
     basis = serving if sum(serving.values()) else replicas
     return {n: basis[n] / count if count else 1 / len(replicas) for n in replicas}
@@ -238,10 +240,8 @@ class EvenSplit:
                                  v.upper, self.settings.scale_down_stabilization_seconds, now)
             self.windows[v.name], self.current[v.name] = step.state, step.replicas
         serving = {n: min(c, ready.get(n, c)) if not first else c for n, c in self.current.items()}
-        count = sum(serving.values()) or sum(self.current.values())
-        basis = serving if sum(serving.values()) else self.current
-        shares = {n: basis[n] / count if count else 1 / len(basis) for n in basis}
-        return Tick(dict(self.current), shares, None, "even split", dict(self.mode_names))
+        return Tick(dict(self.current), per_pod_split(self.current, serving), None, "even split",
+                    dict(self.mode_names))
 
 
 @dataclasses.dataclass
