@@ -121,9 +121,10 @@ def readme_commands(prefix: str) -> list[str]:
 
 
 def readme_section(title: str) -> str:
-    text = README.read_text()
-    assert f"\n## {title}\n" in text, f"README has no section {title!r}"
-    return text.split(f"\n## {title}\n", 1)[1].split("\n## ", 1)[0]
+    """The text under the README's heading `title` (## or ###), up to the next heading of either level."""
+    match = re.search(rf"^#{{2,3}} {re.escape(title)}\n(.*?)(?=^#{{2,3}} |\Z)", README.read_text(), flags=re.M | re.S)
+    assert match, f"README has no section {title!r}"
+    return match.group(1)
 
 
 def chart_defaults() -> dict[str, str]:

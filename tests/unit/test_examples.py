@@ -4,6 +4,8 @@
   from the twin (`python tests/unit/test_examples.py` writes it again after a change of either).
 - Every `specpilot ...` command line README.md and docs/*.md show with files under examples/ exits 0.
 - Every field name the README's configuration table mentions exists in the models (or the chart's values).
+- The README's first SpeculativeDeployment is examples/minimal.yaml as the file is, and every example that
+  serves a gated model names its Hugging Face token.
 - No file of the repository points at notes that are not in it.
 """
 
@@ -209,6 +211,46 @@ def test_the_examples_validate_without_a_warning_under_the_charts_defaults():
     lines = done.stdout.splitlines()
     assert lines and all(line.endswith(": valid") for line in lines), done.stdout
     assert len(lines) == len(list(EXAMPLES.glob("*.yaml")))
+
+
+# ----- the README's first SpeculativeDeployment ----------------------------------------------------------
+
+FIRST_DEPLOYMENT = "minimal.yaml"
+GATED = ("meta-llama/",)
+"""Hugging Face organisations whose models are gated (the licence is accepted on Hugging Face, then a token
+downloads them)."""
+
+
+def test_the_readmes_first_deployment_is_the_example_file():
+    """What a newcomer copies from the README is examples/minimal.yaml as it is, applied from that file, after the
+    command that creates the Secret its hfTokenSecretRef names."""
+    text = (REPO / "README.md").read_text()
+    blocks = re.findall(r"^```yaml\n(.*?)^```", text, flags=re.S | re.M)
+    deployments = [block for block in blocks if "kind: SpeculativeDeployment" in block]
+    assert deployments, "README shows no SpeculativeDeployment"
+    assert deployments[0] == (EXAMPLES / FIRST_DEPLOYMENT).read_text(), (
+        f"README's first SpeculativeDeployment is not examples/{FIRST_DEPLOYMENT} as the file is: copy the file "
+        f"into the README's block")
+    shown_at = text.index(deployments[0])
+    applied = re.search(rf"^kubectl apply .*-f examples/{re.escape(FIRST_DEPLOYMENT)}$", text, flags=re.M)
+    assert applied and applied.start() > shown_at, f"README does not apply examples/{FIRST_DEPLOYMENT} after it"
+    ref = _example(FIRST_DEPLOYMENT)["spec"]["model"]["hfTokenSecretRef"]
+    secret = re.search(r"^kubectl create secret generic (\S+) -n (\S+) --from-literal=([^=\s]+)=", text, flags=re.M)
+    assert secret and secret.start() < shown_at, "README does not create the token's Secret before the example"
+    assert (secret.group(1), secret.group(3)) == (ref["name"], ref["key"]), (secret.groups(), ref)
+    assert re.search(rf"^kubectl apply -n {re.escape(secret.group(2))} ", applied.group(0)), (
+        "the Secret and the deployment go to different namespaces")
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in EXAMPLES.glob("*.yaml")))
+def test_an_example_that_serves_a_gated_model_names_its_token(name):
+    doc = _example(name)
+    if doc.get("kind") != "SpeculativeDeployment":
+        return
+    models = [doc["spec"]["model"]["id"], *(m.get("model") or "" for m in doc["spec"]["methods"])]
+    gated = [m for m in models if m.startswith(GATED)]
+    assert not gated or doc["spec"]["model"].get("hfTokenSecretRef"), (
+        f"examples/{name} serves {gated}, gated on Hugging Face, without spec.model.hfTokenSecretRef")
 
 
 # ----- the README's configuration table ------------------------------------------------------------------

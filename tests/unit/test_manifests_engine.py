@@ -114,7 +114,9 @@ def test_extra_args_come_last(realistic):
 def test_env_has_the_token_and_the_users_variables(realistic, minimal):
     assert engine_env(realistic) == [
         {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token"}}}]
-    assert engine_env(minimal) == []
+    assert engine_env(minimal) == [
+        {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token"}}}]
+    assert engine_env(minimal.model.model_copy(update={"hf_token_secret_ref": None})) == []
     model = realistic.model.model_validate({**realistic.model.dump(), "env": [
         {"name": "VLLM_LOGGING_LEVEL", "value": "DEBUG"}, {"name": "HF_TOKEN", "value": "inline"}]})
     assert engine_env(model) == [{"name": "VLLM_LOGGING_LEVEL", "value": "DEBUG"},
