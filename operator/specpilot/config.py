@@ -13,7 +13,13 @@ import yaml
 from pydantic import Field, ValidationError, model_validator
 
 from .api.base import ApiModel, format_validation_error
-from .api.deployment_spec import DEFAULT_CONCURRENCY_LEVELS, DEFAULT_ENGINE_IMAGE, ConcurrencyLevel
+from .api.deployment_spec import (
+    DEFAULT_CONCURRENCY_LEVELS,
+    DEFAULT_ENGINE_IMAGE,
+    ConcurrencyLevel,
+    EndpointPickerRef,
+    ParentRef,
+)
 from .api.gateway import GATEWAY_PARENT_PATTERN
 from .api.tenancy import TenancyPolicy
 
@@ -76,6 +82,17 @@ class OperatorConfig(ApiModel):
     gateway) may attach to, as `namespace/name`, either part `*` for any (e.g. `gateway-system/public`,
     `shared-gw/*`). A Gateway in the deployment's own namespace is always allowed; empty: only those. A
     parentRef outside the list fails the resource (Valid=False) and nothing is created."""
+    default_gateway_parent_refs: list[ParentRef] = Field(default_factory=list, max_length=32)
+    """The Gateway(s) a deployment's HTTPRoute attaches to when its spec.serving.gateway.parentRefs is empty (e.g.
+    `[{name: inference-gateway, namespace: gateway-system}]`). With one, `routing: auto` (the default) routes by
+    weights wherever the cluster serves the Gateway API: the cheapest routing for a mixed fleet. Empty: auto
+    weighs only for deployments that name a Gateway themselves. The admin's own choice: allowedGatewayParents
+    does not apply to it."""
+    default_endpoint_picker_ref: EndpointPickerRef | None = None
+    """The endpoint picker of the InferencePools when a deployment's spec.serving.inferencePool is absent
+    (`{port: 9002, failureMode: FailClose}` for one picker per pool named `<InferencePool>-epp`). With one,
+    `routing: auto` chooses inferencePool wherever the cluster serves InferencePools and a Gateway is named.
+    Unset: auto chooses inferencePool only for deployments that name a picker themselves."""
     benchmark_image: str = "ghcr.io/specpilot/specpilot-bench:0.1.0"
     """Image of the benchmark Job (specpilot-bench on the vLLM image)."""
     default_engine_image: str = DEFAULT_ENGINE_IMAGE
@@ -100,6 +117,8 @@ class OperatorConfig(ApiModel):
     """What a SpeculativeDeployment may make the operator run: pod-override fields beyond the safe ones, volume
     types, Secrets it may reference, benchmark and engine images, the pods' non-root identity, the largest
     spec (see docs/security.md). The defaults keep every pod within the `restricted` Pod Security Standard."""
+
+
 
 
 def load_config(path: str | Path | None) -> OperatorConfig:

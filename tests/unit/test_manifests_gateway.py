@@ -1,6 +1,6 @@
-"""serving.routing: gateway: the API fields and their CRD bounds, the admin's allow-list of Gateways, the pure
-builders of the per-pool Services and the HTTPRoute, the weights the operator gives the route, and what the
-executor does when the API server refuses the route."""
+"""Weighted routing (serving.routing: gateway, inferencePool): the API fields and their CRD bounds, the admin's
+allow-list of Gateways, the pure builders of the per-pool Services, the InferencePools and the HTTPRoute, the
+weights the operator gives the route, and what the executor does when the API server refuses the route."""
 
 from __future__ import annotations
 
@@ -15,15 +15,17 @@ import pytest
 from pydantic import ValidationError
 
 from specpilot.api import SpeculativeDeploymentSpec
+from specpilot.api.deployment_spec import EndpointPickerRef, Routing
 from specpilot.api.deployment_status import PoolStatus, RoutingStatus, SpeculativeDeploymentStatus
 from specpilot.api.gateway import MAX_BACKENDS, gateway_allowed, gateway_problems
 from specpilot.api.validate import validate_custom_resource
 from specpilot.config import OperatorConfig
 from specpilot.controller.kube import Refused
-from specpilot.controller.routing import RouteReading, reconcile_routing
-from specpilot.policy.routing import route_backends
+from specpilot.controller.routing import apply_routing, delete_routing
+from specpilot.policy.plan import DeploymentPlan
+from specpilot.policy.routing import ApplyRouting, DeleteRouting, route_backends
 from specpilot.manifests import names
-from specpilot.manifests.serving import http_route, pool_service, service
+from specpilot.manifests.serving import http_route, inference_pool, pool_service, service
 from tests.conftest import load_example
 
 NAMESPACE = "llm"
@@ -43,9 +45,10 @@ def spec_of(doc: dict) -> SpeculativeDeploymentSpec:
     return SpeculativeDeploymentSpec.model_validate(doc["spec"])
 
 
-def test_routing_defaults_to_service_and_gateway_takes_parent_refs(crds):
+def test_routing_defaults_to_auto_and_gateway_takes_parent_refs(crds):
     plain = load_example("llama-70b-h100-h200.yaml")
-    assert spec_of(plain).serving.routing == "service"
+    plain["spec"].get("serving", {}).pop("routing", None)
+    assert spec_of(plain).serving.routing == "auto"
     doc = gateway_doc([{"name": "inference", "namespace": "gateway-system", "sectionName": "https", "port": 443}])
     assert validate_custom_resource(crds["SpeculativeDeployment"], doc) == []
     ref = spec_of(doc).serving.gateway.parent_refs[0]
@@ -68,12 +71,16 @@ def test_bad_parent_refs_are_refused_by_the_crd_and_the_models(crds, refs, field
         spec_of(doc)
 
 
-def test_gateway_routing_without_parent_refs_is_refused_naming_the_fix(crds):
-    doc = gateway_doc()
-    problems = validate_custom_resource(crds["SpeculativeDeployment"], doc)
-    assert any("routing: gateway needs gateway.parentRefs" in p for p in problems), problems
-    with pytest.raises(ValidationError, match="gateway.parentRefs"):
-        spec_of(doc)
+def test_weighted_routing_without_a_gateway_is_refused_naming_the_fix_unless_the_operator_names_one(crds):
+    for routing in ("gateway", "inferencePool"):
+        doc = gateway_doc(routing=routing)
+        # The schema lets it through (the operator's config may name a default Gateway); the operator refuses it.
+        assert validate_custom_resource(crds["SpeculativeDeployment"], doc) == []
+        (problem,) = gateway_problems(spec_of(doc), NAMESPACE, [])
+        assert problem.startswith(f"spec.serving.routing is {routing} but no Gateway is named")
+        assert "spec.serving.gateway.parentRefs" in problem and "defaultGatewayParentRefs" in problem
+        assert gateway_problems(spec_of(doc), NAMESPACE, [], default_gateway=True) == []
+    assert gateway_problems(spec_of(gateway_doc(routing="auto")), NAMESPACE, []) == []
     assert validate_custom_resource(crds["SpeculativeDeployment"], gateway_doc(routing="service")) == []
 
 
@@ -133,7 +140,7 @@ def test_http_route_weights_its_pool_services_and_attaches_to_the_parent_refs():
     spec = spec_of(gateway_doc([{"name": "gw"}, {"name": "public", "namespace": "gateway-system",
                                                  "sectionName": "https", "port": 443}]))
     route = http_route(sdep_name="llama-70b", namespace=NAMESPACE, uid=UID, spec=spec,
-                       weights={"h100": 620, "h200": 380})
+                       weights={"h100": 620, "h200": 380}, parent_refs=spec.serving.gateway.parent_refs)
     assert route["apiVersion"] == "gateway.networking.k8s.io/v1" and route["kind"] == "HTTPRoute"
     assert route["metadata"]["namespace"] == NAMESPACE
     assert route["metadata"]["ownerReferences"][0]["kind"] == "SpeculativeDeployment"
@@ -148,9 +155,13 @@ def test_http_route_weights_its_pool_services_and_attaches_to_the_parent_refs():
     # Within the Gateway API's bounds: <= 32 parentRefs, <= 16 backendRefs, weights 0..1000000.
     assert len(route["spec"]["parentRefs"]) <= 32 and len(rule["backendRefs"]) <= 16
     with pytest.raises(ValueError):
-        http_route(sdep_name="llama-70b", namespace=NAMESPACE, uid=UID, spec=spec, weights={})
+        http_route(sdep_name="llama-70b", namespace=NAMESPACE, uid=UID, spec=spec, weights={},
+                   parent_refs=spec.serving.gateway.parent_refs)
+    with pytest.raises(ValueError):
+        http_route(sdep_name="llama-70b", namespace=NAMESPACE, uid=UID, spec=spec, weights={"h100": 1000},
+                   parent_refs=[])
     again = http_route(sdep_name="llama-70b", namespace=NAMESPACE, uid=UID, spec=copy.deepcopy(spec),
-                       weights={"h100": 620, "h200": 380})
+                       weights={"h100": 620, "h200": 380}, parent_refs=spec.serving.gateway.parent_refs)
     assert again == route  # deterministic: a no-op apply is skipped
 
 
@@ -201,31 +212,67 @@ class RefusingKube:
                       "forbidden")
 
 
-def run_routing(spec, old: SpeculativeDeploymentStatus, route: RouteReading):
+BODY = {"metadata": {"namespace": NAMESPACE, "name": "llama", "uid": UID, "generation": 1}}
+
+
+def run_apply(spec, old: SpeculativeDeploymentStatus):
     kube = RefusingKube()
-    status = SpeculativeDeploymentStatus(pools=[pool("a100", 0.25, 1), pool("h100", 0.75, 1)])
-    events: list = []
-    body = {"metadata": {"namespace": NAMESPACE, "name": "llama", "uid": UID}}
-    weights = route_backends(status.pools, False, {"a100", "h100"}) if route.available else {}
-    asyncio.run(reconcile_routing(SimpleNamespace(kube=kube), body, spec, status, old, route, weights, 1, NOW, events))
-    return status, events, kube
+    status = SpeculativeDeploymentStatus(pools=[pool("a100", 0.25, 1), pool("h100", 0.75, 1)],
+                                         routing=RoutingStatus(mode="gateway", http_route="llama"))
+    plan = DeploymentPlan(status, [], [], None, {"a100", "h100"})
+    action = ApplyRouting(Routing.GATEWAY, route_backends(status.pools, False, {"a100", "h100"}),
+                          tuple(spec.serving.gateway.parent_refs))
+    asyncio.run(apply_routing(SimpleNamespace(kube=kube, served_resources={}), BODY, spec, action, plan, old, NOW))
+    return plan.status, plan.events, kube
 
 
 def test_a_refused_route_falls_back_to_the_one_service_with_one_event():
     spec = spec_of(gateway_doc([{"name": "gw"}]))
-    status, events, kube = run_routing(spec, SpeculativeDeploymentStatus(), RouteReading(wanted=True, available=True))
+    status, events, kube = run_apply(spec, SpeculativeDeploymentStatus())
     assert kube.applied == ["Service/llama-a100", "Service/llama-h100"]
     assert status.routing.mode == "service" and status.routing.http_route is None
     (cond,) = [c for c in status.conditions if c.type == "RoutingReady"]
     assert (cond.status, cond.reason) == ("False", "HttpRouteRefused") and "forbidden" in cond.message
     assert [e.reason for e in events] == ["HttpRouteRefused"]
     # Already said: no second Event.
-    _, again, _ = run_routing(spec, status, RouteReading(wanted=True, available=True))
+    _, again, _ = run_apply(spec, status)
     assert again == []
 
 
-def test_a_route_that_cannot_be_deleted_is_kept_in_status_to_try_again():
-    spec = spec_of(gateway_doc(routing="service"))
-    old = SpeculativeDeploymentStatus(routing=RoutingStatus(mode="gateway", http_route="llama"))
-    status, events, _ = run_routing(spec, old, RouteReading(wanted=False))
-    assert status.routing.mode == "service" and status.routing.http_route == "llama" and events == []
+def test_routing_objects_that_cannot_be_deleted_are_kept_in_status_to_try_again():
+    routing = RoutingStatus(mode="service")
+    asyncio.run(delete_routing(SimpleNamespace(kube=RefusingKube()), NAMESPACE, "llama",
+                               DeleteRouting("llama", (("h100", "llama-h100"),)), routing))
+    assert routing.http_route == "llama" and routing.inference_pools == {"h100": "llama-h100"}
+
+
+def test_inference_pool_selects_one_pools_serving_pods_and_names_its_picker():
+    spec = spec_of(gateway_doc([{"name": "gw"}], routing="inferencePool"))
+    picker = EndpointPickerRef()
+    pool_obj = inference_pool(sdep_name="llama-70b", namespace=NAMESPACE, uid=UID, spec=spec, pool_name="h100",
+                              picker=picker)
+    assert pool_obj["apiVersion"] == "inference.networking.k8s.io/v1" and pool_obj["kind"] == "InferencePool"
+    assert pool_obj["metadata"]["name"] == names.inference_pool_name("llama-70b", "h100") == "llama-70b-h100"
+    assert pool_obj["metadata"]["ownerReferences"][0]["uid"] == UID
+    # The pool's own selector: this deployment's, this pool's, serving pods only (no benchmark pod, no other pool).
+    assert pool_obj["spec"]["selector"] == {"matchLabels": names.serving_selector("llama-70b", "h100")}
+    assert pool_obj["spec"]["selector"]["matchLabels"] != names.serving_selector("llama-70b", "h200")
+    assert pool_obj["spec"]["targetPorts"] == [{"number": spec.serving.port}]
+    assert pool_obj["spec"]["endpointPickerRef"] == {"group": "", "kind": "Service", "name": "llama-70b-h100-epp",
+                                                    "port": {"number": 9002}, "failureMode": "FailClose"}
+    named = inference_pool(sdep_name="llama-70b", namespace=NAMESPACE, uid=UID, spec=spec, pool_name="h100",
+                           picker=EndpointPickerRef(name="llm-d-router", port=9003, failure_mode="FailOpen"))
+    assert named["spec"]["endpointPickerRef"]["name"] == "llm-d-router"
+    assert named["spec"]["endpointPickerRef"]["port"] == {"number": 9003}
+    assert named["spec"]["endpointPickerRef"]["failureMode"] == "FailOpen"
+
+
+def test_http_route_over_inference_pools_weighs_them_without_a_port():
+    spec = spec_of(gateway_doc([{"name": "gw"}], routing="inferencePool"))
+    route = http_route(sdep_name="llama-70b", namespace=NAMESPACE, uid=UID, spec=spec,
+                       weights={"h100": 700, "h200": 300}, parent_refs=spec.serving.gateway.parent_refs,
+                       backends=Routing.INFERENCE_POOL)
+    (rule,) = route["spec"]["rules"]
+    assert rule["backendRefs"] == [
+        {"group": "inference.networking.k8s.io", "kind": "InferencePool", "name": "llama-70b-h100", "weight": 700},
+        {"group": "inference.networking.k8s.io", "kind": "InferencePool", "name": "llama-70b-h200", "weight": 300}]

@@ -12,11 +12,14 @@ from specpilot.api.deployment_status import SpeculativeDeploymentStatus
 from specpilot.config import OperatorConfig
 from specpilot.observe.model import PoolObservation
 from specpilot.policy.needs import needed_profiles
+from specpilot.api.deployment_spec import Routing
 from specpilot.policy.plan import (
     ApplyDeployment,
+    ApplyRouting,
     DeploymentSnapshot,
     PoolReadings,
     PoolSnapshot,
+    RoutingApis,
     plan_deployment,
     settle,
 )
@@ -73,7 +76,7 @@ def _snapshot(spec: SpeculativeDeploymentSpec, nodes: list[NodeInfo], *, observe
                for v in views],
         profiling=all_accepted(needed, NOW), profiles=profiles,
         readings=readings or PoolReadings([], [v.pool.name for v in views if v.nodes and observed]),
-        gateway_available=gateway)
+        routing_apis=RoutingApis(http_routes=gateway, inference_pools=gateway))
 
 
 def _condition(status: SpeculativeDeploymentStatus, type_: str):
@@ -94,7 +97,10 @@ def test_a_profiled_two_pool_deployment_is_decided_placed_and_applied_in_one_pla
     placed = {p.name: p.fleet_target_replicas for p in status.pools}
     assert {a.pool: a.serve.replicas for a in applies} == placed
     # the route's weights are the planned shares of the pools that serve
-    assert set(plan.route_weights) <= {"h100", "a100"} and sum(plan.route_weights.values()) == 1000
+    (route,) = plan.of(ApplyRouting)
+    assert route.mode is Routing.GATEWAY and route.weights == status.routing.weights
+    assert set(route.weights) <= {"h100", "a100"} and sum(route.weights.values()) == 1000
+    assert status.routing.mode == "gateway" and status.routing.requested == "gateway"
     assert _condition(status, "Profiled").status == "True"
     assert _condition(status, "Serving").status == "True"
     assert _condition(status, "MetricsAvailable").reason == "MetricsFresh"

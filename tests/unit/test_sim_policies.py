@@ -201,7 +201,6 @@ async def _controller_agreement(policy: OperatorPolicy, monkeypatch) -> tuple[in
     from specpilot.controller import reconcile as controller
     from specpilot.controller.context import Context
     from specpilot.controller.metrics import OperatorMetrics
-    from specpilot.controller.routing import RouteReading
     from specpilot.manifests import names
     from specpilot.policy.plan import plan_deployment
     from specpilot.policy.profiling import all_accepted
@@ -232,8 +231,8 @@ async def _controller_agreement(policy: OperatorPolicy, monkeypatch) -> tuple[in
         observation[0] = step.observation
         old = SpeculativeDeploymentStatus(pools=[PoolStatus.model_validate(step.previous)])
         snapshot = await controller.read_snapshot(ctx, body, spec, views, all_accepted(needed, step.now), profiles,
-                                                  {}, [], step.observation is not None, {}, None, False, old, step.now)
-        await controller.execute(ctx, body, spec, snapshot, plan_deployment(snapshot), RouteReading(wanted=False), {})
+                                                  {}, [], step.observation is not None, {}, None, old, step.now)
+        await controller.execute(ctx, body, spec, snapshot, plan_deployment(snapshot), {})
         mode = policy.connector.mode(step.serve)
         sim = (mode.method, mode.k_by_batch_size, step.serve.replicas)
         same += _engine_runs(cluster.applied_deployments()[-1], size) == sim

@@ -424,14 +424,28 @@ class Autoscaling(str, Enum):
 class Routing(str, Enum):
     """How a deployment's traffic reaches its pools (spec.serving.routing; the fleet planner plans under it)."""
 
+    AUTO = "auto"
+    """The cheapest routing the cluster allows (`policy.routing.resolve_routing`): inferencePool where the cluster
+    serves the Inference Extension's InferencePool and an endpoint picker is named, else gateway where it serves
+    the Gateway API's HTTPRoute and a Gateway is named (in the spec or the operator's config), else service."""
     SERVICE = "service"
     """One Service over every pool's pods: an even split per pod."""
     GATEWAY = "gateway"
     """One Service per pool behind a Gateway API HTTPRoute whose backendRefs weights are the shares."""
+    INFERENCE_POOL = "inferencePool"
+    """One InferencePool (Gateway API Inference Extension, v1) per pool behind a Gateway API HTTPRoute whose
+    backendRefs weights are the shares; an endpoint picker chooses the pod inside each pool."""
+
+    @property
+    def weighted(self) -> bool:
+        """Whether the shares can be any split (an HTTPRoute's weights), not an even split per pod."""
+        return self in (Routing.GATEWAY, Routing.INFERENCE_POOL)
 
 
 GATEWAY_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 """A Gateway API ObjectName / SectionName: a DNS-1123 subdomain."""
+NAMESPACE_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+"""A namespace name: a DNS-1123 label."""
 
 
 class ParentRef(ApiModel):
@@ -440,8 +454,7 @@ class ParentRef(ApiModel):
 
     name: str = Field(min_length=1, max_length=253, pattern=GATEWAY_NAME_PATTERN)
     """Name of the Gateway."""
-    namespace: str | None = Field(default=None, min_length=1, max_length=63,
-                                  pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    namespace: str | None = Field(default=None, min_length=1, max_length=63, pattern=NAMESPACE_PATTERN)
     """Namespace of the Gateway; defaults to the deployment's own."""
     section_name: str | None = Field(default=None, min_length=1, max_length=253, pattern=GATEWAY_NAME_PATTERN)
     """Listener of the Gateway to attach to (its name); all listeners that allow the route when unset."""
@@ -450,10 +463,54 @@ class ParentRef(ApiModel):
 
 
 class GatewayRouting(ApiModel):
-    """Where the HTTPRoute of `routing: gateway` attaches."""
+    """Where the HTTPRoute of `routing: gateway` or `inferencePool` attaches."""
 
     parent_refs: list[ParentRef] = Field(default_factory=list, max_length=32)
-    """Gateways the route attaches to (at least one with routing: gateway)."""
+    """Gateways the route attaches to; the operator's defaultGatewayParentRefs when empty. gateway and
+    inferencePool routing need one or the other."""
+
+
+class EndpointPickerFailureMode(str, Enum):
+    """What the Gateway does when the endpoint picker does not answer (InferencePool v1's failureMode)."""
+
+    FAIL_OPEN = "FailOpen"
+    """Forward the request to a pod of the pool the Gateway picks itself."""
+    FAIL_CLOSE = "FailClose"
+    """Refuse the request."""
+
+
+ENDPOINT_PICKER_PORT = 9002
+"""The endpoint picker's gRPC (ext-proc) port in the Inference Extension's and llm-d's charts."""
+ENDPOINT_PICKER_SUFFIX = "-epp"
+"""An unnamed endpoint picker is the Service `<InferencePool name>-epp`, as the Inference Extension's chart names
+the picker it deploys beside a pool."""
+
+
+class EndpointPickerRef(ApiModel):
+    """The endpoint picker (EPP) of each InferencePool the operator creates: a Service in the deployment's own
+    namespace (InferencePool v1 references no other namespace), e.g. llm-d's router or the Inference Extension's
+    reference picker, deployed one per pool."""
+
+    name: str | None = Field(default=None, min_length=1, max_length=63, pattern=r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+    """Name of the picker's Service. Unset: each pool's own, `<InferencePool name>-epp` (one picker per pool, as
+    llm-d and the Inference Extension's chart deploy it; the InferencePools are `status.routing.inferencePools`).
+    Set: every pool's InferencePool names this one picker, which must then serve all of them."""
+    namespace: str | None = Field(default=None, min_length=1, max_length=63, pattern=NAMESPACE_PATTERN)
+    """Only the deployment's own namespace (or unset): InferencePool v1 cannot reference a picker elsewhere, and
+    the operator refuses any other."""
+    port: int = Field(default=ENDPOINT_PICKER_PORT, ge=1, le=65535)
+    """Port of the picker's Service (its gRPC ext-proc port)."""
+    failure_mode: EndpointPickerFailureMode = EndpointPickerFailureMode.FAIL_CLOSE
+    """FailClose: the Gateway refuses requests while the picker does not answer; FailOpen: it forwards them to a
+    pod it picks itself."""
+
+
+class InferencePoolRouting(ApiModel):
+    """The InferencePools of `routing: inferencePool`."""
+
+    endpoint_picker_ref: EndpointPickerRef = Field(default_factory=EndpointPickerRef)
+    """The endpoint picker of each pool (naming it makes `routing: auto` choose inferencePool where the cluster
+    serves InferencePools); the operator's defaultEndpointPickerRef when this block is absent."""
 
 
 class Serving(ApiModel):
@@ -462,9 +519,6 @@ class Serving(ApiModel):
     model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
         {"rule": "!has(self.minReplicas) || !has(self.maxReplicas) || self.minReplicas <= self.maxReplicas",
          "message": "minReplicas must be <= maxReplicas"},
-        {"rule": "!has(self.routing) || self.routing != 'gateway' || "
-                 "(has(self.gateway) && has(self.gateway.parentRefs) && size(self.gateway.parentRefs) > 0)",
-         "message": "routing: gateway needs gateway.parentRefs: name the Gateway the HTTPRoute attaches to"},
     ]})
 
     min_replicas: int = Field(default=1, ge=0)
@@ -485,13 +539,19 @@ class Serving(ApiModel):
     """Port of the OpenAI-compatible API."""
     service_monitor: bool = False
     """Create a Prometheus-operator PodMonitor for the serving pods."""
-    routing: Routing = Routing.SERVICE
-    """service: one Service over every pool's pods (an even split per pod; the fleet planner plans under it);
-    gateway: also one Service per pool and a Gateway API HTTPRoute (gateway.networking.k8s.io/v1) whose
-    backendRefs weights follow the fleet's planned shares (needs the Gateway API CRDs; without them it falls
-    back to service, condition RoutingReady=False)."""
+    routing: Routing = Routing.AUTO
+    """How requests reach the pools. auto (the default): the cheapest the cluster allows, inferencePool, else
+    gateway, else service (status.routing says which and why, and what weighted routing saves); service: one
+    Service over every pool's pods (an even split per pod; the fleet planner plans under it, the costliest for
+    a mixed fleet); gateway: one Service per pool behind a Gateway API HTTPRoute (gateway.networking.k8s.io/v1)
+    whose backendRefs weights follow the fleet's planned shares; inferencePool: one InferencePool
+    (inference.networking.k8s.io/v1) per pool behind that weighted HTTPRoute, an endpoint picker choosing the pod
+    in each. gateway and inferencePool need their CRDs and a Gateway; without the CRDs they fall back to the
+    cheapest routing there is (condition RoutingReady=False)."""
     gateway: GatewayRouting = Field(default_factory=GatewayRouting)
-    """The HTTPRoute's parentRefs for routing: gateway."""
+    """The HTTPRoute's parentRefs for routing: gateway and inferencePool."""
+    inference_pool: InferencePoolRouting | None = None
+    """The InferencePools' endpoint picker for routing: inferencePool (and auto)."""
     rollout: Rollout = Field(default_factory=Rollout)
     """How pods are replaced on a change of decision (maxSurge, maxUnavailable, progressDeadlineSeconds)."""
     pod_overrides: FreeFormObject | None = None
@@ -506,8 +566,6 @@ class Serving(ApiModel):
     def _bounds(self) -> Serving:
         if self.min_replicas > self.max_replicas:
             raise ValueError(f"minReplicas must be <= maxReplicas (got {self.min_replicas} > {self.max_replicas})")
-        if self.routing == Routing.GATEWAY.value and not self.gateway.parent_refs:
-            raise ValueError("routing: gateway needs gateway.parentRefs: name the Gateway the HTTPRoute attaches to")
         return self
 
 

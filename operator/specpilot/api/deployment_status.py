@@ -292,10 +292,10 @@ class FleetStatus(StatusModel):
     """Fleet placement of a deployment with two or more pools (policy.fleet)."""
 
     routing: str = Field(default="service", max_length=16)
-    """How traffic is split as planned: service (one Service, an even split per pod) or gateway (an HTTPRoute
-    whose weights are the shares)."""
+    """How traffic is split as planned: service (one Service, an even split per pod), gateway or inferencePool
+    (an HTTPRoute whose weights are the shares)."""
     http_route: str | None = Field(default=None, max_length=253)
-    """The HTTPRoute whose backendRefs weights carry the shares (routing: gateway in effect)."""
+    """The HTTPRoute whose backendRefs weights carry the shares (gateway or inferencePool routing in effect)."""
     demand_tokens_per_second: float | None = None
     """The deployment's observed demand in output tokens per second (served plus backlog)."""
     forecast_tokens_per_second: float | None = None
@@ -322,15 +322,31 @@ class FleetStatus(StatusModel):
 
 
 class RoutingStatus(StatusModel):
-    """How the deployment's traffic is routed now (spec.serving.routing, as it could be made real)."""
+    """How the deployment's traffic is routed now (spec.serving.routing, as it could be made real), why, and what
+    weighted routing saves against the one Service."""
 
     mode: str = Field(default="service", max_length=16)
-    """The routing in effect: service (the one Service) or gateway (the HTTPRoute); service when gateway was
-    asked for and the cluster lacks the Gateway API (condition RoutingReady=False)."""
+    """The routing in effect: service (the one Service), gateway (an HTTPRoute over one Service per pool) or
+    inferencePool (an HTTPRoute over one InferencePool per pool); the cheapest the cluster allows when the one
+    asked for cannot run (condition RoutingReady=False)."""
+    requested: str = Field(default="auto", max_length=16)
+    """spec.serving.routing as asked (auto: the cheapest the cluster allows)."""
+    reason: Text = ""
+    """Why this mode: what the cluster serves and what the spec and the operator's config name."""
     http_route: str | None = Field(default=None, max_length=253)
-    """The HTTPRoute the operator applied (routing: gateway in effect)."""
+    """The HTTPRoute the operator applied (gateway or inferencePool in effect)."""
     weights: dict[str, int] = Field(default_factory=dict, max_length=64)
     """The HTTPRoute's backendRefs weight per pool (out of 1000)."""
+    inference_pools: dict[str, str] = Field(default_factory=dict, max_length=64)
+    """Pool -> the InferencePool the operator applied for it (inferencePool in effect): the name an endpoint picker
+    is deployed for (its Service `<name>-epp` unless spec.serving.inferencePool.endpointPickerRef names one)."""
+    service_cost_per_mtok: float | None = None
+    """The fleet's planned dollars per million output tokens under the one Service (an even split per pod), at the
+    observed demand (two or more pools with load)."""
+    weighted_cost_per_mtok: float | None = None
+    """The same under weighted routing (gateway or inferencePool: any split)."""
+    saving_percent: float | None = None
+    """How much less weighted routing pays than the one Service, in percent of the latter."""
 
 
 class HistoryEntry(StatusModel):
@@ -358,8 +374,8 @@ class SpeculativeDeploymentStatus(StatusModel):
     conditions: list[Condition] = Field(default_factory=list, max_length=32)
     """Valid, Profiled, Serving, RolledOut, MetricsAvailable, MetricsTruncated, NodesAvailable, SloAttained (the
     share of requests within the SLOs against policy.sloAttainmentPercent), FleetCapacity (two or more pools: whether
-    every allowed replica together holds the observed demand within the SLO), RoutingReady (with
-    serving.routing: gateway: the HTTPRoute applied, or why not and the fix), and Reconciled (the
+    every allowed replica together holds the observed demand within the SLO), RoutingReady (the
+    routing chosen and made real, or why the one asked for cannot run and the fix), and Reconciled (the
     last reconciliation ran to its end and its status was written; False names the cause and the fix while the
     operator retries with back-off)."""
     pools: list[PoolStatus] = Field(default_factory=list, max_length=64)
@@ -379,7 +395,8 @@ class SpeculativeDeploymentStatus(StatusModel):
     """The deployment's share of requests within the SLOs over the metrics window, its pools' requests together,
     against policy.sloAttainmentPercent (condition SloAttained)."""
     routing: RoutingStatus | None = None
-    """The routing in effect (spec.serving.routing), the HTTPRoute and its weights."""
+    """The routing in effect (spec.serving.routing), why, its HTTPRoute, weights and InferencePools, and what
+    weighted routing saves."""
     history: list[HistoryEntry] = Field(default_factory=list, max_length=64)
     """The last decision changes (bounded)."""
 

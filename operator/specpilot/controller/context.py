@@ -98,6 +98,9 @@ class Context:
     could not start then ("" when nothing stopped it), the last such cause): the pods are read at most every
     `profiles.POD_CHECK_S`, and the last cause is quoted when the Job fails after the Job controller deleted
     its pods (past its deadline)."""
+    served_resources: dict[str, tuple[float, bool]] = field(default_factory=dict)
+    """Plural of an optional resource (httproutes, inferencepools) -> (when it was last checked, monotonic seconds;
+    whether the cluster serves it): its CRD is checked once a while for every deployment, not by each."""
     profile_events: Bounded = field(default_factory=lambda: Bounded(10 * MAX_REMEMBERED))
     """"namespace/profile" -> watch events of the profile and its benchmark Jobs seen by the index handlers."""
 

@@ -42,6 +42,7 @@ RESOURCES: dict[str, tuple[str, str, bool]] = {
     "clusterroles": ("rbac.authorization.k8s.io", "v1", False),
     "podmonitors": ("monitoring.coreos.com", "v1", True),
     "httproutes": ("gateway.networking.k8s.io", "v1", True),
+    "inferencepools": ("inference.networking.k8s.io", "v1", True),
     "customresourcedefinitions": ("apiextensions.k8s.io", "v1", False),
 }
 KIND_TO_PLURAL = {
@@ -50,6 +51,7 @@ KIND_TO_PLURAL = {
     "ServiceAccount": "serviceaccounts", "Event": "events", "Node": "nodes", "Role": "roles",
     "RoleBinding": "rolebindings", "PodMonitor": "podmonitors", "Namespace": "namespaces",
     "ClusterRole": "clusterroles", "HTTPRoute": "httproutes",
+    "InferencePool": "inferencepools",
 }
 
 FIELD_MANAGER = "specpilot"

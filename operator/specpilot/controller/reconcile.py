@@ -17,18 +17,20 @@ from typing import Any
 from pydantic import ValidationError
 
 from ..api.base import format_validation_error
-from ..api.gateway import gateway_problems
 from ..api.deployment_spec import Autoscaling, SpeculativeDeploymentSpec
 from ..api.deployment_status import Phase, PoolStatus, SpeculativeDeploymentStatus
-from ..api.tenancy import TenancyViolation, refuse, spec_problems
+from ..api.tenancy import TenancyViolation, refuse
 from ..manifests import names
 from ..manifests.serving import serving_deployment
 from ..observe.model import MetricsUnavailable
+from ..policy.admission import operator_refusals
 from ..policy.conditions import set_condition
 from ..policy.events import Event
 from ..policy.needs import engine_image, needed_profiles
 from ..policy.plan import (
     ApplyDeployment,
+    ApplyRouting,
+    DeleteRouting,
     DeploymentPlan,
     DeploymentSnapshot,
     PoolReadings,
@@ -63,7 +65,7 @@ from .profiles import (
     restart_profile,
     start_refinement,
 )
-from .routing import RouteReading, read_route, reconcile_routing, reconcile_service
+from .routing import apply_routing, delete_routing, reconcile_service, routing_apis, routing_defaults
 
 __all__ = ["JOB_UID_ANNOTATION", "REPROFILE_ANNOTATION", "Context", "Event", "Result", "execute", "read_snapshot",
            "reconcile"]
@@ -108,23 +110,22 @@ async def reconcile(ctx: Context, body: dict, nodes: list[dict], profiles: dict[
     await ensure_bench_identity(ctx, namespace)
     events: list[Event] = []
     profiling, reads = await read_profiles(ctx, spec, namespace, needed, profiles, jobs, reprofile, now, events)
-    route = await read_route(ctx, spec, namespace, name)
     snapshot = await read_snapshot(ctx, body, spec, views, profiling, profiles, jobs, nodes, observe,
-                                   profile_users or {}, deployments, route.available, old, now)
+                                   profile_users or {}, deployments, old, now)
     plan = plan_deployment(snapshot)
     await execute_profiling(ctx, spec, namespace, name, plan.profiling, reads, events)
     plan.events[:0] = events
-    await execute(ctx, body, spec, snapshot, plan, route, jobs)
+    await execute(ctx, body, spec, snapshot, plan, jobs)
     return Result(plan.status.dump(), plan.events)
 
 
 async def read_snapshot(ctx: Context, body: dict, spec: SpeculativeDeploymentSpec, views: list[PoolView],
                         profiling: ProfilingInputs, profiles: dict[str, dict],
                         jobs: dict[str, dict], nodes: list[dict], observe: bool, users: dict[str, set[str]],
-                        deployments: Mapping[str, dict] | None, gateway_available: bool,
-                        old: SpeculativeDeploymentStatus, now: datetime) -> DeploymentSnapshot:
+                        deployments: Mapping[str, dict] | None, old: SpeculativeDeploymentStatus,
+                        now: datetime) -> DeploymentSnapshot:
     """What `plan_deployment` decides from: every pool's Deployment, a due observation (metrics are read only
-    when one is due), price, allocatable GPUs and refinement Jobs."""
+    when one is due), price, allocatable GPUs and refinement Jobs, and the routing resources the cluster serves."""
     meta = body["metadata"]
     namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
     url_refused = prometheus_url_refusal(ctx, spec)
@@ -154,7 +155,8 @@ async def read_snapshot(ctx: Context, body: dict, spec: SpeculativeDeploymentSpe
     return DeploymentSnapshot(
         spec=spec, name=name, uid=uid, generation=meta.get("generation"), old=old, now=now, pools=pools,
         profiling=profiling, profiles=profiles, profile_users=users, readings=readings,
-        gateway_available=gateway_available, demand_history=history)
+        routing_apis=await routing_apis(ctx, spec, namespace), routing_defaults=routing_defaults(ctx),
+        demand_history=history)
 
 
 def _starts_cold(spec: SpeculativeDeploymentSpec, old: SpeculativeDeploymentStatus, pools: list[PoolSnapshot]
@@ -169,7 +171,7 @@ def _starts_cold(spec: SpeculativeDeploymentSpec, old: SpeculativeDeploymentStat
 
 
 async def execute(ctx: Context, body: dict, spec: SpeculativeDeploymentSpec, snapshot: DeploymentSnapshot,
-                  plan: DeploymentPlan, route: RouteReading, jobs: dict[str, dict]) -> None:
+                  plan: DeploymentPlan, jobs: dict[str, dict]) -> None:
     """Make the plan real: restart drifted profiles, start refinement Jobs, apply the pools' Deployments
     (then `settle` their rollouts), the Service and the routing; and count what it decided."""
     meta = body["metadata"]
@@ -192,8 +194,11 @@ async def execute(ctx: Context, body: dict, spec: SpeculativeDeploymentSpec, sna
                 current=pool.current) or pool.current
     settle(plan, applied, name, meta.get("generation"), snapshot.now)
     await reconcile_service(ctx, body, spec)
-    await reconcile_routing(ctx, body, spec, plan.status, snapshot.old, route, plan.route_weights,
-                            meta.get("generation"), snapshot.now, plan.events)
+    for action in plan.actions:
+        if isinstance(action, DeleteRouting):
+            await delete_routing(ctx, namespace, name, action, plan.status.routing)
+        elif isinstance(action, ApplyRouting):
+            await apply_routing(ctx, body, spec, action, plan, snapshot.old, snapshot.now)
     _record(ctx, spec, snapshot, plan, namespace, name)
 
 
@@ -228,8 +233,7 @@ def _record(ctx: Context, spec: SpeculativeDeploymentSpec, snapshot: DeploymentS
 def _valid_spec(ctx: Context, raw: dict, namespace: str) -> SpeculativeDeploymentSpec:
     """The spec, typed and within the admin's tenancy bounds and Gateway allow-list (raises what it breaks)."""
     spec = SpeculativeDeploymentSpec.model_validate(raw)
-    refuse(spec_problems(spec, ctx.config.tenancy, benchmark_image=ctx.config.benchmark_image)
-           + gateway_problems(spec, namespace, ctx.config.allowed_gateway_parents))
+    refuse(operator_refusals(spec, namespace, ctx.config))
     return spec
 
 

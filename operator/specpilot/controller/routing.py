@@ -1,25 +1,30 @@
-"""spec.serving.routing made real (I/O): the deployment's Service (and PodMonitor), and with routing: gateway one
-Service per serving pool behind the HTTPRoute whose weights `policy.routing.route_backends` decides; without the
-Gateway API the one Service serves every pool (condition RoutingReady=False, one Event)."""
+"""spec.serving.routing made real (I/O): which routing resources the cluster serves (read for the snapshot), the
+deployment's Service (and PodMonitor), and the writes `policy.routing.plan_routing` decides: one Service or
+InferencePool per serving pool behind the weighted HTTPRoute, and deleting what a change of mode leaves behind. A
+write the API server refuses falls back to the one Service (`policy.routing.routing_refused`)."""
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+import time
 from datetime import datetime
 
 from ..api.deployment_spec import Routing, SpeculativeDeploymentSpec
+from ..manifests.serving import http_route, inference_pool, pod_monitor, pool_service, service
 from ..api.deployment_status import RoutingStatus, SpeculativeDeploymentStatus
-from ..manifests import names
-from ..manifests.serving import http_route, pod_monitor, pool_service, service
-from ..policy.events import Event
-from ..policy.conditions import set_condition
+from ..policy.plan import DeploymentPlan
+from ..policy.routing import ApplyRouting, DeleteRouting, RoutingApis, RoutingDefaults, routing_refused
 from .context import Context
 from .kube import NotFound, Refused
 
-__all__ = ["RouteReading", "read_route", "reconcile_routing", "reconcile_service"]
+__all__ = ["SERVED_CHECK_S", "apply_routing", "delete_routing", "reconcile_service", "routing_apis",
+           "routing_defaults"]
 
 log = logging.getLogger("specpilot.reconcile")
+
+SERVED_CHECK_S = 20.0
+"""How long a finding that the cluster does (or does not) serve an optional resource holds before it is read again:
+a CRD installed after the operator started is used within this, without a list per deployment and reconciliation."""
 
 
 async def reconcile_service(ctx: Context, body: dict, spec: SpeculativeDeploymentSpec) -> None:
@@ -34,109 +39,88 @@ async def reconcile_service(ctx: Context, body: dict, spec: SpeculativeDeploymen
                         "the Prometheus operator")
 
 
-@dataclass
-class RouteReading:
-    """What the cluster holds for the deployment's HTTPRoute (serving.routing: gateway)."""
-
-    wanted: bool
-    """spec.serving.routing is gateway."""
-    available: bool = False
-    """The Gateway API's HTTPRoute resource answers: gateway routing can be made real (the planner plans under it)."""
-    current: dict | None = None
-    """The live HTTPRoute (None: none yet)."""
-    reason: str = ""
-    problem: str = ""
-    """Why gateway routing cannot run (with `reason`): the fix in words."""
+def routing_defaults(ctx: Context) -> RoutingDefaults:
+    return RoutingDefaults(tuple(ctx.config.default_gateway_parent_refs), ctx.config.default_endpoint_picker_ref)
 
 
-async def read_route(ctx: Context, spec: SpeculativeDeploymentSpec, namespace: str, name: str) -> RouteReading:
-    """With routing: gateway, list the namespace's HTTPRoutes of the deployment: the live route (for a no-op apply)
-    and whether the cluster serves the resource at all (404 on the list: the Gateway API CRDs are missing)."""
-    if spec.serving.routing != Routing.GATEWAY.value:
-        return RouteReading(wanted=False)
+async def routing_apis(ctx: Context, spec: SpeculativeDeploymentSpec, namespace: str) -> RoutingApis:
+    """Whether the cluster serves HTTPRoutes and InferencePools (a 404 on a list: the CRD is missing), checked at
+    most every SERVED_CHECK_S; not read for a deployment that asks for the one Service, nor for `auto` where no
+    Gateway is named (it resolves to the one Service whatever the cluster serves)."""
+    requested = Routing(spec.serving.routing)
+    if requested is Routing.SERVICE or (requested is Routing.AUTO and not spec.serving.gateway.parent_refs
+                                        and not ctx.config.default_gateway_parent_refs):
+        return RoutingApis()
+    return RoutingApis(http_routes=await _served(ctx, "httproutes", namespace),
+                       inference_pools=await _served(ctx, "inferencepools", namespace))
+
+
+async def _served(ctx: Context, plural: str, namespace: str) -> bool:
+    checked = ctx.served_resources.get(plural)
+    if checked is not None and time.monotonic() - checked[0] < SERVED_CHECK_S:
+        return checked[1]
     try:
-        routes = await ctx.kube.list("httproutes", namespace,
-                                     label_selector=",".join(f"{k}={v}" for k, v in
-                                                             names.deployment_labels(name).items()))
+        # A selector that matches nothing: the answer says whether the resource exists, not what it holds.
+        await ctx.kube.list(plural, namespace, label_selector="specpilot.io/served-check=none")
+        served = True
     except NotFound:
-        return _route_missing()
+        served = False
     except Refused as exc:
-        return _route_refused(exc)
-    route_name = names.http_route_name(name)
-    current = next((r for r in routes if (r.get("metadata") or {}).get("name") == route_name), None)
-    return RouteReading(wanted=True, available=True, current=current)
+        log.warning("cannot list %s in %s (%s): weighted routing over them is not used", plural, namespace,
+                    exc.detail)
+        served = False
+    ctx.served_resources[plural] = (time.monotonic(), served)
+    return served
 
 
-def _route_missing() -> RouteReading:
-    return RouteReading(wanted=True, reason="GatewayApiMissing", problem=(
-        "spec.serving.routing is gateway but the cluster has no Gateway API HTTPRoute resource "
-        "(gateway.networking.k8s.io/v1): install the Gateway API CRDs (and a Gateway controller), or set "
-        "spec.serving.routing: service; meanwhile the deployment's one Service serves every pool, an even split "
-        "per pod, and the fleet is planned under it"))
-
-
-def _route_refused(exc: Refused) -> RouteReading:
-    return RouteReading(wanted=True, reason="HttpRouteRefused", problem=(
-        f"the API server refused the deployment's HTTPRoute ({exc.detail}): check that the operator's ClusterRole "
-        f"grants httproutes in gateway.networking.k8s.io (the chart's does) and that the route is valid, or set "
-        f"spec.serving.routing: service; meanwhile the deployment's one Service serves every pool"))
-
-
-async def reconcile_routing(ctx: Context, body: dict, spec: SpeculativeDeploymentSpec,
-                             status: SpeculativeDeploymentStatus, old: SpeculativeDeploymentStatus,
-                             route: RouteReading, weights: dict[str, int], generation: int | None, now: datetime,
-                             events: list[Event]) -> None:
-    """serving.routing made real: with gateway, one Service per serving pool and the HTTPRoute with the plan's
-    `weights` (policy.plan: the planned shares (or, without the Gateway API, the fallback to the one Service: condition RoutingReady=False
-    and one Event); with service, the HTTPRoute of an earlier gateway mode is deleted. status.routing says which."""
+async def apply_routing(ctx: Context, body: dict, spec: SpeculativeDeploymentSpec, action: ApplyRouting,
+                        plan: DeploymentPlan, old: SpeculativeDeploymentStatus, now: datetime) -> None:
+    """One Service (gateway) or InferencePool (inferencePool) per pool of the route, then the HTTPRoute. A refusal
+    leaves the one Service serving every pool and says so."""
     meta = body["metadata"]
-    namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
-    was_route = old.routing.http_route if old.routing is not None else None
-    if not route.wanted:
-        status.routing = RoutingStatus(mode=Routing.SERVICE.value)
-        status.conditions = [c for c in status.conditions if c.type != "RoutingReady"]
-        if was_route:
-            try:
-                await ctx.kube.delete("httproutes", namespace, was_route)
-            except Refused as exc:
-                # Kept in status, so the next reconciliation tries again; the rest of the deployment runs.
-                log.warning("%s/%s: cannot delete HTTPRoute %s: %s", namespace, name, was_route, exc.detail)
-                status.routing.http_route = was_route
-        return
-    weighted = status.fleet is not None and status.fleet.routing == Routing.GATEWAY.value
-    if weights:
-        for pool in weights:
-            await ctx.kube.apply(pool_service(sdep_name=name, namespace=namespace, uid=uid, spec=spec, pool_name=pool))
+    ident = {"sdep_name": meta["name"], "namespace": meta["namespace"], "uid": meta["uid"], "spec": spec}
+
+    def refused(reason: str, problem: str) -> None:
+        routing_refused(plan.status, plan.events, reason, problem, old.conditions, meta.get("generation"), now)
+
+    try:
+        for pool in action.weights:
+            if action.mode is Routing.INFERENCE_POOL:
+                await ctx.kube.apply(inference_pool(**ident, pool_name=pool, picker=action.picker))
+            else:
+                await ctx.kube.apply(pool_service(**ident, pool_name=pool))
+        await ctx.kube.apply(http_route(**ident, weights=dict(action.weights), parent_refs=list(action.parent_refs),
+                                        backends=action.mode))
+    except NotFound as exc:
+        missing = "inferencepools" if action.mode is Routing.INFERENCE_POOL and "inferencepools" in str(exc) \
+            else "httproutes"
+        ctx.served_resources.pop(missing, None)
+        refused("InferencePoolApiMissing" if missing == "inferencepools" else "GatewayApiMissing",
+                f"the cluster no longer serves {missing} ({exc}): install its CRDs, or set "
+                f"spec.serving.routing: service; meanwhile the deployment's one Service serves every pool")
+    except Refused as exc:
+        kind = "InferencePools" if action.mode is Routing.INFERENCE_POOL else "HTTPRoute"
+        refused("HttpRouteRefused", (
+            f"the API server refused the deployment's {kind} ({exc.detail}): check that the operator's ClusterRole "
+            f"grants httproutes in gateway.networking.k8s.io and inferencepools in inference.networking.k8s.io (the "
+            f"chart's does) and that the objects are valid, or set spec.serving.routing: service; meanwhile the "
+            f"deployment's one Service serves every pool"))
+
+
+async def delete_routing(ctx: Context, namespace: str, name: str, action: DeleteRouting,
+                         status: RoutingStatus) -> None:
+    """Delete what a change of mode left: the HTTPRoute, InferencePools no longer routed to. What a refused delete
+    leaves stays in status (status.routing.httpRoute, inferencePools), so the next reconciliation tries again; the
+    rest of the deployment runs."""
+    if action.http_route:
         try:
-            await ctx.kube.apply(http_route(sdep_name=name, namespace=namespace, uid=uid, spec=spec, weights=weights),
-                                 current=route.current)
-        except NotFound:
-            route = _route_missing()
-        except Refused as exc:
-            route = _route_refused(exc)
-    if not route.available or route.problem:
-        status.routing = RoutingStatus(mode=Routing.SERVICE.value)
-        if status.fleet is not None:
-            status.fleet.http_route = None
-        already = any(c.type == "RoutingReady" and c.status == "False" and c.reason == route.reason
-                      for c in old.conditions)
-        status.conditions = set_condition(status.conditions, "RoutingReady", False, route.reason,
-                                                  route.problem, generation, now)
-        if not already:
-            events.append(Event("Warning", route.reason, route.problem))
-        return
-    if not weights:
-        status.routing = RoutingStatus(mode=Routing.SERVICE.value)
-        status.conditions = set_condition(
-            status.conditions, "RoutingReady", False, "NoPoolServing",
-            "no pool serves yet: the HTTPRoute is created once a pool has a decision", generation, now)
-        return
-    route_name = names.http_route_name(name)
-    status.routing = RoutingStatus(mode=Routing.GATEWAY.value, http_route=route_name, weights=weights)
-    if status.fleet is not None:
-        status.fleet.http_route = route_name
-    split = ", ".join(f"{pool} {weight / 10:g}%" for pool, weight in weights.items())
-    status.conditions = set_condition(
-        status.conditions, "RoutingReady", True, "HttpRouteApplied",
-        f"HTTPRoute {route_name} sends {split} of the requests to the pools' Services"
-        + ("" if weighted else " (an even split per replica: no fleet placement yet)"), generation, now)
+            await ctx.kube.delete("httproutes", namespace, action.http_route)
+        except (Refused, NotFound) as exc:
+            log.warning("%s/%s: cannot delete HTTPRoute %s: %s", namespace, name, action.http_route, exc)
+            status.http_route = status.http_route or action.http_route
+    for pool, inference_pool_name in action.inference_pools:
+        try:
+            await ctx.kube.delete("inferencepools", namespace, inference_pool_name)
+        except (Refused, NotFound) as exc:
+            log.warning("%s/%s: cannot delete InferencePool %s: %s", namespace, name, inference_pool_name, exc)
+            status.inference_pools.setdefault(pool, inference_pool_name)

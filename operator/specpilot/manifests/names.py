@@ -103,8 +103,20 @@ def pool_service_name(sdep_name: str, pool_name: str) -> str:
     return dns_label(sdep_name, f"-{pool_name}", letter_first=True)
 
 
+def inference_pool_name(sdep_name: str, pool_name: str) -> str:
+    """InferencePool over one pool's serving pods (routing: inferencePool): `<sdep>-<pool>`, as its Service would be
+    named (a DNS-1035 label, so `<name>-epp` is a valid Service name for its endpoint picker)."""
+    return pool_service_name(sdep_name, pool_name)
+
+
+def endpoint_picker_name(inference_pool: str) -> str:
+    """The endpoint picker Service an InferencePool names when the spec names none: `<InferencePool>-epp`, as the
+    Inference Extension's chart deploys it beside a pool (cut to a DNS-1035 label)."""
+    return dns_label(inference_pool, "-epp", letter_first=True)
+
+
 def http_route_name(sdep_name: str) -> str:
-    """Gateway API HTTPRoute over the pools' Services (routing: gateway): `<sdep>`."""
+    """Gateway API HTTPRoute over the pools' Services or InferencePools (weighted routing): `<sdep>`."""
     return dns_label(sdep_name)
 
 

@@ -1,6 +1,7 @@
 """The serving objects of a SpeculativeDeployment: one vLLM Deployment per GPU pool, one Service over
-all pools, with `serving.routing: gateway` one Service per pool and a Gateway API HTTPRoute weighting them,
-and an optional Prometheus-operator PodMonitor.
+all pools, with weighted routing one Service (`gateway`) or one Gateway API Inference Extension InferencePool
+(`inferencePool`) per pool and a Gateway API HTTPRoute weighting them, and an optional Prometheus-operator
+PodMonitor.
 
 The engine's speculative configuration is in its args; their hash is a pod-template annotation, so a
 new decision rolls the pods (by default maxSurge 1, maxUnavailable 0: capacity never drops during a
@@ -13,7 +14,14 @@ from __future__ import annotations
 from typing import Any
 
 from ..api.base import API_VERSION
-from ..api.deployment_spec import GpuPool, SpeculativeDeploymentSpec
+from ..api.deployment_spec import (
+    EndpointPickerFailureMode,
+    EndpointPickerRef,
+    GpuPool,
+    ParentRef,
+    Routing,
+    SpeculativeDeploymentSpec,
+)
 from ..api.methods import CandidateMethod
 from ..api.schedule import ScheduleRange
 from ..api.tenancy import TenancyPolicy, refuse, serving_problems
@@ -192,16 +200,52 @@ def pool_service(*, sdep_name: str, namespace: str, uid: str, spec: SpeculativeD
     }
 
 
+INFERENCE_GROUP = "inference.networking.k8s.io"
+"""API group of the Gateway API Inference Extension's InferencePool (v1)."""
+
+
+def inference_pool(*, sdep_name: str, namespace: str, uid: str, spec: SpeculativeDeploymentSpec, pool_name: str,
+                   picker: EndpointPickerRef) -> dict[str, Any]:
+    """inference.networking.k8s.io/v1 InferencePool over one pool's serving pods (routing: inferencePool): the
+    pool's own selector (the deployment's, the pool's and the serving component's labels, so no other deployment's
+    or pool's pods, nor benchmark pods, are members), the serving port, and the endpoint picker that chooses the
+    pod inside it (`picker`: a Service in the same namespace; unnamed, `<InferencePool>-epp`)."""
+    name = names.inference_pool_name(sdep_name, pool_name)
+    return {
+        "apiVersion": f"{INFERENCE_GROUP}/v1",
+        "kind": "InferencePool",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": {**names.deployment_labels(sdep_name), names.LABEL_POOL: names.label_value(pool_name)},
+            "ownerReferences": [sdep_owner(sdep_name, uid)],
+        },
+        "spec": {
+            "selector": {"matchLabels": names.serving_selector(sdep_name, pool_name)},
+            "targetPorts": [{"number": spec.serving.port}],
+            "appProtocol": "http",
+            "endpointPickerRef": {
+                "group": "", "kind": "Service", "name": picker.name or names.endpoint_picker_name(name),
+                "port": {"number": picker.port}, "failureMode": EndpointPickerFailureMode(picker.failure_mode).value,
+            },
+        },
+    }
+
+
 def http_route(*, sdep_name: str, namespace: str, uid: str, spec: SpeculativeDeploymentSpec,
-               weights: dict[str, int]) -> dict[str, Any]:
-    """gateway.networking.k8s.io/v1 HTTPRoute in the deployment's namespace, attached to spec.serving.gateway's
-    parentRefs, sending every request to the pools' Services by `weights` (pool -> backendRefs weight, e.g.
-    `policy.fleet.route_weights` of the planned shares). Pools in `weights` order; a weight of 0 keeps the
-    pool listed and sends it nothing."""
+               weights: dict[str, int], parent_refs: list[ParentRef],
+               backends: Routing = Routing.GATEWAY) -> dict[str, Any]:
+    """gateway.networking.k8s.io/v1 HTTPRoute in the deployment's namespace, attached to `parent_refs` (the spec's
+    gateway.parentRefs, else the operator's defaultGatewayParentRefs), sending every request to the pools by
+    `weights` (pool -> backendRefs weight, e.g. `policy.fleet.route_weights` of the planned shares): to each pool's
+    Service (`backends` gateway) or InferencePool (inferencePool). Pools in `weights` order; a weight of 0 keeps
+    the pool listed and sends it nothing."""
     if not weights:
         raise ValueError("an HTTPRoute needs at least one pool to route to")
+    if not parent_refs:
+        raise ValueError("an HTTPRoute needs a Gateway to attach to")
     parents = []
-    for ref in spec.serving.gateway.parent_refs:
+    for ref in parent_refs:
         parent: dict[str, Any] = {"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": ref.name}
         if ref.namespace is not None:
             parent["namespace"] = ref.namespace
@@ -210,7 +254,11 @@ def http_route(*, sdep_name: str, namespace: str, uid: str, spec: SpeculativeDep
         if ref.port is not None:
             parent["port"] = ref.port
         parents.append(parent)
-    backends = [{"group": "", "kind": "Service", "name": names.pool_service_name(sdep_name, pool),
+    if backends is Routing.INFERENCE_POOL:
+        refs = [{"group": INFERENCE_GROUP, "kind": "InferencePool", "name": names.inference_pool_name(sdep_name, pool),
+                 "weight": int(weight)} for pool, weight in weights.items()]
+    else:
+        refs = [{"group": "", "kind": "Service", "name": names.pool_service_name(sdep_name, pool),
                  "port": spec.serving.port, "weight": int(weight)} for pool, weight in weights.items()]
     return {
         "apiVersion": "gateway.networking.k8s.io/v1",
@@ -223,7 +271,7 @@ def http_route(*, sdep_name: str, namespace: str, uid: str, spec: SpeculativeDep
         },
         "spec": {
             "parentRefs": parents,
-            "rules": [{"matches": [{"path": {"type": "PathPrefix", "value": "/"}}], "backendRefs": backends}],
+            "rules": [{"matches": [{"path": {"type": "PathPrefix", "value": "/"}}], "backendRefs": refs}],
         },
     }
 

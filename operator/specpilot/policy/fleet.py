@@ -466,7 +466,7 @@ def _fits(planned: Sequence[_Planned], replicas: Sequence[int], demand: float, r
         return False
     if demand <= 0:
         return True
-    if routing is Routing.GATEWAY:
+    if routing.weighted:
         return sum(n * p.capacity for n, p in zip(replicas, planned, strict=True)) >= demand * (1 - 1e-9)
     total = sum(replicas) + fixed_replicas
     if sum(replicas) == 0:
@@ -560,7 +560,7 @@ def _grow(planned: Sequence[_Planned], incumbent: Sequence[int], placed_demand: 
           held_count: int, routing: Routing) -> list[int] | None:
     """The cheapest plan that keeps at least the incumbent's replicas (within today's bounds)."""
     floor = [dataclasses.replace(p, lo=max(p.lo, min(n, p.hi))) for p, n in zip(planned, incumbent, strict=True)]
-    return (_plan_gateway(floor, placed_demand) if routing is Routing.GATEWAY
+    return (_plan_gateway(floor, placed_demand) if routing.weighted
             else _plan_service(floor, total, held_count))
 
 
@@ -772,7 +772,7 @@ def plan_fleet(pools: Sequence[FleetPool], demand: FleetDemand, settings: FleetS
     held_load = total * share_held
     placed_demand = max(sized * (1 - share_held), 0.0)
 
-    optimum = (_plan_gateway(planned, placed_demand) if settings.routing is Routing.GATEWAY
+    optimum = (_plan_gateway(planned, placed_demand) if settings.routing.weighted
                else _plan_service(planned, sized, held_count))
     feasible = optimum is not None
     if optimum is None:
@@ -780,7 +780,7 @@ def plan_fleet(pools: Sequence[FleetPool], demand: FleetDemand, settings: FleetS
     incumbent = [previous.replicas.get(p.pool.name) for p in planned]
     kept = False
     if feasible and planned and all(n is not None for n in incumbent):
-        fits = (_fits(planned, incumbent, placed_demand, Routing.GATEWAY) if settings.routing is Routing.GATEWAY
+        fits = (_fits(planned, incumbent, placed_demand, Routing.GATEWAY) if settings.routing.weighted
                 else _fits(planned, incumbent, sized, Routing.SERVICE, held_count))
         margin = 1 + max(settings.min_gain_percent, 0.0) / 100
         mix = 1 + max(settings.mix_change_percent, 0.0) / 100
@@ -790,7 +790,7 @@ def plan_fleet(pools: Sequence[FleetPool], demand: FleetDemand, settings: FleetS
             # the pools it starts and stops flap with the demand's jitter), and that is cheaper: by
             # min_gain_percent when it only scales down, by mix_change_percent when it starts replicas anywhere
             # (a swap of GPU types), as when the fleet grows.
-            roomy = (_plan_gateway(planned, placed_demand * margin) if settings.routing is Routing.GATEWAY
+            roomy = (_plan_gateway(planned, placed_demand * margin) if settings.routing.weighted
                      else _plan_service(planned, sized * margin, held_count))
             swap = roomy is not None and any(n > m for n, m in zip(roomy, incumbent, strict=True))
             if roomy is None or _cost(planned, incumbent) <= _cost(planned, roomy) * (mix if swap else margin) + 1e-9:

@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 
 from ..api.deployment_spec import Autoscaling, Routing, SpeculativeDeploymentSpec
-from ..api.deployment_status import PoolStatus, RefinementJob, SpeculativeDeploymentStatus
+from ..api.deployment_status import PoolStatus, RefinementJob, RoutingStatus, SpeculativeDeploymentStatus
 from ..observe.model import PoolObservation
 from .conditions import set_condition, truncated_condition
 from .deployment import decision_changed, fleet_capacity, summarize
@@ -33,11 +33,20 @@ from .planner import PoolInputs, PoolOutcome, PoolProfiles, Serve, plan_pool
 from .pools import PoolView
 from .profiling import Need, ProfilingInputs, ProfilingPlan, Rollup, plan_profiling, rollup
 from .rollout import ROLLOUT_STALLED, rolled_out_condition, rolling_out, rollout_state
-from .routing import route_backends
+from .routing import (
+    ApplyRouting,
+    DeleteRouting,
+    RoutingApis,
+    RoutingCosts,
+    RoutingDefaults,
+    RoutingPlan,
+    plan_routing,
+    resolve_routing,
+)
 from .slo import deployment_attainment, missed_event, slo_condition
 
-__all__ = ["ApplyDeployment", "DeploymentPlan", "DeploymentSnapshot", "PoolReadings", "PoolSnapshot",
-           "RestartProfile", "StartRefinement", "plan_deployment", "settle"]
+__all__ = ["ApplyDeployment", "ApplyRouting", "DeleteRouting", "DeploymentPlan", "DeploymentSnapshot", "PoolReadings", "PoolSnapshot",
+           "RestartProfile", "RoutingApis", "RoutingDefaults", "StartRefinement", "plan_deployment", "settle"]
 
 
 # --- the snapshot ---------------------------------------------------------------------------------------------
@@ -87,8 +96,11 @@ class DeploymentSnapshot:
     profile_users: Mapping[str, set[str]] = dataclasses.field(default_factory=dict)
     """Profile name -> uids of the deployments whose status lists it."""
     readings: PoolReadings = dataclasses.field(default_factory=lambda: PoolReadings([], []))
-    gateway_available: bool = False
-    """The cluster serves HTTPRoutes and the spec asks for gateway routing: shares can be any split."""
+    routing_apis: RoutingApis = RoutingApis()
+    """Which routing resources the cluster serves (HTTPRoute, InferencePool)."""
+    routing_defaults: RoutingDefaults = RoutingDefaults()
+    """The Gateway and endpoint picker the operator's config names for deployments that name none."""
+
     demand_history: Sequence[tuple[datetime, float]] = ()
     """The deployment's demand (output tokens/s) over the last half hour as its metrics hold it, read only while
     the status keeps no history of its own (a new or adopted deployment, a status lost): the fleet planner's
@@ -126,7 +138,7 @@ class ApplyDeployment:
     serve: Serve
 
 
-Action = RestartProfile | StartRefinement | ApplyDeployment
+Action = RestartProfile | StartRefinement | ApplyDeployment | ApplyRouting | DeleteRouting
 
 
 @dataclasses.dataclass
@@ -136,8 +148,8 @@ class DeploymentPlan:
     actions: list[Action]
     """In the order to execute."""
     events: list[Event]
-    route_weights: dict[str, int]
-    """backendRefs weight per serving pool for the HTTPRoute (empty: no pool serves, or no gateway routing)."""
+    routing: RoutingPlan | None
+    """The routing status, condition, Event and writes (`policy.routing`)."""
     served: set[str]
     """Pools with a serving Deployment."""
     toggled: dict[str, str] = dataclasses.field(default_factory=dict)
@@ -165,7 +177,7 @@ def plan_deployment(snapshot: DeploymentSnapshot) -> DeploymentPlan:
     status = s.old.model_copy(update={"conditions": list(s.old.conditions), "pools": list(s.old.pools)})
     status.conditions = set_condition(status.conditions, "Valid", True, "SpecValid", "spec passed validation",
                                       s.generation, s.now)
-    plan = DeploymentPlan(status, [], [], {}, set())
+    plan = DeploymentPlan(status, [], [], None, set())
     plan.profiling = plan_profiling(s.profiling)
     states = plan.states = dict(plan.profiling.states)
     old_pools = {p.name: p for p in s.old.pools}
@@ -174,8 +186,8 @@ def plan_deployment(snapshot: DeploymentSnapshot) -> DeploymentPlan:
         previous = old_pools.get(pool.view.pool.name) or PoolStatus(name=pool.view.pool.name)
         plan.previous[previous.name] = previous
         steps.append((pool, previous, _plan_pool(s, pool, previous, states, plan)))
-    routing = Routing.GATEWAY if s.gateway_available else Routing.SERVICE
-    fleet = _place_fleet(s, steps, routing) if len(s.pools) >= 2 else None
+    choice = resolve_routing(s.spec, s.routing_apis, s.routing_defaults)
+    fleet, costs = _place_fleet(s, steps, choice.mode) if len(s.pools) >= 2 else (None, RoutingCosts())
     status.fleet = fleet.fleet if fleet is not None else None
     if fleet is not None:
         plan.events.extend(fleet.events)
@@ -191,9 +203,16 @@ def plan_deployment(snapshot: DeploymentSnapshot) -> DeploymentPlan:
             plan.events.append(changed)
             decision = outcome.status.decision
             plan.decided[outcome.status.name] = (decision.method if decision else None) or "none"
-    if s.spec.serving.routing == Routing.GATEWAY.value and s.gateway_available:
-        weighted = status.fleet is not None and status.fleet.routing == Routing.GATEWAY.value
-        plan.route_weights = route_backends(status.pools, weighted, plan.served)
+    planned_weighted = status.fleet is not None and status.fleet.routing == choice.mode.value
+    owned = s.old.routing or RoutingStatus()
+    plan.routing = plan_routing(choice, s.name, status.pools, plan.served, planned_weighted, owned.http_route,
+                                owned.inference_pools, costs, status.conditions, s.old.conditions, s.generation,
+                                s.now)
+    status.routing, status.conditions = plan.routing.status, plan.routing.conditions
+    if status.fleet is not None:
+        status.fleet.http_route = status.routing.http_route
+    plan.actions.extend(plan.routing.actions)
+    plan.events.extend(plan.routing.events)
     counted = rollup(s.profiling.needed, states)
     summarize(status, counted, s.generation)
     _conditions(s, status, counted, plan.events)
@@ -285,9 +304,11 @@ def _track_scale_up(pool: PoolSnapshot, previous: PoolStatus, outcome: PoolOutco
 # --- the fleet ------------------------------------------------------------------------------------------------
 
 def _place_fleet(s: DeploymentSnapshot, steps: list[tuple[PoolSnapshot, PoolStatus, PoolOutcome]],
-                 routing: Routing) -> FleetOutcome | None:
-    """Fleet placement across the pools (`policy.placement`): the plan's replicas replace each placed pool's own
-    (internal autoscaling writes them; external publishes them in desiredReplicas)."""
+                 routing: Routing) -> tuple[FleetOutcome | None, RoutingCosts]:
+    """Fleet placement across the pools (`policy.placement`) under `routing`: the plan's replicas replace each placed
+    pool's own (internal autoscaling writes them; external publishes them in desiredReplicas). With a placement, the
+    same fleet is placed under the other kind of routing too (weighted or the one Service), for what weighted routing
+    saves (status.routing); nothing of that second placement is written."""
     members = []
     for pool, previous, outcome in steps:
         current = pool.current or {}
@@ -305,6 +326,15 @@ def _place_fleet(s: DeploymentSnapshot, steps: list[tuple[PoolSnapshot, PoolStat
             else outcome.status.desired_replicas))
     outcome_ = place_fleet(s.spec, members, s.old.fleet, s.now, routing, s.demand_history,
                            s.forecast_tokens_per_second)
+    costs = RoutingCosts()
+    if outcome_ is not None and outcome_.plan is not None:
+        other = place_fleet(s.spec, members, s.old.fleet, s.now,
+                            Routing.SERVICE if routing.weighted else Routing.GATEWAY, s.demand_history,
+                            s.forecast_tokens_per_second)
+        other_cost = other.plan.cost_per_mtok if other is not None and other.plan is not None else None
+        mine = outcome_.plan.cost_per_mtok
+        costs = RoutingCosts(service=other_cost, weighted=mine) if routing.weighted \
+            else RoutingCosts(service=mine, weighted=other_cost)
     external = s.spec.serving.autoscaling == Autoscaling.EXTERNAL.value
     for _, _, outcome in steps:
         if outcome_ is None or outcome_.plan is None or outcome.serve is None:
@@ -318,7 +348,7 @@ def _place_fleet(s: DeploymentSnapshot, steps: list[tuple[PoolSnapshot, PoolStat
             continue
         replicas = write_plan(outcome.status, outcome_.plan, external)
         outcome.serve = dataclasses.replace(outcome.serve, replicas=None if external else replicas)
-    return outcome_
+    return outcome_, costs
 
 
 # --- conditions -----------------------------------------------------------------------------------------------

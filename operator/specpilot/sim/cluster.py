@@ -16,7 +16,7 @@ import copy
 import dataclasses
 from datetime import datetime
 
-from ..api.deployment_spec import Routing, SpeculativeDeploymentSpec
+from ..api.deployment_spec import SpeculativeDeploymentSpec
 from ..api.deployment_status import SpeculativeDeploymentStatus
 from ..config import OperatorConfig
 from ..observe.model import PoolObservation
@@ -30,6 +30,7 @@ from ..policy.plan import (
     PoolReadings,
     PoolSnapshot,
     RestartProfile,
+    RoutingApis,
     plan_deployment,
     settle,
 )
@@ -41,6 +42,9 @@ __all__ = ["CREATED", "VirtualCluster"]
 
 CREATED = "Created"
 """A benchmark Job the operator created whose pod does not run yet."""
+SERVED_ROUTING = RoutingApis(http_routes=True, inference_pools=True)
+"""The virtual cluster serves the Gateway API and the Inference Extension: a spec's routing runs as it asks (auto
+with a Gateway named routes by weights)."""
 
 
 @dataclasses.dataclass
@@ -147,7 +151,7 @@ class VirtualCluster:
         return DeploymentSnapshot(
             spec=self.spec, name=self.name, uid=self.name, generation=1, old=self.status, now=now, pools=pools,
             profiling=inputs, profiles=self.profiles, readings=PoolReadings([], fresh),
-            gateway_available=self.spec.serving.routing == Routing.GATEWAY.value,
+            routing_apis=SERVED_ROUTING,
             demand_history=self.demand_history, forecast_tokens_per_second=self.forecast_tokens_per_second)
 
     def apply(self, plan: DeploymentPlan, now: datetime) -> None:
