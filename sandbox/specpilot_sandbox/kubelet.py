@@ -10,10 +10,10 @@ the twin's figures however slow or busy the host is. It reports each Job's outco
 retry-and-give-up behaviour. For every serving Deployment it runs one simulated engine per replica with the
 pod's own engine arguments, each on its own loopback address (its "pod IP") and its own virtual clock
 (`clock_file`: the demo's clients time their requests with the clock of the replica they went to, so what
-they measure is the simulated GPU's time, as the profiles are), publishes Pod objects the operator scrapes,
-rolls pods on a template change by the Deployment's maxSurge and maxUnavailable (by
-default a new pod ready before an old one stops), and keeps the Deployment's status as the Deployment
-controller would.
+they measure is the simulated GPU's time, as the profiles are), publishes Pod objects (Ready once the
+engine answers, with the engine container's ports) that the operator scrapes and Services and InferencePools
+select, rolls pods on a template change by the Deployment's maxSurge and maxUnavailable (by default a new pod
+ready before an old one stops), and keeps the Deployment's status as the Deployment controller would.
 """
 
 from __future__ import annotations
@@ -479,12 +479,21 @@ class Kubelet:
             return
         owner = {"apiVersion": "apps/v1", "kind": "ReplicaSet", "controller": True, "name": replicaset_name,
                  "uid": replicaset["metadata"]["uid"]}
+        # The engine container's ports, as the template names them (a Service's named targetPort resolves
+        # there), and the Ready condition: the pod is published once its engine answers /health, and Services
+        # and InferencePools route only to ready pods.
+        engine = next((c for c in deployment["spec"]["template"]["spec"].get("containers") or []
+                       if c.get("name") == ENGINE_CONTAINER), {})
+        container = {"name": ENGINE_CONTAINER, "image": "simulated"}
+        if engine.get("ports"):
+            container["ports"] = engine["ports"]
         with contextlib.suppress(RuntimeError):
             await self.api.create({"apiVersion": "v1", "kind": "Pod",
                                    "metadata": {"name": pod.name, "namespace": namespace, "labels": labels,
                                                 "ownerReferences": [owner]},
-                                   "spec": {"containers": [{"name": "engine", "image": "simulated"}]},
-                                   "status": {"phase": "Running", "podIP": pod.ip}})
+                                   "spec": {"containers": [container]},
+                                   "status": {"phase": "Running", "podIP": pod.ip,
+                                              "conditions": [{"type": "Ready", "status": "True"}]}})
 
     async def _delete_pod(self, namespace: str, pod: PodProcess) -> None:
         pod.stopping = True
