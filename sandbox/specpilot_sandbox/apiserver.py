@@ -11,6 +11,9 @@ against the Kubernetes OpenAPI schema of its kind (kubernetes-validate); an inva
 Invalid naming each field in `details.causes`, as the API server does (`SchemaValidator`). Errors an update
 leaves as they were are let through, as the API server's validation ratcheting does. Unknown fields are
 refused (a real server, by default, drops them with a warning: a writer relying on one would lose it).
+It serves the built-in resources, specpilot's CRDs and the CRDs of other projects a test or the demo installs
+(`SandboxApiServer.install_gateway_api`, `install_inference_extension`: the Gateway API's HTTPRoute and the
+Inference Extension's InferencePool, from `crds/`); any other resource answers 404, as a cluster without its CRD.
 It does not do RBAC, selectors or conflict detection, but it can record every request it serves as an RBAC
 attribute (`SandboxApiServer.record_requests`), so a test can compare what a client really asked for with the
 rules a chart grants it.
@@ -23,6 +26,7 @@ import copy
 import dataclasses
 import datetime
 import functools
+import importlib.resources
 import itertools
 import math
 import re
@@ -45,7 +49,7 @@ from referencing import Registry, Resource
 from specpilot.api.base import cap
 from specpilot.api.crd import all_crds
 from specpilot.api.validate import validate_custom_resource
-from specpilot.controller.kube import KIND_TO_PLURAL, resource_path
+from specpilot.controller.kube import KIND_TO_PLURAL, RESOURCES, resource_path
 
 from . import objectrules
 
@@ -219,20 +223,28 @@ class Cause:
 
 class SchemaValidator:
     """What the API server's schemas say about an object a write would store: custom resources of specpilot's
-    CRDs (schema, structure and CEL rules), and built-in kinds kubernetes-validate knows (others, such as a
-    PodMonitor whose CRD the sandbox does not have, pass)."""
+    CRDs and of those installed since (`add`; schema, structure and CEL rules), and built-in kinds
+    kubernetes-validate knows (others, such as a PodMonitor whose CRD the sandbox does not have, pass)."""
 
     def __init__(self) -> None:
-        self.crds = {(c["spec"]["group"], c["spec"]["names"]["plural"]): c for c in all_crds().values()}
-        self.status_subresources = frozenset(
-            key for key, crd in self.crds.items()
-            if any("status" in (v.get("subresources") or {}) for v in crd["spec"]["versions"]))
+        self.crds: dict[tuple[str, str], dict] = {}
+        """(group, plural) -> the CRD its custom resources are validated against."""
+        self.status_subresources: frozenset[tuple[str, str]] = frozenset()
         """The custom resources whose status is written through /status only (and only there)."""
-        self.unchanged: dict[tuple[tuple[str, str], str], dict] = {
-            (key, section): _without_section(crd, section) for key, crd in self.crds.items()
-            for section in ("spec", "status")}
+        self.unchanged: dict[tuple[tuple[str, str], str], dict] = {}
         """The CRDs with one top-level section left unchecked: what an update that leaves that section as it was
         is judged by (ratcheting makes its errors moot, and it spares validating a spec on each status write)."""
+        for crd in all_crds().values():
+            self.add(crd)
+
+    def add(self, crd: dict) -> None:
+        """Validate the custom resources of `crd` too (a CRD installed while the server runs)."""
+        key = (crd["spec"]["group"], crd["spec"]["names"]["plural"])
+        self.crds[key] = crd
+        if any("status" in (v.get("subresources") or {}) for v in crd["spec"]["versions"]):
+            self.status_subresources |= {key}
+        for section in ("spec", "status"):
+            self.unchanged[key, section] = _without_section(crd, section)
 
     def causes(self, group: str, plural: str, obj: dict, old: dict | None = None) -> list[Cause]:
         """Why the API server would refuse to store `obj` (an update of `old`), one cause per field; errors `old`
@@ -256,7 +268,7 @@ class SchemaValidator:
                 return []  # metadata only (finalizers, annotations): the schema says nothing about them
             if same:
                 crd = self.unchanged[(group, plural), same[0]]
-            return [Cause(*_split_problem(p)) for p in validate_custom_resource(crd, obj, old)]
+            return [_cause(p) for p in validate_custom_resource(crd, obj, old)]
         api_version, kind = obj.get("apiVersion"), obj.get("kind")
         validator = _builtin_validator(api_version, kind) if isinstance(api_version, str) and isinstance(
             kind, str) else None
@@ -297,10 +309,20 @@ def _without_section(crd: dict, section: str) -> dict:
     return crd
 
 
-def _split_problem(problem: str) -> tuple[str, str]:
-    """`api.validate`'s "field: message" as (field, message)."""
+_REQUIRED_PROPERTY = re.compile(r"'([^']+)' is a required property")
+
+
+def _cause(problem: str) -> Cause:
+    """`api.validate`'s "field: message" as a Cause; a missing required field is named itself, "Required value",
+    as the API server names it (the schema validator names the object that lacks it)."""
     field, sep, message = problem.partition(": ")
-    return (field, message) if sep else ("<root>", problem)
+    if not sep:
+        return Cause("<root>", problem)
+    missing = _REQUIRED_PROPERTY.fullmatch(message)
+    if missing:
+        return Cause(missing[1] if field == "<root>" else f"{field}.{missing[1]}", "Required value",
+                     objectrules.REQUIRED)
+    return Cause(field, message)
 
 
 def _invalid(request: kmock.Request, obj: dict, causes: list[Cause]) -> aiohttp.web.Response:
@@ -387,9 +409,12 @@ class SandboxEmulator(kmock.KubernetesEmulator):
             self.recorded.append(_record(request))
         if self.schemas is not None:
             _keep_own_section(request, self.schemas.status_subresources)
-        fault = (next((f for f in self.faults if f.matches(request)), None) or self._annotations_too_long(request)
-                 or _non_finite(request))
-        refusal = fault.response(request) if fault is not None else self._schema_refusal(request)
+        # A test's injected fault first, then what the API server refuses on its own.
+        fault = next((f for f in self.faults if f.matches(request)), None)
+        refusal = fault.response(request) if fault is not None else self._not_served(request)
+        if refusal is None:
+            fault = self._annotations_too_long(request) or _non_finite(request)
+            refusal = fault.response(request) if fault is not None else self._schema_refusal(request)
         if refusal is not None:
             _forget(self._requests, request)
             for payload in self._payloads:
@@ -433,6 +458,14 @@ class SandboxEmulator(kmock.KubernetesEmulator):
                 request.action == kmock.action.UPDATE and self._was_deleted(request)):
             await self._collect_garbage()
         return response
+
+    def _not_served(self, request: kmock.Request) -> aiohttp.web.Response | None:
+        """404 for a resource that no built-in API or installed CRD serves, whatever the verb, as the API server
+        answers (kmock would store a created object and serve its resource from then on). The operator tells a
+        cluster without a CRD (the Gateway API's, the Inference Extension's) by this 404."""
+        if request.resource is None or not request.resource.plural or request.resource in self.resources:
+            return None  # discovery, or a served resource
+        return _status(404, "NotFound", "the server could not find the requested resource")
 
     def _schema_refusal(self, request: kmock.Request) -> aiohttp.web.Response | None:
         """A 422 for a write whose result the API server's schemas refuse (see `SchemaValidator`): the body of a
@@ -546,22 +579,40 @@ class SandboxEmulator(kmock.KubernetesEmulator):
                 return
 
 
+INFERENCE_POOL_CRD = "inference.networking.k8s.io_inferencepools.yaml"
+HTTP_ROUTE_CRD = "gateway.networking.k8s.io_httproutes.yaml"
+
+
+def _api_path(api_version: str, plural: str, namespace: str | None, name: str | None = None,
+              subresource: str | None = None) -> str:
+    """The URL path of a resource by its apiVersion (`v1` is the core group's, under /api)."""
+    parts = [f"/apis/{api_version}" if "/" in api_version else f"/api/{api_version}"]
+    parts += ["namespaces", namespace] if namespace else []
+    parts += [part for part in (plural, name, subresource) if part]
+    return "/".join(parts)
+
+
+def packaged_crd(file_name: str) -> dict:
+    """A CRD of another project that this package ships (`crds/`), for `SandboxApiServer.install_crd`."""
+    return yaml.safe_load((importlib.resources.files(__package__) / "crds" / file_name).read_text())
+
+
 class SandboxApiServer:
-    """The emulator served on 127.0.0.1 with specpilot's CRDs installed, plus a kubeconfig pointing at it."""
+    """The emulator served on 127.0.0.1 with specpilot's CRDs installed, plus a kubeconfig pointing at it; other
+    projects' CRDs on request (`install_crd`, `install_gateway_api`, `install_inference_extension`)."""
 
     def __init__(self) -> None:
         self.emulator = SandboxEmulator()
         self.emulator.resources.load_bundled()
+        # kmock's discovery data was taken from a cluster with the Gateway API's CRDs installed; they are no part
+        # of Kubernetes, so here they are served once installed (install_gateway_api), 404 until then.
+        for resource in [r for r in self.emulator.resources if r.group == "gateway.networking.k8s.io"]:
+            del self.emulator.resources[resource]
         for resource, (kind, singular, namespaced) in _EXTRA.items():
             self.emulator.resources[resource] = kmock.ResourceInfo(
                 kind=kind, singular=singular, namespaced=namespaced, verbs=_VERBS)
         for crd in all_crds().values():
-            spec = crd["spec"]
-            version = spec["versions"][0]["name"]
-            self.emulator.resources[f"{spec['group']}/{version}/{spec['names']['plural']}"] = kmock.ResourceInfo(
-                kind=spec["names"]["kind"], singular=spec["names"]["singular"], namespaced=True, verbs=_VERBS,
-                shortnames=set(spec["names"]["shortNames"]), categories=set(spec["names"]["categories"]),
-                subresources={"status"})
+            self._serve(crd)
         self._server: kmock.Server | None = None
         self.url = ""
         self._plurals: dict[str, set] = {}
@@ -583,6 +634,37 @@ class SandboxApiServer:
         if self._server is not None:
             await self._server.__aexit__(*exc)
         await self.emulator.__aexit__(*exc)
+
+    def _serve(self, crd: dict) -> None:
+        """Serve the resource `crd` defines (its first version), as the API server does once a CRD is
+        established."""
+        spec, names = crd["spec"], crd["spec"]["names"]
+        version = spec["versions"][0]
+        self.emulator.resources[f"{spec['group']}/{version['name']}/{names['plural']}"] = kmock.ResourceInfo(
+            kind=names["kind"], singular=names["singular"], namespaced=spec["scope"] == "Namespaced",
+            verbs=_VERBS, shortnames=set(names.get("shortNames") or ()),
+            categories=set(names.get("categories") or ()), subresources=set(version.get("subresources") or ()))
+
+    async def install_crd(self, crd: dict) -> None:
+        """Install a CRD while the server runs, as `kubectl apply -f` of it would: it is stored under
+        customresourcedefinitions (validated as one), then its resource is served and its objects are validated
+        against its schema and CEL rules. Until then that resource answers 404. Installing it again changes
+        nothing."""
+        if self.get("customresourcedefinitions", None, crd["metadata"]["name"]) is None:
+            await self._request("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)
+        if self.emulator.schemas is not None:
+            self.emulator.schemas.add(crd)
+        self._serve(crd)
+
+    async def install_inference_extension(self) -> None:
+        """The Gateway API Inference Extension's InferencePool (inference.networking.k8s.io/v1), its CRD in
+        `crds/` (see its header for the version it follows)."""
+        await self.install_crd(packaged_crd(INFERENCE_POOL_CRD))
+
+    async def install_gateway_api(self) -> None:
+        """The Gateway API's HTTPRoute (gateway.networking.k8s.io/v1), a subset of its schema in `crds/` (see
+        its header for what it checks)."""
+        await self.install_crd(packaged_crd(HTTP_ROUTE_CRD))
 
     def refuse(self, resource: str, name: str | None = None, *, code: int = 422, subresource: str | None = Fault.ANY,
                times: int | None = None, verbs: frozenset[str] = frozenset({"create", "patch", "update"}),
@@ -646,19 +728,38 @@ class SandboxApiServer:
         """Create an object, as `kubectl create -f` would. `validate=False` stores it even if the schemas refuse
         it: an object stored before its CRD's rules were tightened (an upgrade), which the operator must still
         answer with a condition."""
-        plural = KIND_TO_PLURAL[obj["kind"]]
         headers = None if validate else {UNVALIDATED_HEADER: "true"}
-        return await self._request("POST", resource_path(plural, obj["metadata"].get("namespace")), obj, headers)
+        namespace = obj["metadata"].get("namespace")
+        plural = KIND_TO_PLURAL.get(obj["kind"])
+        if plural is not None:
+            return await self._request("POST", resource_path(plural, namespace), obj, headers)
+        # A kind of another project's CRD: its plural as served, or (not installed) the lowercase plural its CRD
+        # would have, which answers 404 as the API server does.
+        served = next((r.plural for r in self.emulator.resources
+                       if self.emulator.resources[r].kind == obj["kind"]), f"{obj['kind'].lower()}s")
+        return await self._request("POST", _api_path(obj["apiVersion"], served, namespace), obj, headers)
 
     async def patch(self, plural: str, namespace: str | None, name: str, patch: dict,
                     subresource: str | None = None, *, validate: bool = True) -> dict:
         """Merge-patch an object (or its status), as `kubectl patch --type merge` would (`validate=False`: as
         `create`'s, what the schemas refuse is stored too)."""
         headers = None if validate else {UNVALIDATED_HEADER: "true"}
-        return await self._request("PATCH", resource_path(plural, namespace, name, subresource), patch, headers)
+        return await self._request("PATCH", self._path(plural, namespace, name, subresource), patch, headers)
 
     async def delete(self, plural: str, namespace: str | None, name: str) -> None:
-        await self._request("DELETE", resource_path(plural, namespace, name))
+        await self._request("DELETE", self._path(plural, namespace, name))
+
+    def _path(self, plural: str, namespace: str | None, name: str | None = None,
+              subresource: str | None = None) -> str:
+        """The URL path of an object of `plural`: the operator's (`kube.resource_path`), else that of the resource
+        of that plural the server serves (an installed CRD's)."""
+        if plural in RESOURCES:
+            return resource_path(plural, namespace, name, subresource)
+        served = next((r for r in self.emulator.resources if r.plural == plural), None)
+        if served is None:
+            raise KeyError(f"the server serves no resource named {plural}")
+        return _api_path(f"{served.group}/{served.version}" if served.group else served.version, plural,
+                         namespace, name, subresource)
 
     def get(self, plural: str, namespace: str | None, name: str) -> dict | None:
         """The live object, or None. Looked up by key under each resource (API version) of that plural seen
