@@ -174,7 +174,7 @@ async def test_without_the_gateway_api_it_falls_back_to_the_one_service_and_says
         cond = await sandbox.wait_for(lambda: condition(sandbox, "RoutingReady"), timeout_s=60,
                                       what="the RoutingReady condition")
         assert cond["status"] == "False" and cond["reason"] == "GatewayApiMissing"
-        assert "install the Gateway API CRDs" in cond["message"] and "serving.routing: service" in cond["message"]
+        assert "install the Gateway API CRDs" in cond["message"] and "serving.routing: auto or service" in cond["message"]
         assert status(sandbox)["routing"]["mode"] == "service"
         assert sandbox.get("services", NAMESPACE, "llama") is not None  # the one Service keeps serving
         await publish_results(sandbox, "H100-SXM")
@@ -185,7 +185,7 @@ async def test_without_the_gateway_api_it_falls_back_to_the_one_service_and_says
                                what="Serving")
         assert reconciled is not None
         assert len(events(sandbox, "GatewayApiMissing")) == 1
-        assert missing.hits >= 2
+        assert missing.hits >= 1  # checked once per SERVED_CHECK_S for the whole operator, not per reconciliation
         assert sandbox.get("services", NAMESPACE, "llama-h100") is None
 
         # The Gateway API is installed: the route appears and the condition clears.

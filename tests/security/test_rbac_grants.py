@@ -3,8 +3,8 @@
 The sandbox API server records every request as the authorizer sees it (verb, API group, resource,
 subresource, namespace, name) with the bearer token that made it. One module-scoped run drives the real
 operator through the lifecycle the operator suite covers (profiles and Jobs, a Job that fails for good,
-re-profiling by annotation, serving and a PodMonitor behind a Gateway API HTTPRoute (routing: gateway, then back to
-service), scraping its own pod, a restart that finds the benchmark identity in place, deletion, and a peered
+re-profiling by annotation, serving and a PodMonitor behind a Gateway API HTTPRoute over an InferencePool (routing:
+inferencePool, then gateway, then back to service), scraping its own pod, a restart that finds the benchmark identity in place, deletion, and a peered
 replica), then:
 - every recorded request is granted by the chart's rules (default install, and the namespaced one with
   peering, scope by scope);
@@ -40,7 +40,6 @@ from tests.operator.scenario import (
     sdep,
     status,
 )
-from tests.operator.test_gateway_routing import install_gateway_api
 from tests.security.conftest import OPERATOR_TOKEN, Operator
 
 pytestmark = [pytest.mark.operator, pytest.mark.helm]
@@ -95,9 +94,11 @@ async def _record(tmp_path: Path) -> list[RecordedRequest]:
         op.start()
         try:
             await api.create(node("gpu-a", H100, "h100"))
-            install_gateway_api(api)
+            await api.install_gateway_api()
+            await api.install_inference_extension()
             await api.create(sdep(serving={"minReplicas": 1, "maxReplicas": 2, "port": port, "serviceMonitor": True,
-                                           "routing": "gateway", "gateway": {"parentRefs": [{"name": "inference"}]}},
+                                           "routing": "inferencePool",
+                                           "gateway": {"parentRefs": [{"name": "inference"}]}},
                                   metrics={"source": "pods", "intervalSeconds": 5, "windowSeconds": 30}))
             await api.wait_for(lambda: len(jobs(api)) == 2, what="2 Jobs")
             # One Job fails for good; the other profiles are measured.
@@ -126,8 +127,14 @@ async def _record(tmp_path: Path) -> list[RecordedRequest]:
             await api.wait_for(lambda: any(r.identity == OPERATOR_TOKEN and r.verb == "get" and r.resource ==
                                            "rolebindings" for r in recorded[before:]), timeout_s=60,
                                what="the restarted operator reading the benchmark RoleBinding")
-            # Its HTTPRoute, then back to routing: service, which deletes it.
-            await api.wait_for(lambda: api.get("httproutes", NAMESPACE, "llama"), timeout_s=60, what="the HTTPRoute")
+            # Its HTTPRoute over an InferencePool, then routing: gateway, which deletes the InferencePool, then back to
+            # routing: service, which deletes the route.
+            await api.wait_for(lambda: api.get("httproutes", NAMESPACE, "llama")
+                               and api.get("inferencepools", NAMESPACE, "llama-h100"), timeout_s=60,
+                               what="the HTTPRoute and the InferencePool")
+            await api.patch("speculativedeployments", NAMESPACE, "llama", {"spec": {"serving": {"routing": "gateway"}}})
+            await api.wait_for(lambda: api.get("inferencepools", NAMESPACE, "llama-h100") is None, timeout_s=60,
+                               what="the InferencePool deleted")
             await api.patch("speculativedeployments", NAMESPACE, "llama", {"spec": {"serving": {"routing": "service"}}})
             await api.wait_for(lambda: api.get("httproutes", NAMESPACE, "llama") is None, timeout_s=60,
                                what="the HTTPRoute deleted")
@@ -249,7 +256,8 @@ def test_the_chart_grants_nothing_the_operator_does_not_use(helm_tools: HelmTool
 
 def test_the_operator_deletes_only_benchmark_jobs_and_its_http_routes_and_never_rbac_objects(recorded):
     deletes = {(r.group, resource_of(r)) for r in recorded if r.verb == "delete"}
-    assert deletes == {("batch", "jobs"), ("gateway.networking.k8s.io", "httproutes")}, deletes
+    assert deletes == {("batch", "jobs"), ("gateway.networking.k8s.io", "httproutes"),
+                       ("inference.networking.k8s.io", "inferencepools")}, deletes
     rbac_writes = {(resource_of(r), r.verb, r.name) for r in recorded if r.group == "rbac.authorization.k8s.io"
                    and r.verb not in ("get", "list", "watch")}
     assert {verb for _, verb, _ in rbac_writes} <= {"create"}

@@ -371,9 +371,12 @@ def test_config_map_holds_the_operator_config(default_objects: list[dict], non_d
     config = yaml.safe_load(config_map["data"]["config.yaml"])
     assert set(config) == {"prometheusUrl", "benchmarkImage", "defaultEngineImage", "gpuPricesPerHour", "profilingDefaults",
                            "reconcileIntervalSeconds", "profileWatchSeconds", "allowedPrometheusUrls",
-                           "allowedGatewayParents", "metricsReadLimits", "benchClusterRole", "tenancy"}
+                           "allowedGatewayParents", "defaultGatewayParentRefs", "metricsReadLimits",
+                           "benchClusterRole", "tenancy"}
     assert config["allowedPrometheusUrls"] == [] and config["benchClusterRole"] == BENCH_CLUSTER_ROLE
-    assert config["allowedGatewayParents"] == []
+    assert config["allowedGatewayParents"] == [] and config["defaultGatewayParentRefs"] == []
+    # No default endpoint picker: routing: auto uses InferencePools only where a spec names a picker.
+    assert "defaultEndpointPickerRef" not in config
     assert config["prometheusUrl"] == "http://prometheus-operated.monitoring.svc:9090"
     assert config["benchmarkImage"] == "ghcr.io/specpilot/specpilot-bench:0.1.0"
     assert config["defaultEngineImage"] == "vllm/vllm-openai:v0.32.0"

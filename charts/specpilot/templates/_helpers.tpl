@@ -123,10 +123,14 @@ collection. */}}
 - apiGroups: ["monitoring.coreos.com"]
   resources: ["podmonitors"]
   verbs: ["get", "create", "patch"]
-# serving.routing: gateway: the deployment's HTTPRoute (list tells whether the Gateway API is installed; delete
-# when a deployment goes back to routing: service).
+# Weighted routing (serving.routing: gateway, inferencePool, auto): the deployment's HTTPRoute and, for
+# inferencePool, one InferencePool per GPU pool (list tells whether the CRD is installed; delete when a deployment
+# changes mode).
 - apiGroups: ["gateway.networking.k8s.io"]
   resources: ["httproutes"]
+  verbs: ["list", "create", "patch", "delete"]
+- apiGroups: ["inference.networking.k8s.io"]
+  resources: ["inferencepools"]
   verbs: ["list", "create", "patch", "delete"]
 {{- if .Values.peering.enabled }}
 {{ include "specpilot.kopfPeeringRules" . }}
