@@ -145,7 +145,7 @@ async def read_profiles(ctx: Context, spec: SpeculativeDeploymentSpec, namespace
                 job = await _adopted(ctx, namespace, need, stored, job, events)
             view = _view(ctx, namespace, stored, job)
             views[need.name] = view
-            job_view = _job_view(job, stored, await _failed_pods_account(ctx, namespace, stored, job, view))
+            job_view = _job_view(job, stored, *await _failed_pods_account(ctx, namespace, stored, job, view))
             if job_view is not None:
                 job_views[need.name] = job_view
         reads[need.name] = ProfileRead(need, stored, job)
@@ -193,27 +193,31 @@ def _stamp(text: str | None) -> datetime | None:
 def _view(ctx: Context, namespace: str, profile: dict, job: dict | None = None) -> profiling.ProfileView:
     """The planner's view of a profile as the operator reads it (after `_owned`): a Succeeded result's seal and
     plausibility are checked (they need the result key and the catalog) and a failure's account quoted (its seal
-    checked with the current Job's nonce, which `RecordJob` records first)."""
+    checked with the current Job's nonce, which `RecordJob` records first) and kept as written, for the planner's
+    `policy.model_access` to read."""
     status = profile.get("status") or {}
     phase = status.get("phase") or "Pending"
     annotations = ((profile.get("metadata") or {}).get("annotations")) or {}
     if job is not None and phase in profiling.MEASURING:
         profile = _with_nonce(profile, job)
+    failure = _sealed_bench_failure(ctx, namespace, profile) if phase in profiling.MEASURING else None
     return profiling.ProfileView(
         phase=phase, verdict=verdict_of(profile) is not None, completed_at=_stamp(status.get("completedAt")),
         attempts=status.get("attempts", 0), reprofile_mark=annotations.get(REPROFILE_ANNOTATION),
         refusal=_result_refusal(ctx, namespace, profile) if phase == "Succeeded" else None,
-        bench_said=_bench_account(ctx, namespace, profile) if phase in profiling.MEASURING else "")
+        bench_said="; " + job_failure.bench_account(failure.get("reason"), failure.get("message"),
+                                                    _job_tokens(ctx, namespace, profile)) if failure else "",
+        bench_text=str(failure.get("message") or "") if failure else "")
 
 
-def _job_view(job: dict | None, profile: dict, pods_said: str = "") -> profiling.JobView | None:
+def _job_view(job: dict | None, profile: dict, pods_said: str = "", engine_text: str = "") -> profiling.JobView | None:
     if job is None:
         return None
     status = job.get("status") or {}
     return profiling.JobView(
         name=(job.get("metadata") or {}).get("name", ""), state=job_state(job), active=int(status.get("active") or 0),
         failed=int(status.get("failed") or 0), completed_at=job_completed_at(job), failure=_job_failure(job),
-        pods_said=pods_said,
+        pods_said=pods_said, engine_text=engine_text,
         nonce_recorded=_job_nonce(profile, job) is None,
         name_recorded=(profile.get("status") or {}).get("jobName") == (job.get("metadata") or {}).get("name"))
 
@@ -235,6 +239,8 @@ async def _execute(ctx: Context, namespace: str, need: Need, profile: dict, job:
         await _record_job(ctx, namespace, need.name, profile, job)
     elif isinstance(action, profiling.MarkFailed):
         await _fail_profile(ctx, namespace, need, profile, events, action.status, action.event_message)
+        if action.delete_job:  # after the verdict: a reconciliation that sees the Job gone sees the profile Failed
+            await ctx.kube.delete("jobs", namespace, action.delete_job)
     elif isinstance(action, profiling.Accept):
         await _accept_result(ctx, namespace, need, profile, events)
     elif isinstance(action, profiling.MarkRunning):
@@ -292,15 +298,14 @@ async def _accept_result(ctx: Context, namespace: str, need: Need, profile: dict
     events.append(Event("Normal", "Profiled", f"{need.key} on {need.sku} ({need.name}): result accepted"))
 
 
-def _bench_account(ctx: Context, namespace: str, profile: dict) -> str:
-    """The benchmark's own account of why it stopped (status.benchFailure), quoted only when the profile's seal
-    holds (its Job wrote it, not tenant code or another writer); "" otherwise. The engine's log lines it carries
-    are quoted as the engine's text (job_failure.bench_account)."""
+def _sealed_bench_failure(ctx: Context, namespace: str, profile: dict) -> dict | None:
+    """The benchmark's own account of why it stopped (status.benchFailure), only when the profile's seal holds
+    (its Job wrote it, not tenant code or another writer); None otherwise. The engine's log lines it carries are
+    quoted as the engine's text (job_failure.bench_account)."""
     failure = (profile.get("status") or {}).get("benchFailure")
     if not isinstance(failure, dict) or seal.seal_problem(ctx.result_key, namespace, profile) is not None:
-        return ""
-    return "; " + job_failure.bench_account(failure.get("reason"), failure.get("message"),
-                                            _job_tokens(ctx, namespace, profile))
+        return None
+    return failure
 
 
 def _job_tokens(ctx: Context, namespace: str, profile: dict, job: dict | None = None) -> list[str]:
@@ -319,16 +324,19 @@ async def _job_pods(ctx: Context, namespace: str, job: dict) -> list[dict]:
 
 
 async def _failed_pods_account(ctx: Context, namespace: str, profile: dict, job: dict | None,
-                               view: profiling.ProfileView) -> str:
-    """What the pods of a Job that failed for good say about why (`job_failure.pod_account`), read once: when
-    the profile is still measuring, so its failure is about to be recorded; "" otherwise."""
+                               view: profiling.ProfileView) -> tuple[str, str]:
+    """What the pods of a Job that failed for good say about why (`job_failure.pod_account`), and the engine
+    container's message as written (`job_failure.engine_message`, for the planner to read, not quote), read once:
+    when the profile is still measuring, so its failure is about to be recorded; ("", "") otherwise."""
     if job is None or view.phase not in profiling.MEASURING or job_state(job) != "Failed":
-        return ""
+        return "", ""
     meta = job.get("metadata") or {}
     uid = meta.get("uid") or None
     earlier = (ctx.pod_checks.get(uid) or (0.0, "", ""))[2] if uid else ""
-    return job_failure.pod_account(await _job_pods(ctx, namespace, job), job_uid=uid, bench_said=bool(view.bench_said),
-                                   known_secrets=_job_tokens(ctx, namespace, profile, job), earlier=earlier)
+    pods = await _job_pods(ctx, namespace, job)
+    return (job_failure.pod_account(pods, job_uid=uid, bench_said=bool(view.bench_said),
+                                    known_secrets=_job_tokens(ctx, namespace, profile, job), earlier=earlier),
+            job_failure.engine_message(pods, uid))
 
 
 async def _check_pod_start(ctx: Context, namespace: str, need: Need, job: dict | None,

@@ -26,6 +26,7 @@ from ..manifests.names import BENCH_CONTAINER, ENGINE_CONTAINER, SUPERVISOR_INST
 __all__ = [
     "ENGINE_TEXT_BYTES",
     "bench_account",
+    "engine_message",
     "ENGINE_TEXT_LINES",
     "IMAGE_PULL_REASONS",
     "job_pod_selector",
@@ -254,6 +255,17 @@ def pod_account(pods: Sequence[Mapping[str, Any]], *, job_uid: str | None = None
             return f"its pod had not started: {earlier}"
         return ""
     return f"pod {name}: " + "; ".join(parts)
+
+
+def engine_message(pods: Sequence[Mapping[str, Any]], job_uid: str | None = None) -> str:
+    """The engine container's termination message of the Job's last pod as it wrote it ("" when none): untrusted,
+    for `policy.model_access` to read (it chooses a reason by it), never to quote; `pod_account` quotes it."""
+    pod = _latest(pods, job_uid)
+    for container, cs in _statuses(pod) if pod is not None else ():
+        term = _state(cs, "terminated") if container == ENGINE_CONTAINER else None
+        if term is not None and isinstance(term.get("message"), str):
+            return term["message"]
+    return ""
 
 
 def pod_not_starting(pods: Sequence[Mapping[str, Any]], job_uid: str | None = None) -> str:

@@ -17,6 +17,10 @@ The profile's state machine, as the operator decides it (the benchmark Job write
   reason; Complete but no result within the grace (`result_grace_s`, the watch order) -> `MarkFailed`
   NoResult, and `Wait` until the grace ends before that; Active and started -> `MarkRunning`; Active after a
   failed attempt -> `RecordRetry` (the attempt count);
+- the Job Failed, or Active after an attempt whose engine the Hugging Face Hub refused the model
+  (`policy.model_access`: a gated model without a token, no such repository or revision) -> `MarkFailed` with
+  ModelAccessDenied or ModelNotFound at once, and an Active Job deleted: every retry would be refused the same
+  way until the spec or the token changes;
 - Succeeded (a complete result): refused (unsealed or implausible; the caller checks) -> `MarkFailed`;
   otherwise `Accept` once (the operator's verdict).
 
@@ -34,6 +38,7 @@ from ..api.deployment_status import Phase
 from ..api.methods import CandidateMethod
 from ..api.profile import SpeculationProfileSpec
 from .events import Event
+from .model_access import HubRefusal, hub_refusal
 
 __all__ = [
     "RESULT_GRACE_S",
@@ -115,6 +120,9 @@ class JobView:
     pods_said: str = ""
     """What its last pod's status says about the failure (`policy.job_failure.pod_account`; "" when nothing, or
     not read: the controller reads the pods only of a Job that failed for good)."""
+    engine_text: str = ""
+    """Its last pod's engine container's termination message as written (`policy.job_failure.engine_message`,
+    read with `pods_said`): untrusted, read by `policy.model_access` and never quoted."""
     nonce_recorded: bool = True
     """The profile records the Job's result nonce (False: the operator stopped between creating the Job and
     recording it; the next reconciliation catches up)."""
@@ -142,6 +150,9 @@ class ProfileView:
     checks (it holds the result key and the GPU catalog)."""
     bench_said: str = ""
     """The benchmark's own account of a failure, quoted in messages ("" when none, or unsealed)."""
+    bench_text: str = ""
+    """That account's message as the bench wrote it, the engine's log lines in it ("" when none, or unsealed):
+    untrusted, read by `policy.model_access` and never quoted."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -244,6 +255,8 @@ class MarkFailed:
     message: str
     event_message: str
     attempts: int | None = None
+    delete_job: str | None = None
+    """The profile's Job, still retrying what cannot succeed: deleted (its pods with it)."""
 
     @property
     def status(self) -> dict:
@@ -345,9 +358,24 @@ def follow(need: Need, profile: ProfileView, job: JobView | None, now: datetime,
     return Step((), phase)
 
 
+def _refused(need: Need, job: JobView, refused: HubRefusal, said: str) -> MarkFailed:
+    """Fail the profile whose engine the Hub refused the model: the operator's words first (the Event's message
+    is cut at 1 KiB), then the accounts it read them from, quoted."""
+    pods = f"; {job.pods_said}" if job.pods_said else ""
+    stop = "; not retried (its Job is deleted): " if job.state == ACTIVE else "; "
+    stop += "each retry would be refused the same way until the spec or the token changes"
+    return MarkFailed(need.name, refused.reason, f"{refused.message}{stop}{said}{pods}; once fixed, {RETRY_HINT}",
+                      f"{refused.reason}: {refused.message}{stop}{said}{pods}",
+                      # an Active Job's failed attempt may not be counted in its status yet
+                      attempts=max(job.failed, 1), delete_job=job.name if job.state == ACTIVE else None)
+
+
 def _follow_job(need: Need, profile: ProfileView, job: JobView, now: datetime,
                 grace_s: float) -> tuple[str, list[Action]]:
     said = profile.bench_said
+    refused = hub_refusal((profile.bench_text, job.engine_text), need.spec) if job.state != COMPLETE else None
+    if refused is not None:
+        return FAILED, [_refused(need, job, refused, said)]
     if job.state == FAILED:
         reason, message = job.failure
         attempts = job.failed
