@@ -48,6 +48,7 @@ from specpilot.api.schedule import ScheduleRange
 from specpilot.perf.bench_model import MIN_WAVES, level_requests
 
 from .engine import (
+    FAILURE_CHARS,
     VLLM_SERVER_MODULE,
     EngineInfo,
     EngineStartError,
@@ -497,12 +498,24 @@ class Profiler:
 
     def fail(self, reason: str, message: str) -> None:
         """Mark every target not yet finished as Failed, keeping what it measured."""
+        message = bounded_account(message)
         for target in self.targets:
             if target.status.phase != ProfilePhase.SUCCEEDED.value:
                 target.status = target.status.model_copy(update={
-                    "phase": ProfilePhase.FAILED, "reason": reason, "message": message[-8000:],
-                    "bench_failure": BenchFailure(reason=reason, message=message[-8000:]),
+                    "phase": ProfilePhase.FAILED, "reason": reason, "message": message,
+                    "bench_failure": BenchFailure(reason=reason, message=message),
                     "completed_at": now(), "hardware": target.status.hardware or self.hardware})
+
+
+def bounded_account(message: str, limit: int = FAILURE_CHARS) -> str:
+    """A failure's account within `limit` characters: its first line, the bench's own words, whole (up to 1,000
+    characters), the lines after it (the engine's, untrusted) cut from the front. The operator reads the first
+    line as the bench's and quotes the rest as the engine's, so a long engine log must not push its own text
+    into the first line's place."""
+    head, _, rest = message.partition("\n")
+    head = head[:1000]
+    room = limit - len(head) - 1
+    return f"{head}\n{rest[-room:]}" if rest and room > 0 else head
 
 
 def write_output(path: Path, documents: list[dict[str, Any]]) -> None:

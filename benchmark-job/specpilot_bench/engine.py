@@ -43,6 +43,10 @@ CONTROL_TIMEOUT_S = 10
 """Per-request timeout towards the engine container while it starts and stops."""
 SUPERVISOR_STOP_TIMEOUT_S = 60
 """The supervisor stops an engine within 30 s (SIGTERM, then SIGKILL)."""
+FAILURE_CHARS = 8000
+"""An engine-start failure's account (the profile's status.benchFailure.message), at most."""
+HUB_ANSWER_CHARS = 1200
+"""The supervisor's lines with the Hugging Face Hub's answer (4 lines of at most 240 characters), at most."""
 
 
 async def read_bounded(response: aiohttp.ClientResponse, limit: int) -> bytes:
@@ -132,11 +136,16 @@ async def wait_until_ready(base_url: str, timeout_s: float, process: subprocess.
     """Poll /health then /v1/models until both answer; fail fast if the launched (or supervised) engine exits."""
     deadline = time.monotonic() + timeout_s
 
-    def failure(reason: str, tail: str | None = None) -> EngineStartError:
+    def failure(reason: str, tail: str | None = None, hub: str = "") -> EngineStartError:
         if tail is None:
             tail = log_tail(log_path) if log_path else ""
-        where = f"\nEngine log {log_path or '(engine container)'} ends with:\n{tail}" if tail else ""
-        return EngineStartError(f"{reason}{where}")
+        # The supervisor's lines with the Hub's answer (its status, which model), from above the tail.
+        found = f"\nEngine log lines with the Hugging Face Hub's answer, from above its end:\n{hub}" if hub else ""
+        where = f"\nEngine log {log_path or '(engine container)'} ends with:\n" if tail else ""
+        # The tail gives way within the account's bound: its first line (the reason) and the Hub's answer stay.
+        room = FAILURE_CHARS - len(reason) - len(found) - len(where)
+        tail = tail[-room:] if room > 0 else ""
+        return EngineStartError(f"{reason}{found}{where}{tail}")
 
     # Poll fast first (a simulated or cached engine is up in a second), backing off to once a second.
     interval = 0.1
@@ -150,7 +159,8 @@ async def wait_until_ready(base_url: str, timeout_s: float, process: subprocess.
                     raise failure(ENGINE_CONTAINER_GONE.format(url=supervisor.supervisor_url), "")
                 if state.get("exitCode") is not None or state.get("k") != supervisor.k:
                     raise failure(f"the engine for k={supervisor.k} exited with code {state.get('exitCode')} "
-                                  "before it became ready", str(state.get("logTail") or "")[-8000:])
+                                  "before it became ready", str(state.get("logTail") or "")[-FAILURE_CHARS:],
+                                  str(state.get("hubAnswer") or "")[-HUB_ANSWER_CHARS:])
             with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError, ValueError, TypeError,
                                      KeyError, IndexError, AttributeError):
                 async with session.get(f"{base_url}/health") as health:

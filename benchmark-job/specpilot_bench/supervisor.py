@@ -14,7 +14,7 @@ reaches a command line but the choice among those.
         -- python3 -m vllm.entrypoints.openai.api_server --model M --host 127.0.0.1 --port 8000 ...
 
 Endpoints: `PUT /engine` (body `{"k": int}`: stop the running engine, start the one for k), `GET /engine`
-(`{"k", "running", "exitCode", "logTail"}`), `DELETE /engine` (stop it), `GET /healthz` (the bench's
+(`{"k", "running", "exitCode", "logTail", "hubAnswer"}`), `DELETE /engine` (stop it), `GET /healthz` (the bench's
 heartbeat), `POST /shutdown` (the bench is done: stop the engine and exit 0, so the pod completes).
 The bench calls at least every `HEARTBEAT_S`; after `--idle-exit-s` without a call (the bench died without
 saying so) the supervisor stops the engine and exits 1, so a pod never holds its GPUs for nothing.
@@ -30,6 +30,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -48,6 +49,16 @@ LOG_TAIL_BYTES = 8192
 TERMINATION_LINES = 10
 TERMINATION_BYTES = 4096
 """What the kubelet keeps of a termination message."""
+HUB_ANSWER_LINES = 4
+HUB_ANSWER_LINE_CHARS = 240
+HUB_ANSWER_SCAN_BYTES = 256 * 1024
+"""A failed engine's log is searched this far back for the Hugging Face Hub's answer, and at most these lines of it
+are kept."""
+HUB_ANSWER = re.compile(r"\b40[134] (?:Client Error|Unauthorized|Forbidden|Not Found)\b|gated repo|Not Found for url|"
+                        r"is restricted|not a valid (?:model|git) identifier")
+"""Lines that carry the Hub's refusal of a download (an HTTP status, a gated, missing or private repository, a
+missing revision). Only selected here, for the operator to read (specpilot.policy.model_access decides what they
+mean): vLLM wraps the Hub's error in its own, and a traceback later its status has scrolled out of the tail."""
 STOP_GRACE_S = 30
 HEARTBEAT_S = 30
 """How often the bench calls while it runs (GET /healthz)."""
@@ -95,6 +106,7 @@ class Supervisor:
         self.log_dir = log_dir
         self.termination_log = termination_log
         self.exit_noted: subprocess.Popen | None = None
+        self.hub_answer = ""
         self.process: subprocess.Popen | None = None
         self.k: int | None = None
         self.log_path: Path | None = None
@@ -114,6 +126,7 @@ class Supervisor:
             self.starts += 1
             self.log_dir.mkdir(parents=True, exist_ok=True)
             self.log_path = self.log_dir / f"{self.starts:02d}-k{k}.log"
+            self.hub_answer = ""
             command = self.command_for(k)
             env = dict(os.environ)
             if env.get("VLLM_CPU_KVCACHE_SPACE", "0").strip() == "":
@@ -150,22 +163,44 @@ class Supervisor:
             if code:
                 self._note_exit(process, code)
             return {"k": self.k, "running": process is not None and code is None, "exitCode": code,
-                    "logTail": self._log_tail()}
+                    "logTail": self._log_tail(), "hubAnswer": self.hub_answer if code else ""}
 
     def _note_exit(self, process: subprocess.Popen, code: int) -> None:
-        """An engine that failed: its last log lines go to this container's log and termination message (the
-        kubelet records it in the pod's status, where the operator reads why the Job failed). Once per start."""
+        """An engine that failed: its last log lines, after the Hub's answer when the log has one above them, go
+        to this container's log and termination message (the kubelet records it in the pod's status, where the
+        operator reads why the Job failed). Once per start."""
         if self.exit_noted is process:
             return
         self.exit_noted = process
         tail = "\n".join(self._log_tail().splitlines()[-TERMINATION_LINES:])
-        print(f"[engine-supervisor] the engine for k={self.k} exited with code {code}; its log ends with:\n{tail}",
-              file=sys.stderr, flush=True)
+        self.hub_answer = "\n".join(line for line in self._hub_lines() if line not in tail)
+        head = f"the engine for k={self.k} exited with code {code}"
+        if self.hub_answer:
+            head += f"; the Hugging Face Hub's answer, earlier in its log:\n{self.hub_answer}\nits log ends with"
+        print(f"[engine-supervisor] {head}:\n{tail}", file=sys.stderr, flush=True)
         path = self.termination_log
         if path is not None and path.is_file():
-            data = f"the engine for k={self.k} exited with code {code}:\n{tail}".encode(errors="replace")
+            # The tail gives way: the Hub's answer is what says why, and a long line at the end must not cut it.
+            first = f"{head}:\n".encode(errors="replace")[:TERMINATION_BYTES]
+            data = first + tail.encode(errors="replace")[-(TERMINATION_BYTES - len(first)):]
             with contextlib.suppress(OSError):
-                path.write_bytes(data[-TERMINATION_BYTES:])
+                path.write_bytes(data[:TERMINATION_BYTES])
+
+    def _hub_lines(self) -> list[str]:
+        """The first distinct lines of the engine's log (its last HUB_ANSWER_SCAN_BYTES) that carry the Hub's
+        refusal of a download (HUB_ANSWER), each cut to HUB_ANSWER_LINE_CHARS."""
+        if self.log_path is None:
+            return []
+        found: list[str] = []
+        with contextlib.suppress(OSError), self.log_path.open("rb") as f:
+            f.seek(max(0, self.log_path.stat().st_size - HUB_ANSWER_SCAN_BYTES))
+            for line in f.read().decode("utf-8", errors="replace").splitlines():
+                line = line.strip()[:HUB_ANSWER_LINE_CHARS]
+                if HUB_ANSWER.search(line) and line not in found:
+                    found.append(line)
+                    if len(found) == HUB_ANSWER_LINES:
+                        break
+        return found
 
     def _log_tail(self) -> str:
         if self.log_path is None:
