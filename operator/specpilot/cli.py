@@ -246,6 +246,11 @@ def _validate_document(crds: dict, file: str, index: int, line: int, doc: object
     warnings: list[str] = []
     if not problems and kind == "SpeculativeDeployment" and config is not None:
         problems, warnings = _operator_refusals(doc, config)
+    if not problems and kind == "SpeculativeDeployment":
+        from .policy.model_access import gated_model_warning
+
+        gated = gated_model_warning(SpeculativeDeploymentSpec.model_validate(doc.get("spec") or {}))
+        warnings += [f"warning: {gated}"] if gated else []
     if problems:
         return "\n".join(f"{file}: {label}: {p}" for p in problems + warnings), True
     return "\n".join([f"{file}: {label}: valid", *(f"{file}: {label}: {w}" for w in warnings)]), False
@@ -329,7 +334,8 @@ what is read:
   glob's matches, only .yaml, .yml and .json files are read: others are skipped silently.
 
 exit status:
-  0  every resource is valid; warnings (a spec.metrics.prometheusUrl the operator would not read) do not fail
+  0  every resource is valid; warnings (a spec.metrics.prometheusUrl the operator would not read, a model
+     likely gated on Hugging Face without spec.model.hfTokenSecretRef) do not fail
   1  a resource is invalid or the operator would refuse it, or an argument gives nothing to check: a missing
      or unreadable file, a file that is not YAML or does not parse, a file with no specpilot resource, a
      directory or quoted glob with no YAML file; each is one line on stderr naming it and why
