@@ -178,16 +178,14 @@ def _operator_refusals(doc: dict, config) -> tuple[list[str], list[str]]:
     Prometheus URL neither on the admin's allow-list nor the operator's own prometheusUrl, MetricsAvailable=False
     while the rest runs)."""
     from .api.deployment_spec import SpeculativeDeploymentSpec
-    from .api.gateway import gateway_problems
-    from .api.tenancy import spec_problems
     from .observe.allowlist import prometheus_url_refusal
+    from .policy.admission import operator_refusals
 
     spec = SpeculativeDeploymentSpec.model_validate(doc.get("spec") or {})
     # Without metadata.namespace the resource lands in kubectl's current namespace: "default" when none is set.
     namespace = (doc.get("metadata") or {}).get("namespace") or "default"
     problems = [f"the operator would refuse it (Valid=False, InvalidSpec; nothing created): {p}"
-                for p in spec_problems(spec, config.tenancy, benchmark_image=config.benchmark_image)
-                + gateway_problems(spec, namespace, config.allowed_gateway_parents)]
+                for p in operator_refusals(spec, namespace, config)]
     warnings = []
     refused = prometheus_url_refusal(spec, config)  # the operator's own decision (controller/observation.py)
     if refused:

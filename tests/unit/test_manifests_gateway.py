@@ -276,3 +276,29 @@ def test_http_route_over_inference_pools_weighs_them_without_a_port():
     assert rule["backendRefs"] == [
         {"group": "inference.networking.k8s.io", "kind": "InferencePool", "name": "llama-70b-h100", "weight": 700},
         {"group": "inference.networking.k8s.io", "kind": "InferencePool", "name": "llama-70b-h200", "weight": 300}]
+
+
+def test_specpilot_validate_knows_inference_pool_routing_and_the_admins_defaults(capsys, tmp_path):
+    from specpilot.cli import main
+
+    doc = gateway_doc(routing="inferencePool")
+    doc["spec"]["serving"]["inferencePool"] = {"endpointPickerRef": {"name": "llama-epp", "port": 9002}}
+    path = tmp_path / "sdep.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    # No Gateway named in the spec, and none in the default config: refused, naming the fix.
+    assert main(["validate", str(path)]) == 1
+    assert "spec.serving.routing is inferencePool but no Gateway is named" in capsys.readouterr().out
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({"defaultGatewayParentRefs": [{"name": "shared", "namespace": "gateway-system"}],
+                                      "defaultEndpointPickerRef": {"port": 9002, "failureMode": "FailOpen"}}))
+    assert main(["validate", "--operator-config", str(config), str(path)]) == 0
+    # A picker in another namespace: InferencePool v1 cannot reference it, and validate says so.
+    doc["spec"]["serving"]["inferencePool"]["endpointPickerRef"]["namespace"] = "kube-system"
+    path.write_text(yaml.safe_dump(doc))
+    assert main(["validate", "--operator-config", str(config), str(path)]) == 1
+    assert "endpointPickerRef.namespace is kube-system" in capsys.readouterr().out
+    # A port out of range never gets past the schema.
+    doc["spec"]["serving"]["inferencePool"]["endpointPickerRef"] = {"port": 70000}
+    path.write_text(yaml.safe_dump(doc))
+    assert main(["validate", "--operator-config", str(config), str(path)]) == 1
+    assert "port" in capsys.readouterr().out
