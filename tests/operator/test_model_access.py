@@ -158,6 +158,15 @@ async def test_a_model_the_hub_refuses_fails_its_profile_at_once_naming_the_fix(
 
         [baseline] = await sandbox.wait_for(baseline_measured, timeout_s=120, what="the drafter's baseline measured")
         assert "method" not in baseline["spec"]
+
+        # The token is set: the spec changed, so the profiles the Hub refused are measured again, unasked.
+        await sandbox.patch("speculativedeployments", NAMESPACE, "gated",
+                            {"spec": {"model": {"hfTokenSecretRef": {"name": "hf-token"}}}})
+        remeasured = await sandbox.wait_for(
+            lambda: (found := [e for e in events(sandbox, "Reprofiling") if "the spec changed since the Hugging "
+                               "Face Hub refused the model (ModelAccessDenied)" in e["message"]]) and found,
+            timeout_s=60, what="the refused profiles measured again after the spec changed")
+        assert {e["involvedObject"]["name"] for e in remeasured} == {"gated"}
     except BaseException:
         for profile in profiles(sandbox):
             print("PROFILE", profile["metadata"]["name"], profile.get("status"))

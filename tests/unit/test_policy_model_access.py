@@ -235,7 +235,8 @@ def test_an_attempt_the_hub_refused_fails_the_profile_at_once_and_deletes_its_jo
     assert mark.message.startswith(f"the engine could not download the model {LLAMA} from Hugging Face (HTTP 401): "
                                    "it is gated, and the engine had no valid token: set spec.model.hfTokenSecretRef")
     assert "; not retried (its Job is deleted): each retry would be refused" in mark.message
-    assert mark.message.endswith(f"{BENCH_SAID}; once fixed, {pp.RETRY_HINT}")
+    assert mark.message.endswith(f"{BENCH_SAID}; a change of the spec measures it again (a fix outside the spec: "
+                                 f"{pp.RETRY_HINT})")
     assert mark.event_message.startswith(f"{MODEL_ACCESS_DENIED}: the engine could not download the model {LLAMA} "
                                          "from Hugging Face (HTTP 401)")
     assert not result.of(pp.RecordRetry)
@@ -252,7 +253,7 @@ def test_a_job_that_failed_for_good_on_the_hubs_refusal_gets_its_reason():
     assert (mark.reason, mark.delete_job, mark.attempts) == (MODEL_NOT_FOUND, None, 3)
     assert mark.message.startswith(f"the engine could not download the model {LLAMA} from Hugging Face (HTTP 404): "
                                    "no such repository: check spec.model.id; each retry would be refused")
-    assert "; pod bench-x-1: engine container exited 1 (Error); once fixed" in mark.message
+    assert "; pod bench-x-1: engine container exited 1 (Error); a change of the spec measures it again" in mark.message
 
 
 @pytest.mark.parametrize("job, profile, expected", [
@@ -310,3 +311,24 @@ def test_a_model_of_an_organisation_that_gates_its_models_without_a_token_is_a_w
 ])
 def test_other_models_get_no_warning(model, methods):
     assert gated_model_warning(_deployment(model, methods)) is None
+
+
+@pytest.mark.parametrize("reason, spec_changed, restarted", [
+    ("ModelAccessDenied", True, True),    # a token set, or the model mended: measured again
+    ("ModelNotFound", True, True),
+    ("ModelAccessDenied", False, False),  # nothing changed: a retry would be refused the same way
+    ("OOMKilled", True, False),           # another failure waits for the annotation, as before
+])
+def test_a_profile_the_hub_refused_is_measured_again_once_the_spec_changes(reason, spec_changed, restarted):
+    from datetime import UTC, datetime
+
+    need = _need()
+    failed = pp.ProfileView("Failed", verdict=True, failure_reason=reason, reprofile_mark="1")
+    plan = pp.plan_profiling(pp.ProfilingInputs([need], {need.name: failed}, {}, datetime(2026, 12, 1, tzinfo=UTC),
+                                                spec_changed=spec_changed))
+    restarts = [a for a in plan.actions if isinstance(a, pp.Restart)]
+    assert bool(restarts) is restarted
+    if restarted:
+        (restart,) = restarts
+        assert reason in restart.why and "spec changed" in restart.why
+        assert restart.reprofile == "1"  # the annotation's value is kept: no second restart by it

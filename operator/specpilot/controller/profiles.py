@@ -122,7 +122,8 @@ class ProfileRead:
 
 async def read_profiles(ctx: Context, spec: SpeculativeDeploymentSpec, namespace: str, needed: list[Need],
                         profiles: dict[str, dict], jobs: dict[str, dict], reprofile: str | None, now: datetime,
-                        events: list[Event]) -> tuple[profiling.ProfilingInputs, dict[str, ProfileRead]]:
+                        events: list[Event], spec_changed: bool = False
+                        ) -> tuple[profiling.ProfilingInputs, dict[str, ProfileRead]]:
     """The profiling planner's inputs (`policy.profiling.ProfilingInputs`): each needed profile as the operator
     reads it (its verdict over status; a status someone else rewrote is reported and restored here, before any
     plan) and its current Job (a Job the operator did not make is refused, reported and deleted here); a failed
@@ -153,7 +154,7 @@ async def read_profiles(ctx: Context, spec: SpeculativeDeploymentSpec, namespace
         else ctx.config.profiling_defaults.max_age_hours
     return profiling.ProfilingInputs(
         needed=needed, profiles=views, jobs=job_views, now=now, max_parallel_jobs=max_parallel_jobs(spec, ctx.config),
-        max_age_hours=max_age, reprofile=reprofile, result_grace_s=RESULT_GRACE_S), reads
+        max_age_hours=max_age, reprofile=reprofile, spec_changed=spec_changed, result_grace_s=RESULT_GRACE_S), reads
 
 
 async def execute_profiling(ctx: Context, spec: SpeculativeDeploymentSpec, namespace: str, sdep_name: str,
@@ -207,7 +208,9 @@ def _view(ctx: Context, namespace: str, profile: dict, job: dict | None = None) 
         refusal=_result_refusal(ctx, namespace, profile) if phase == "Succeeded" else None,
         bench_said="; " + job_failure.bench_account(failure.get("reason"), failure.get("message"),
                                                     _job_tokens(ctx, namespace, profile)) if failure else "",
-        bench_text=str(failure.get("message") or "") if failure else "")
+        bench_text=str(failure.get("message") or "") if failure else "",
+        failure_reason=verdict.get("reason") if (verdict := verdict_of(profile) or {}).get("phase") == "Failed"
+        else None)
 
 
 def _job_view(job: dict | None, profile: dict, pods_said: str = "", engine_text: str = "") -> profiling.JobView | None:

@@ -109,7 +109,8 @@ async def reconcile(ctx: Context, body: dict, nodes: list[dict], profiles: dict[
     reprofile = (meta.get("annotations") or {}).get(REPROFILE_ANNOTATION)
     await ensure_bench_identity(ctx, namespace)
     events: list[Event] = []
-    profiling, reads = await read_profiles(ctx, spec, namespace, needed, profiles, jobs, reprofile, now, events)
+    profiling, reads = await read_profiles(ctx, spec, namespace, needed, profiles, jobs, reprofile, now, events,
+                                           spec_changed=old.observed_generation not in (None, generation))
     snapshot = await read_snapshot(ctx, body, spec, views, profiling, profiles, jobs, nodes, observe,
                                    profile_users or {}, deployments, old, now)
     plan = plan_deployment(snapshot)

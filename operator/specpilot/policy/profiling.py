@@ -11,6 +11,8 @@ The profile's state machine, as the operator decides it (the benchmark Job write
 - no profile: `CreateProfile` (it starts Pending);
 - Succeeded and older than the max age (from its completion; any age with 0), or the deployment's reprofile
   annotation asks for a new measurement: `Restart` (Pending again, no Job); Failed and asked for: `Restart`;
+  Failed because the Hugging Face Hub refused the model, and the deployment's spec changed since (a token set,
+  the model id or revision mended): `Restart`;
 - Pending or Running without a current Job: it waits for a Job slot; at most `max_parallel_jobs` Jobs run per
   pool at once, the oldest waiting first (`StartJob`);
 - with its Job: the Job Failed (its backoff limit spent: Kubernetes retried it) -> `MarkFailed` with the Job's
@@ -38,7 +40,7 @@ from ..api.deployment_status import Phase
 from ..api.methods import CandidateMethod
 from ..api.profile import SpeculationProfileSpec
 from .events import Event
-from .model_access import HubRefusal, hub_refusal
+from .model_access import MODEL_ACCESS_DENIED, MODEL_NOT_FOUND, HubRefusal, hub_refusal
 
 __all__ = [
     "RESULT_GRACE_S",
@@ -73,6 +75,8 @@ __all__ = [
 
 RESULT_GRACE_S = 60
 """How long after a benchmark Job completes its result may take to reach the profile (watch order)."""
+HUB_REFUSALS = frozenset({MODEL_ACCESS_DENIED, MODEL_NOT_FOUND})
+"""Failures a change of the spec can mend (the token, the model id or revision): measured again after one."""
 REPROFILE_ANNOTATION = "specpilot.io/reprofile"
 RETRY_HINT = f"set the annotation {REPROFILE_ANNOTATION} on the SpeculativeDeployment to retry"
 """How a profile that failed for good is measured again, as its message says."""
@@ -153,6 +157,8 @@ class ProfileView:
     bench_text: str = ""
     """That account's message as the bench wrote it, the engine's log lines in it ("" when none, or unsealed):
     untrusted, read by `policy.model_access` and never quoted."""
+    failure_reason: str | None = None
+    """The reason of the operator's Failed verdict (None: no such verdict)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -170,6 +176,10 @@ class ProfilingInputs:
     """A Succeeded profile older than this (from its completion) is measured again; 0: never."""
     reprofile: str | None = None
     """The deployment's reprofile annotation: a value a profile was not measured for asks for a new one."""
+    spec_changed: bool = False
+    """The deployment's spec changed since its last reconciliation (metadata.generation past
+    status.observedGeneration): a profile the Hugging Face Hub refused is measured again, since the edit may be
+    the token, the model id or the revision it lacked."""
     result_grace_s: float = RESULT_GRACE_S
 
 
@@ -306,7 +316,7 @@ def overall_phase(profiles_ready: int, profiles_total: int, profiles_failed: int
 
 
 def renewal(need: Need, profile: ProfileView | None, reprofile: str | None, max_age_hours: float,
-            now: datetime) -> CreateProfile | Restart | None:
+            now: datetime, spec_changed: bool = False) -> CreateProfile | Restart | None:
     """Whether the profile is to be created or measured again before anything else (None: as it is)."""
     if profile is None:
         return CreateProfile(need.name, reprofile)
@@ -317,6 +327,9 @@ def renewal(need: Need, profile: ProfileView | None, reprofile: str | None, max_
                        else f"older than {max_age_hours:g} h")
     if profile.phase == FAILED and stale_request:
         return Restart(need.name, reprofile, "requested by annotation")
+    if profile.phase == FAILED and spec_changed and profile.failure_reason in HUB_REFUSALS:
+        return Restart(need.name, profile.reprofile_mark,
+                       f"the spec changed since the Hugging Face Hub refused the model ({profile.failure_reason})")
     return None
 
 
@@ -364,7 +377,8 @@ def _refused(need: Need, job: JobView, refused: HubRefusal, said: str) -> MarkFa
     pods = f"; {job.pods_said}" if job.pods_said else ""
     stop = "; not retried (its Job is deleted): " if job.state == ACTIVE else "; "
     stop += "each retry would be refused the same way until the spec or the token changes"
-    return MarkFailed(need.name, refused.reason, f"{refused.message}{stop}{said}{pods}; once fixed, {RETRY_HINT}",
+    return MarkFailed(need.name, refused.reason, f"{refused.message}{stop}{said}{pods}; a change of the spec "
+                      f"measures it again (a fix outside the spec: {RETRY_HINT})",
                       f"{refused.reason}: {refused.message}{stop}{said}{pods}",
                       # an Active Job's failed attempt may not be counted in its status yet
                       attempts=max(job.failed, 1), delete_job=job.name if job.state == ACTIVE else None)
@@ -489,7 +503,7 @@ def plan_profiling(inputs: ProfilingInputs) -> ProfilingPlan:
         if round_.done(need):
             continue
         stored = inputs.profiles.get(need.name)
-        renew = renewal(need, stored, inputs.reprofile, inputs.max_age_hours, inputs.now)
+        renew = renewal(need, stored, inputs.reprofile, inputs.max_age_hours, inputs.now, inputs.spec_changed)
         profile = renewed(stored, renew)
         if renew is not None:
             actions.append(renew)
