@@ -7,10 +7,11 @@ on its own loopback address (metrics.source: pods)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
-import kmock
 import pytest
 import yaml
 
@@ -55,12 +56,6 @@ def operator_config(tmp_path: Path) -> Path:
     return path
 
 
-def install_gateway_api(api: SandboxApiServer) -> None:
-    """The Gateway API's HTTPRoute resource, as its CRD would register it (the sandbox stores any object)."""
-    api.emulator.resources["gateway.networking.k8s.io/v1/httproutes"] = kmock.ResourceInfo(
-        kind="HTTPRoute", singular="httproute", namespaced=True, verbs=set(ALL_VERBS))
-
-
 def route(api: SandboxApiServer) -> dict | None:
     return api.get("httproutes", NAMESPACE, names.http_route_name("llama"))
 
@@ -81,20 +76,14 @@ def fleet_sdep(**serving) -> dict:
         metrics={"source": "pods", "intervalSeconds": 5, "windowSeconds": 30})
 
 
-def weights_follow_shares(api: SandboxApiServer) -> dict[str, int] | None:
-    """The route's weights when they are the planned shares as route_weights makes them (None: not yet)."""
-    placed = pools(api)
-    shares = {name: placed[name].get("trafficShare") for name in POOLS if name in placed}
-    if None in shares.values() or (status(api).get("fleet") or {}).get("routing") != "gateway":
-        return None
-    expected = {names.pool_service_name("llama", n): w for n, w in route_weights(shares).items()}
-    return route_split(api) if route_split(api) == expected else None
-
-
-async def test_route_weights_follow_the_planned_shares_as_demand_moves(sandbox, operator):
-    install_gateway_api(sandbox)
+@contextlib.asynccontextmanager
+async def serving_fleet(api: SandboxApiServer, body: dict) -> AsyncIterator[Callable[[float, float], None]]:
+    """The two-GPU-type deployment `body` profiled and serving: a node per pool, every profile measured, one Ready
+    pod per pool whose vLLM-named metrics its own exporter serves on a loopback address at the serving port, and
+    the Deployment controller played. Yields `load(running, steps)`, which sets what every pod reports."""
+    port = body["spec"]["serving"]["port"]
     stop = asyncio.Event()
-    controller = asyncio.create_task(play_deployment_controller(sandbox, stop))
+    controller = asyncio.create_task(play_deployment_controller(api, stop))
     states = {name: VllmMetricsState(model_name="llama") for name in POOLS}
     subnet = random.randint(1, 250)
     ips = {name: f"127.{subnet}.{i + 1}.{random.randint(2, 250)}" for i, name in enumerate(POOLS)}
@@ -107,17 +96,39 @@ async def test_route_weights_follow_the_planned_shares_as_demand_moves(sandbox, 
 
     try:
         for name, (product, _) in POOLS.items():
-            await sandbox.create(node(f"gpu-{name}", product, name))
-        await sandbox.create(fleet_sdep(routing="gateway", gateway=GATEWAY))
-        await sandbox.wait_for(lambda: len(sandbox.objects("speculationprofiles", NAMESPACE)) == 4,
-                               what="a baseline and an ngram profile per GPU type")
+            await api.create(node(f"gpu-{name}", product, name))
+        await api.create(body)
+        await api.wait_for(lambda: len(api.objects("speculationprofiles", NAMESPACE)) == 4,
+                           what="a baseline and an ngram profile per GPU type")
         for name in POOLS:
-            await publish_results(sandbox, POOLS[name][1])
+            await publish_results(api, POOLS[name][1])
         for i, name in enumerate(POOLS):
-            await sandbox.wait_for(lambda: deployment(sandbox, name), timeout_s=60, what=f"the {name} Deployment")
-            runners.append((await start_exporter(states[name], host=ips[name], port=PORT))[0])
-            await create_serving_pod(sandbox, deployment(sandbox, name), f"llama-{name}-5c7d{i}-p{i}x2z", ips[name])
+            await api.wait_for(lambda: deployment(api, name), timeout_s=60, what=f"the {name} Deployment")
+            runners.append((await start_exporter(states[name], host=ips[name], port=port))[0])
+            pod = f"llama-{name}-5c7d{i}-p{i}x2z"
+            await create_serving_pod(api, deployment(api, name), pod, ips[name])
+            await api.patch("pods", NAMESPACE, pod, {"status": {"conditions": [{"type": "Ready", "status": "True"}]}})
+        yield load
+    finally:
+        stop.set()
+        await controller
+        for runner in runners:
+            await runner.cleanup()
 
+
+def weights_follow_shares(api: SandboxApiServer) -> dict[str, int] | None:
+    """The route's weights when they are the planned shares as route_weights makes them (None: not yet)."""
+    placed = pools(api)
+    shares = {name: placed[name].get("trafficShare") for name in POOLS if name in placed}
+    if None in shares.values() or (status(api).get("fleet") or {}).get("routing") != "gateway":
+        return None
+    expected = {names.pool_service_name("llama", n): w for n, w in route_weights(shares).items()}
+    return route_split(api) if route_split(api) == expected else None
+
+
+async def test_route_weights_follow_the_planned_shares_as_demand_moves(sandbox, operator):
+    await sandbox.install_gateway_api()
+    async with serving_fleet(sandbox, fleet_sdep(routing="gateway", gateway=GATEWAY)) as load:
         # One Service per pool, selecting that pool's pods; the deployment's one Service stays beside them.
         for name in POOLS:
             svc = await sandbox.wait_for(lambda: sandbox.get("services", NAMESPACE, f"llama-{name}"),
@@ -155,11 +166,6 @@ async def test_route_weights_follow_the_planned_shares_as_demand_moves(sandbox, 
         await sandbox.wait_for(lambda: (status(sandbox).get("routing") or {}).get("mode") == "service"
                                and condition(sandbox, "RoutingReady") is None, timeout_s=60,
                                what="service routing in effect")
-    finally:
-        stop.set()
-        await controller
-        for runner in runners:
-            await runner.cleanup()
 
 
 async def test_without_the_gateway_api_it_falls_back_to_the_one_service_and_says_how_to_fix_it(sandbox, operator):
@@ -174,7 +180,8 @@ async def test_without_the_gateway_api_it_falls_back_to_the_one_service_and_says
         cond = await sandbox.wait_for(lambda: condition(sandbox, "RoutingReady"), timeout_s=60,
                                       what="the RoutingReady condition")
         assert cond["status"] == "False" and cond["reason"] == "GatewayApiMissing"
-        assert "install the Gateway API CRDs" in cond["message"] and "serving.routing: auto or service" in cond["message"]
+        assert "install the Gateway API CRDs" in cond["message"]
+        assert "serving.routing: auto or service" in cond["message"]
         assert status(sandbox)["routing"]["mode"] == "service"
         assert sandbox.get("services", NAMESPACE, "llama") is not None  # the one Service keeps serving
         await publish_results(sandbox, "H100-SXM")
@@ -190,7 +197,7 @@ async def test_without_the_gateway_api_it_falls_back_to_the_one_service_and_says
 
         # The Gateway API is installed: the route appears and the condition clears.
         sandbox.allow(missing)
-        install_gateway_api(sandbox)
+        await sandbox.install_gateway_api()
         await sandbox.wait_for(lambda: route(sandbox), timeout_s=60, what="the HTTPRoute")
         assert route_split(sandbox) == {"llama-h100": 1000}
         ready = await sandbox.wait_for(lambda: (c := condition(sandbox, "RoutingReady")) and c["status"] == "True"
@@ -204,7 +211,7 @@ async def test_without_the_gateway_api_it_falls_back_to_the_one_service_and_says
 
 
 async def test_a_gateway_the_admin_does_not_allow_fails_the_resource(sandbox, operator):
-    install_gateway_api(sandbox)
+    await sandbox.install_gateway_api()
     await sandbox.create(node("gpu-h100", H100, "h100"))
     await sandbox.create(sdep(serving={"routing": "gateway", "gateway": {"parentRefs": [
         {"name": "inference"}, {"name": "private", "namespace": "gateway-system"}]}}))

@@ -18,14 +18,11 @@ import yaml
 from specpilot.manifests import names
 from specpilot.policy.fleet import route_weights
 from specpilot_sandbox.apiserver import SandboxApiServer
-from specpilot_sandbox.exporter import VllmMetricsState, start_exporter
 from specpilot_sandbox.router import Router
 from tests.operator.scenario import (
-    A100,
     H100,
     NAMESPACE,
     condition,
-    create_serving_pod,
     deployment,
     events,
     node,
@@ -35,7 +32,7 @@ from tests.operator.scenario import (
     sdep,
     status,
 )
-from tests.operator.test_gateway_routing import POOLS, fleet_sdep
+from tests.operator.test_gateway_routing import POOLS, fleet_sdep, serving_fleet
 
 pytestmark = pytest.mark.operator
 
@@ -78,12 +75,6 @@ def weights_follow_shares(api: SandboxApiServer) -> dict[str, int] | None:
     return route_split(api) if route_split(api) == expected else None
 
 
-async def ready_pod(api: SandboxApiServer, pool: str, name: str, ip: str) -> None:
-    """A Running, Ready pod of the pool's Deployment at `ip` (the kubelet's part)."""
-    await create_serving_pod(api, deployment(api, pool), name, ip)
-    await api.patch("pods", NAMESPACE, name, {"status": {"conditions": [{"type": "Ready", "status": "True"}]}})
-
-
 def served_shares(api: SandboxApiServer) -> dict[str, float]:
     """Where PICKS requests through the sandbox's gateway go, by InferencePool."""
     router = Router(api, NAMESPACE, names.http_route_name("llama"), seed=7)
@@ -94,32 +85,12 @@ def served_shares(api: SandboxApiServer) -> dict[str, float]:
 async def test_inference_pools_carry_the_planned_shares_through_the_gateway(sandbox, operator):
     await sandbox.install_gateway_api()
     await sandbox.install_inference_extension()
-    stop = asyncio.Event()
-    controller = asyncio.create_task(play_deployment_controller(sandbox, stop))
-    states = {name: VllmMetricsState(model_name="llama") for name in POOLS}
-    subnet = random.randint(1, 250)
-    ips = {name: f"127.{subnet}.{i + 1}.{random.randint(2, 250)}" for i, name in enumerate(POOLS)}
-    runners = []
-
-    def load(running: float, steps: float) -> None:
-        for state in states.values():
-            state.set_load(running=running, waiting=0)
-            state.set_rates(request_steps_per_second=steps, finished_requests_per_second=steps / 300)
-
-    try:
-        for name, (product, _) in POOLS.items():
-            await sandbox.create(node(f"gpu-{name}", product, name))
-        # routing left at its default, auto: the cluster serves both CRDs, a Gateway and a picker are named.
-        await sandbox.create(fleet_sdep(port=PORT, gateway=GATEWAY,
-                                        inferencePool={"endpointPickerRef": {"port": 9002}}))
-        await sandbox.wait_for(lambda: len(sandbox.objects("speculationprofiles", NAMESPACE)) == 4,
-                               what="a baseline and an ngram profile per GPU type")
-        for name in POOLS:
-            await publish_results(sandbox, POOLS[name][1])
-        for i, name in enumerate(POOLS):
-            await sandbox.wait_for(lambda: deployment(sandbox, name), timeout_s=60, what=f"the {name} Deployment")
-            runners.append((await start_exporter(states[name], host=ips[name], port=PORT))[0])
-            await ready_pod(sandbox, name, f"llama-{name}-5c7d{i}-p{i}x2z", ips[name])
+    # routing left at its default, auto: the cluster serves both CRDs, a Gateway and a picker are named.
+    body = fleet_sdep(port=PORT, gateway=GATEWAY, inferencePool={"endpointPickerRef": {"port": 9002}})
+    async with serving_fleet(sandbox, body) as load:
+        ips = {p["metadata"]["labels"][names.LABEL_POOL]: p["status"]["podIP"]
+               for p in sandbox.objects("pods", NAMESPACE)}
+        subnet = next(iter(ips.values())).split(".")[1]
         # A pod of another deployment in the namespace, with the same pool label: never a member.
         stranger = dict(deployment(sandbox, "a100"))
         stranger_labels = {**stranger["spec"]["template"]["metadata"]["labels"],
@@ -179,11 +150,6 @@ async def test_inference_pools_carry_the_planned_shares_through_the_gateway(sand
         await sandbox.delete("speculativedeployments", NAMESPACE, "llama")
         await sandbox.wait_for(lambda: not inference_pools(sandbox) and route(sandbox) is None, timeout_s=60,
                                what="the InferencePools and the HTTPRoute garbage-collected")
-    finally:
-        stop.set()
-        await controller
-        for runner in runners:
-            await runner.cleanup()
 
 
 async def test_auto_routes_by_one_service_until_the_cluster_serves_the_crds_then_by_inference_pools(sandbox, operator):

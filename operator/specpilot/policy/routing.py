@@ -25,8 +25,8 @@ from .conditions import set_condition
 from .events import Event
 from .fleet import route_weights
 
-__all__ = ["ApplyRouting", "DeleteRouting", "RoutingApis", "RoutingChoice", "RoutingCosts", "RoutingDefaults", "RoutingPlan",
-           "plan_routing", "resolve_routing", "route_backends", "routing_refused"]
+__all__ = ["ApplyRouting", "DeleteRouting", "RoutingApis", "RoutingChoice", "RoutingCosts", "RoutingDefaults",
+           "RoutingPlan", "plan_routing", "resolve_routing", "route_backends", "routing_refused"]
 
 CONDITION = "RoutingReady"
 
@@ -257,7 +257,8 @@ def plan_routing(choice: RoutingChoice, sdep_name: str, pools: list[PoolStatus],
 
 
 def _cost_fields(costs: RoutingCosts) -> dict:
-    fields: dict = {"service_cost_per_mtok": _rounded(costs.service), "weighted_cost_per_mtok": _rounded(costs.weighted)}
+    fields: dict = {"service_cost_per_mtok": _rounded(costs.service),
+                    "weighted_cost_per_mtok": _rounded(costs.weighted)}
     if costs.service and costs.weighted is not None:
         fields["saving_percent"] = round(100 * (1 - costs.weighted / costs.service), 1)
     return fields
