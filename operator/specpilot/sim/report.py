@@ -23,8 +23,13 @@ from .traces import LoadTrace
 __all__ = ["Comparison", "Verdict", "jsonable", "verdict", "write_reports"]
 
 AUTOSCALE_POLICY = "specpilot+autoscale"
+PLAIN_AUTOSCALE_POLICY = "no-sd+autoscale"
+"""No speculation, autoscaled to the same TPOT SLO: what specpilot+autoscale's cost is judged against."""
+FIXED_POLICY = "specpilot"
+PLAIN_FIXED_POLICY = "no-sd"
+"""At the same fixed replicas: what specpilot's latency is judged against (their cost is the same)."""
 BASELINE_POLICIES = ("no-sd", "always-on", "static<32", "restart-toggle")
-"""The fixed policies (fixed replicas, no specpilot schedule) specpilot+autoscale is judged against."""
+"""The fixed policies (fixed replicas, no specpilot schedule) report.json compares specpilot+autoscale with."""
 ATTAINMENT_TOLERANCE_POINTS = 0.1
 """SLO attainments within this many percentage points count as equal (a request in a thousand)."""
 
@@ -52,43 +57,122 @@ MIN_COST_GAIN_PERCENT = 0.5
 """Cheaper by less than this is a tie, not a win: the simulation's own noise is about that size."""
 
 
+def _change_percent(ours: float, theirs: float) -> float:
+    return (ours / theirs - 1.0) * 100.0
+
+
+def _hours(gpu_hours: float) -> str:
+    return f"{gpu_hours:.2f}" if gpu_hours < 10 else f"{gpu_hours:.1f}"
+
+
+def _attainments(ours: SimResult, theirs: SimResult) -> str:
+    a, b = f"{ours.slo_attainment * 100:.1f}%", f"{theirs.slo_attainment * 100:.1f}%"
+    return f"{a} of requests within SLO for both" if a == b else f"{a} of requests within SLO against {b}"
+
+
 @dataclasses.dataclass(frozen=True)
 class Verdict:
-    """Whether specpilot+autoscale costs less per token than every fixed policy at equal or better SLO
-    attainment, and by how much against each."""
+    """What speculation buys in one comparison, like with like. A replica costs the same per hour whatever it
+    runs, so at fixed replicas speculation changes latency, not cost; it saves money only through the replicas:
+    lower latency per token lets a replica hold more requests within the TPOT SLO, and the SD-aware autoscaler
+    runs fewer. Hence specpilot+autoscale is judged on $/Mtok against no SD autoscaled to the same SLO, and
+    specpilot on latency against no SD at the same fixed replicas.
+
+    `rows` and `beats_all` compare specpilot+autoscale with the fixed-replica policies (the autoscaler's saving
+    and speculation's together); report.json keeps them."""
 
     beats_all: bool
     rows: tuple[tuple[str, float, float, bool], ...]
     """(fixed policy, $/Mtok change in %, attainment change in percentage points, beaten)."""
+    autoscaled: tuple[SimResult, SimResult] | None = None
+    """(specpilot+autoscale, no-sd+autoscale)."""
+    fixed: tuple[SimResult, SimResult] | None = None
+    """(specpilot, no-sd) at the same fixed replicas."""
+
+    @property
+    def wins(self) -> bool:
+        """specpilot+autoscale costs at least MIN_COST_GAIN_PERCENT less per token than no SD autoscaled to the
+        same SLO, with as many requests within the SLO or more."""
+        if self.autoscaled is None:
+            return False
+        ours, plain = self.autoscaled
+        return (_change_percent(ours.cost_per_mtok, plain.cost_per_mtok) <= -MIN_COST_GAIN_PERCENT
+                and (ours.slo_attainment - plain.slo_attainment) * 100 >= -ATTAINMENT_TOLERANCE_POINTS)
 
     def words(self) -> str:
-        if not self.rows:
-            return "no fixed policy to compare with"
-        lost = [name for name, *_, beaten in self.rows if not beaten]
-        cheapest = min(self.rows, key=lambda r: r[1])
-        dearest = max(self.rows, key=lambda r: r[1])
-        if self.beats_all:
-            low, high = -dearest[1], -cheapest[1]
-            span = f"{low:.0f}%" if round(low) == round(high) else f"{low:.0f}-{high:.0f}%"
-            return (f"{AUTOSCALE_POLICY} beats every fixed policy: {span} lower $/Mtok at equal or better "
-                    f"SLO attainment")
-        return (f"{AUTOSCALE_POLICY} does not beat {', '.join(lost)} by {MIN_COST_GAIN_PERCENT:g}% or more on $/Mtok "
-                f"at equal or better SLO attainment")
+        parts = [text for text in (self._autoscaled_words(), self._fixed_words()) if text]
+        return "; ".join(parts) or "no policies to compare like with like"
+
+    def _autoscaled_words(self) -> str | None:
+        if self.autoscaled is None:
+            return None
+        ours, plain = self.autoscaled
+        cost = _change_percent(ours.cost_per_mtok, plain.cost_per_mtok)
+        hours = _change_percent(ours.gpu_hours, plain.gpu_hours)
+        baseline = f"no SD autoscaled to the same {ours.slo_tpot_ms:g} ms TPOT SLO"
+        replica_hours = f"{_hours(ours.gpu_hours)} against {_hours(plain.gpu_hours)} GPU-hours"
+        if self.wins:
+            head = (f"{AUTOSCALE_POLICY} pays ${ours.cost_per_mtok:.4f}/Mtok against ${plain.cost_per_mtok:.4f} for "
+                    f"{baseline} ({-cost:.1f}% less, {_attainments(ours, plain)})")
+            if hours <= -MIN_COST_GAIN_PERCENT:
+                return (f"{head}: speculation lets each replica hold more requests within the SLO, so it runs "
+                        f"{-hours:.1f}% fewer replica-hours ({replica_hours})")
+            tokens = _change_percent(ours.output_tokens, plain.output_tokens)
+            return (f"{head}: it runs as many replica-hours ({replica_hours}) and serves {tokens:.1f}% more tokens "
+                    f"in them, as without speculation the replicas fall behind the load")
+        if cost <= -MIN_COST_GAIN_PERCENT:  # cheaper, but by missing requests the baseline serves within the SLO
+            return (f"{AUTOSCALE_POLICY} pays ${ours.cost_per_mtok:.4f}/Mtok against ${plain.cost_per_mtok:.4f} for "
+                    f"{baseline} ({-cost:.1f}% less) but keeps fewer requests within the SLO "
+                    f"({_attainments(ours, plain)}): it saves by running too few replicas for the load, not a "
+                    f"like-for-like saving")
+        than = "no less than" if cost < MIN_COST_GAIN_PERCENT else f"{cost:.1f}% more than"
+        head = (f"{AUTOSCALE_POLICY} does not save: it pays ${ours.cost_per_mtok:.4f}/Mtok, {than} "
+                f"${plain.cost_per_mtok:.4f} for {baseline}")
+        if np.array_equal(ours.timeseries.get("replicas"), plain.timeseries.get("replicas")):
+            return (f"{head}, because both autoscalers ran the same replicas throughout: this load never needed a "
+                    f"replica that speculation could save")
+        return (f"{head}, because speculation did not let it run fewer replicas ({replica_hours}): at this load "
+                f"and SLO it does not raise what a replica holds within the SLO enough to save one")
+
+    def _fixed_words(self) -> str | None:
+        if self.fixed is None:
+            return None
+        ours, plain = self.fixed
+        replicas = plain.timeseries.get("replicas")
+        count = f" {round(float(np.max(replicas)))}" if replicas is not None and len(replicas) else ""
+        text = (f"at the same{count} fixed replicas speculation changes latency, not cost: TPOT p50 "
+                f"{ours.tpot_p50_ms:.1f} ms with {FIXED_POLICY}'s schedule against {plain.tpot_p50_ms:.1f} ms "
+                f"without SD")
+        if ours.tpot_p50_ms > plain.tpot_p50_ms * (1 + MIN_COST_GAIN_PERCENT / 100):
+            text += " (slower: at this load the drafter costs more time per step than its accepted tokens save)"
+        text += f", {_attainments(ours, plain)}"
+        if abs(_change_percent(ours.cost_per_mtok, plain.cost_per_mtok)) < MIN_COST_GAIN_PERCENT:
+            a, b = f"${ours.cost_per_mtok:.4f}", f"${plain.cost_per_mtok:.4f}"
+            return text + (f", at the same {a}/Mtok" if a == b else f", at the same cost ({a} and {b}/Mtok)")
+        text += f", ${ours.cost_per_mtok:.4f} against ${plain.cost_per_mtok:.4f}/Mtok"
+        if abs(_change_percent(ours.gpu_hours, plain.gpu_hours)) >= MIN_COST_GAIN_PERCENT:
+            return text + " as its rollouts add replica-hours"
+        tokens = _change_percent(ours.output_tokens, plain.output_tokens)
+        return text + f" as the same replica-hours serve {tokens:+.1f}% tokens"
 
 
 def verdict(results: list[SimResult]) -> Verdict:
-    ours = next((r for r in results if r.policy == AUTOSCALE_POLICY), None)
-    if ours is None:
-        return Verdict(False, ())
+    by_policy = {r.policy: r for r in results}
+    ours = by_policy.get(AUTOSCALE_POLICY)
     rows = []
     for r in results:
-        if r.policy not in BASELINE_POLICIES:
+        if ours is None or r.policy not in BASELINE_POLICIES:
             continue
-        cost_change = (ours.cost_per_mtok / r.cost_per_mtok - 1.0) * 100.0
+        cost_change = _change_percent(ours.cost_per_mtok, r.cost_per_mtok)
         attainment_change = (ours.slo_attainment - r.slo_attainment) * 100.0
         beaten = cost_change <= -MIN_COST_GAIN_PERCENT and attainment_change >= -ATTAINMENT_TOLERANCE_POINTS
         rows.append((r.policy, cost_change, attainment_change, beaten))
-    return Verdict(bool(rows) and all(row[3] for row in rows), tuple(rows))
+
+    def pair(a: str, b: str) -> tuple[SimResult, SimResult] | None:
+        return (by_policy[a], by_policy[b]) if a in by_policy and b in by_policy else None
+
+    return Verdict(bool(rows) and all(row[3] for row in rows), tuple(rows),
+                   pair(AUTOSCALE_POLICY, PLAIN_AUTOSCALE_POLICY), pair(FIXED_POLICY, PLAIN_FIXED_POLICY))
 
 
 # ---- plots -------------------------------------------------------------------------------------------------
@@ -251,6 +335,18 @@ def jsonable(value):
     return value
 
 
+def _pair_json(pair: tuple[SimResult, SimResult] | None) -> dict | None:
+    """A like-for-like pair of the verdict: which policy against which, and the changes its words give."""
+    if pair is None:
+        return None
+    ours, theirs = pair
+    return jsonable({"policy": ours.policy, "against": theirs.policy,
+                     "cost_per_mtok_change_percent": _change_percent(ours.cost_per_mtok, theirs.cost_per_mtok),
+                     "gpu_hours_change_percent": _change_percent(ours.gpu_hours, theirs.gpu_hours),
+                     "tpot_p50_ms": [ours.tpot_p50_ms, theirs.tpot_p50_ms],
+                     "slo_attainment_change_points": (ours.slo_attainment - theirs.slo_attainment) * 100.0})
+
+
 def report_json(comparisons: list[Comparison]) -> dict:
     out = []
     for comp in comparisons:
@@ -272,7 +368,8 @@ def report_json(comparisons: list[Comparison]) -> dict:
                           "events": [[t, what] for t, what in r.events],
                           "timeseries": {k: jsonable([float(x) for x in a]) for k, a in r.timeseries.items()}}
                          for r in comp.results],
-            "verdict": {"beats_all_fixed": v.beats_all, "words": v.words(),
+            "verdict": {"words": v.words(), "wins": v.wins, "autoscaled": _pair_json(v.autoscaled),
+                        "fixed_replicas": _pair_json(v.fixed), "beats_all_fixed": v.beats_all,
                         "against": [{"policy": p, "cost_per_mtok_change_percent": c, "slo_attainment_change_points": a,
                                      "beaten": b} for p, c, a, b in v.rows]},
             "seconds": comp.seconds,
