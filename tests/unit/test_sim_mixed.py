@@ -47,6 +47,12 @@ def test_speculation_aware_placement_beats_the_sd_unaware_optimiser(fast_default
     assert verdict.vs_no_sd > 0.05
     spec, plain = fast_default.result("specpilot"), fast_default.result("cost-optimal-no-sd")
     assert spec.gpu_hours < plain.gpu_hours
+    # the verdict names the source of each saving against the baseline that isolates it
+    words = verdict.words()
+    assert f"{verdict.vs_even_split:.1%} less than even-split, from placing traffic by cost per token" in words
+    assert "less than specpilot-service, from weighted routing alone" in words
+    assert (f"{verdict.vs_no_sd:.1%} less than cost-optimal-no-sd, from speculation, as each replica holds more "
+            f"requests within the SLO") in words
 
 
 def test_fleet_flag_writes_the_plot_and_reports(tmp_path, capsys):

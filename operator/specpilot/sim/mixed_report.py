@@ -12,10 +12,10 @@ import json
 import math
 from pathlib import Path
 
-from .mixed import ATTAINMENT_TOLERANCE_POINTS, PLACEMENT_WORDS, MixedComparison
+from .mixed import ATTAINMENT_TOLERANCE_POINTS, PLACEMENT_WORDS, MixedComparison, PlacementResult
 from .report import jsonable as _jsonable
 
-__all__ = ["ATTAINMENT_TOLERANCE_POINTS", "FleetVerdict", "fleet_verdict", "slo_words", "table_rows",
+__all__ = ["ATTAINMENT_TOLERANCE_POINTS", "Against", "FleetVerdict", "fleet_verdict", "slo_words", "table_rows",
            "write_fleet_reports"]
 
 
@@ -49,6 +49,33 @@ def table_rows(comparison: MixedComparison) -> list[list[str]]:
     return rows
 
 
+SAVING_SOURCES = {
+    "even-split": "placing traffic by cost per token across GPU types with weighted routing",
+    "specpilot-service": "weighted routing alone",
+    "cost-optimal-no-sd": "speculation",
+}
+"""What separates specpilot from each baseline, in the order the verdict takes them: today's even split differs in
+placement and routing, specpilot-service (the same plan behind one Service) in routing alone, cost-optimal-no-sd
+(the same placement by cost per token) in speculation alone."""
+TIE = 0.005
+"""Savings and changes under half a percent are ties: the simulation's own noise is about that size."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Against:
+    """specpilot against one baseline placement: its $/Mtok saving split into GPU-hours and price per GPU-hour."""
+
+    placement: str
+    saving: float
+    """$/Mtok saving (0.2: 20% lower)."""
+    gpu_hours_saving: float
+    """GPU-hours saving: fewer replicas over the trace."""
+    price_saving: float
+    """Saving in dollars per GPU-hour: cheaper GPU types carrying the load."""
+    slo_attainment: float
+    """The baseline's share of requests within both SLOs."""
+
+
 @dataclasses.dataclass(frozen=True)
 class FleetVerdict:
     vs_even_split: float
@@ -65,23 +92,61 @@ class FleetVerdict:
     """Whether the tuned even split reached specpilot's attainment."""
     over_oracle: float | None = None
     """How much more specpilot's $/Mtok within SLO is than the clairvoyant oracle's (0.05: 5% more)."""
+    cost_per_mtok: float = math.nan
+    slo_attainment: float = math.nan
+    """specpilot's $/Mtok and share of requests within both SLOs."""
+    against: tuple[Against, ...] = ()
+    """specpilot against each baseline of SAVING_SOURCES that ran, in that order."""
 
     def words(self) -> str:
-        carried = (f"speculation moves the most traffic from {self.carriers[1]} to {self.carriers[0]}"
-                   if self.carriers[0] != self.carriers[1] else f"{self.carriers[0]} carries the most traffic")
-        text = (f"specpilot: {_relative(self.vs_even_split)} than even-split, {_relative(self.vs_no_sd)} than "
-                f"cost-optimal-no-sd, SLO attainment {'equal or better' if self.attainment_ok else 'LOWER'}; "
-                f"{carried}")
+        text = f"specpilot pays ${self.cost_per_mtok:.4f}/Mtok with {self.slo_attainment:.1%} of requests within SLO"
+        clauses = [self._against_words(a) for a in self.against]
+        if clauses:
+            text += ": " + "; ".join(clauses)
         if self.vs_even_split_hpa is not None:
-            text += (f"; {_relative(self.vs_even_split_hpa)} than even-split-hpa "
+            text += (f"; {_relative(self.vs_even_split_hpa)} even-split-hpa "
                      + ("tuned to reach its attainment" if self.hpa_reached else "(which never reaches it)"))
         if self.over_oracle is not None:
-            text += (f"; $/Mtok in SLO {self.over_oracle:+.1%} against the oracle's")
+            text += f"; $/Mtok in SLO {self.over_oracle:+.1%} against the oracle's"
         return text
+
+    def _against_words(self, a: Against) -> str:
+        figures = []
+        if abs(a.gpu_hours_saving) >= TIE:
+            fewer = "fewer" if a.gpu_hours_saving > 0 else "more"
+            figures.append(f"{abs(a.gpu_hours_saving):.1%} {fewer} GPU-hours")
+        if abs(a.price_saving) >= TIE:
+            figures.append(f"{abs(a.price_saving):.1%} {'cheaper' if a.price_saving > 0 else 'dearer'} per GPU-hour")
+        gap = (a.slo_attainment - self.slo_attainment) * 100
+        source = SAVING_SOURCES[a.placement]
+        if a.saving < TIE:
+            level = "as much as" if a.saving > -TIE else _relative(a.saving)
+            shown = f" ({', '.join(figures)})" if figures else ""
+            if gap < -ATTAINMENT_TOLERANCE_POINTS:  # the baseline is cheaper by missing the SLO
+                return (f"{level} {a.placement}, which keeps only {a.slo_attainment:.1%} within SLO: specpilot pays "
+                        f"for keeping the rest within it{shown}")
+            return f"{level} {a.placement}: {source.removesuffix(' alone')} saves nothing here{shown}"
+        if abs(gap) > ATTAINMENT_TOLERANCE_POINTS:
+            figures.append(f"{'but ' if gap > 0 else ''}{a.slo_attainment:.1%} within SLO there")
+        shown = f" ({', '.join(figures)})" if figures else ""
+        if a.placement == "cost-optimal-no-sd":
+            why = ["each replica holds more requests within the SLO"] if a.gpu_hours_saving >= TIE else []
+            if self.carriers[0] != self.carriers[1]:
+                why.append(f"the most traffic moves from {self.carriers[1]} to {self.carriers[0]}")
+            elif a.price_saving >= TIE:
+                why.append("more of the load goes to cheaper GPU types")
+            source += f", as {' and '.join(why)}" if why else ""
+        return f"{_relative(a.saving)} {a.placement}, from {source}{shown}"
 
 
 def _relative(saving: float) -> str:
-    return f"{saving:.1%} lower $/Mtok" if saving >= 0 else f"{-saving:.1%} HIGHER $/Mtok"
+    return f"{saving:.1%} less than" if saving >= 0 else f"{-saving:.1%} more than"
+
+
+def _against(spec: PlacementResult, base: PlacementResult) -> Against:
+    return Against(base.placement, 1.0 - spec.cost_per_mtok / base.cost_per_mtok,
+                   1.0 - spec.gpu_hours / base.gpu_hours,
+                   1.0 - (spec.cost_usd / spec.gpu_hours) / (base.cost_usd / base.gpu_hours), base.slo_attainment)
 
 
 def fleet_verdict(comparison: MixedComparison) -> FleetVerdict:
@@ -97,7 +162,8 @@ def fleet_verdict(comparison: MixedComparison) -> FleetVerdict:
                         (comparison.carrier("specpilot"), comparison.carrier("cost-optimal-no-sd")),
                         comparison.savings("specpilot", "even-split-hpa") if hpa is not None else None,
                         hpa.tuning.reached if hpa is not None and hpa.tuning is not None else True,
-                        over_oracle)
+                        over_oracle, spec.cost_per_mtok, spec.slo_attainment,
+                        tuple(_against(spec, comparison.result(p)) for p in SAVING_SOURCES if comparison.has(p)))
 
 
 def plot_fleet(comparison: MixedComparison, path: Path) -> None:
