@@ -857,7 +857,7 @@ def plan_fleet(pools: Sequence[FleetPool], demand: FleetDemand, settings: FleetS
 
 def _shares(pools: Sequence[FleetPool], planned: Sequence[_Planned], replicas: Mapping[str, int],
             held: Mapping[str, int], total: float, held_load: float, routing: Routing) -> dict[str, float]:
-    if routing is Routing.SERVICE:
+    if not routing.weighted:
         count = sum(replicas.values())
         if count == 0:
             return {p.name: 1.0 / len(pools) for p in pools}

@@ -278,5 +278,5 @@ def _print_comparison(console, comp) -> None:
     for name, text in comp.descriptions.items():
         console.print(f"  [dim]{name}: {text}[/]")
     v = verdict(comp.results)
-    console.print(("[bold green]" if v.beats_all else "[bold yellow]") + v.words() + "[/]"
+    console.print(("[bold green]" if v.wins else "[bold yellow]") + v.words() + "[/]"
                   + f"  [dim]({comp.seconds:.1f} s)[/]")
