@@ -2,11 +2,13 @@
 
 The snapshot is everything a reconciliation of a SpeculativeDeployment read: its spec and last status, the pools'
 nodes and GPU types, the profiles it needs (each as the operator reads it, with its benchmark Job), every pool's
-Deployment, fresh observation, price and allocatable GPUs, whether gateway routing can be made real, and the time.
+Deployment, fresh observation, price and allocatable GPUs, which routing resources the cluster serves and what the
+operator's config names for routing, and the time.
 The plan is the next status and the typed actions that make it real: the profiling planner's (`policy.profiling`:
 create or restart a profile, record, accept or fail a result, start Jobs within each pool's slots), restart a
-profile whose live acceptance drifted, start refinement Jobs, apply each serving pool's Deployment, weight the
-HTTPRoute, and the Events to announce. It runs the profiling planner, every pool's planner
+profile whose live acceptance drifted, start refinement Jobs, apply each serving pool's Deployment, apply the
+routing (per-pool Services or InferencePools and the weighted HTTPRoute) or delete what a change of mode left, and
+the Events to announce. It runs the profiling planner, every pool's planner
 (`policy.planner.plan_pool`) on the profiles as the profiling plan leaves them, fleet placement across the pools
 (`policy.placement`), the route weights (`policy.routing`), the roll-up, the conditions and the cost.
 
@@ -45,8 +47,9 @@ from .routing import (
 )
 from .slo import deployment_attainment, missed_event, slo_condition
 
-__all__ = ["ApplyDeployment", "ApplyRouting", "DeleteRouting", "DeploymentPlan", "DeploymentSnapshot", "PoolReadings", "PoolSnapshot",
-           "RestartProfile", "RoutingApis", "RoutingDefaults", "StartRefinement", "plan_deployment", "settle"]
+__all__ = ["ApplyDeployment", "ApplyRouting", "DeleteRouting", "DeploymentPlan", "DeploymentSnapshot", "PoolReadings",
+           "PoolSnapshot", "RestartProfile", "RoutingApis", "RoutingDefaults", "StartRefinement", "plan_deployment",
+           "settle"]
 
 
 # --- the snapshot ---------------------------------------------------------------------------------------------
@@ -100,7 +103,6 @@ class DeploymentSnapshot:
     """Which routing resources the cluster serves (HTTPRoute, InferencePool)."""
     routing_defaults: RoutingDefaults = RoutingDefaults()
     """The Gateway and endpoint picker the operator's config names for deployments that name none."""
-
     demand_history: Sequence[tuple[datetime, float]] = ()
     """The deployment's demand (output tokens/s) over the last half hour as its metrics hold it, read only while
     the status keeps no history of its own (a new or adopted deployment, a status lost): the fleet planner's
