@@ -116,11 +116,12 @@ async def serving_fleet(api: SandboxApiServer, body: dict) -> AsyncIterator[Call
             await runner.cleanup()
 
 
-def weights_follow_shares(api: SandboxApiServer) -> dict[str, int] | None:
-    """The route's weights when they are the planned shares as route_weights makes them (None: not yet)."""
+def weights_follow_shares(api: SandboxApiServer, mode: str = "gateway") -> dict[str, int] | None:
+    """The route's weights when the fleet was planned under `mode` and they are its planned shares as route_weights
+    makes them (None: not yet). A pool's Service and its InferencePool share the name `<sdep>-<pool>`."""
     placed = pools(api)
     shares = {name: placed[name].get("trafficShare") for name in POOLS if name in placed}
-    if None in shares.values() or (status(api).get("fleet") or {}).get("routing") != "gateway":
+    if None in shares.values() or (status(api).get("fleet") or {}).get("routing") != mode:
         return None
     expected = {names.pool_service_name("llama", n): w for n, w in route_weights(shares).items()}
     return route_split(api) if route_split(api) == expected else None

@@ -16,7 +16,6 @@ import pytest
 import yaml
 
 from specpilot.manifests import names
-from specpilot.policy.fleet import route_weights
 from specpilot_sandbox.apiserver import SandboxApiServer
 from specpilot_sandbox.router import Router
 from tests.operator.scenario import (
@@ -27,12 +26,11 @@ from tests.operator.scenario import (
     events,
     node,
     play_deployment_controller,
-    pools,
     publish_results,
     sdep,
     status,
 )
-from tests.operator.test_gateway_routing import POOLS, fleet_sdep, serving_fleet
+from tests.operator.test_gateway_routing import POOLS, fleet_sdep, serving_fleet, weights_follow_shares
 
 pytestmark = pytest.mark.operator
 
@@ -65,16 +63,6 @@ def inference_pools(api: SandboxApiServer) -> list[dict]:
     return api.objects("inferencepools", NAMESPACE)
 
 
-def weights_follow_shares(api: SandboxApiServer) -> dict[str, int] | None:
-    """The route's InferencePool weights when they are the planned shares as route_weights makes them."""
-    placed = pools(api)
-    shares = {name: placed[name].get("trafficShare") for name in POOLS if name in placed}
-    if None in shares.values() or (status(api).get("fleet") or {}).get("routing") != "inferencePool":
-        return None
-    expected = {names.inference_pool_name("llama", n): w for n, w in route_weights(shares).items()}
-    return route_split(api) if route_split(api) == expected else None
-
-
 def served_shares(api: SandboxApiServer) -> dict[str, float]:
     """Where PICKS requests through the sandbox's gateway go, by InferencePool."""
     router = Router(api, NAMESPACE, names.http_route_name("llama"), seed=7)
@@ -103,7 +91,7 @@ async def test_inference_pools_carry_the_planned_shares_through_the_gateway(sand
 
         # Light load: one InferencePool per GPU pool, the route's weights the planned shares.
         load(running=2, steps=40)
-        light = await sandbox.wait_for(lambda: weights_follow_shares(sandbox), timeout_s=90,
+        light = await sandbox.wait_for(lambda: weights_follow_shares(sandbox, "inferencePool"), timeout_s=90,
                                        what="InferencePool weights that are the planned shares")
         assert sum(light.values()) == 1000
         by_pool = {p["metadata"]["labels"][names.LABEL_POOL]: p for p in inference_pools(sandbox)}
@@ -126,7 +114,7 @@ async def test_inference_pools_carry_the_planned_shares_through_the_gateway(sand
         heavy_pool = names.inference_pool_name("llama", "h100")
         load(running=250, steps=3000)
         heavy = await sandbox.wait_for(
-            lambda: (split := weights_follow_shares(sandbox)) and 0 < split[heavy_pool] < 1000 and split,
+            lambda: (split := weights_follow_shares(sandbox, "inferencePool")) and 0 < split[heavy_pool] < 1000 and split,
             timeout_s=120, what="the H100s taking a weighted share")
         shares = served_shares(sandbox)
         for name, weight in heavy.items():
